@@ -1,0 +1,60 @@
+"""The pinned environment imports and runs the libraries the project needs, on a CPU-only torch."""
+
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def run_fresh(code: str) -> str:
+    """Run ``code`` in a fresh interpreter at the repo root; return its stdout, fail with its stderr."""
+    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return proc.stdout
+
+
+def test_libraries_work_after_compat_fix() -> None:
+    out = run_fresh(
+        """
+import extract  # applies the compatibility fix, as every entry point does
+import torch, torchvision
+model = torchvision.models.resnet152().eval()
+with torch.no_grad():
+    print(tuple(model(torch.rand(1, 3, 64, 64)).shape))
+from transformers import BertConfig, BertModel
+bert = BertModel(BertConfig(hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=37))
+print(tuple(bert(torch.tensor([[1, 2, 3]])).last_hidden_state.shape))
+import pytorchvideo.transforms
+print(pytorchvideo.transforms.ShortSideScale.__name__)
+"""
+    )
+    assert out.split() == ["(1,", "1000)", "(1,", "3,", "32)", "ShortSideScale"]
+
+
+def test_compat_does_nothing_when_torchvision_ops_exist() -> None:
+    # Simulate a torchvision whose compiled extension loaded (as on a CUDA machine): the ops exist
+    # before the fix runs, so the fix must not define anything.
+    out = run_fresh(
+        """
+import torch
+lib = torch.library.Library("torchvision", "DEF")
+lib.define("nms(Tensor dets, Tensor scores, float iou_threshold) -> Tensor")
+from extract import compat
+compat.apply()
+print(compat._LIBRARY is None)
+"""
+    )
+    assert out.strip() == "True"
+
+
+def test_every_entry_point_imports_the_fix_first() -> None:
+    for package in ("extract", "prvr"):
+        source = (ROOT / package / "__init__.py").read_text()
+        code_lines = [ln for ln in source.splitlines() if ln.startswith(("import ", "from "))]
+        assert code_lines[0].startswith("from extract import compat"), package
+    app = ROOT / "app.py"
+    if app.exists():
+        imports = [ln for ln in app.read_text().splitlines() if ln.startswith(("import ", "from "))]
+        first_heavy = next(i for i, ln in enumerate(imports) if any(m in ln for m in ("gradio", "torch", "prvr", "extract")))
+        assert "extract" in imports[first_heavy] or "prvr" in imports[first_heavy]
