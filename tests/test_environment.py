@@ -56,5 +56,6 @@ def test_every_entry_point_imports_the_fix_first() -> None:
     app = ROOT / "app.py"
     if app.exists():
         imports = [ln for ln in app.read_text().splitlines() if ln.startswith(("import ", "from "))]
-        first_heavy = next(i for i, ln in enumerate(imports) if any(m in ln for m in ("gradio", "torch", "prvr", "extract")))
-        assert "extract" in imports[first_heavy] or "prvr" in imports[first_heavy]
+        heavy = ("gradio", "torch", "prvr", "extract")
+        first = next(ln for ln in imports if any(name in ln for name in heavy))
+        assert "extract" in first or "prvr" in first, first
