@@ -1,0 +1,391 @@
+"""The Gradio app: type a sentence, get the videos that contain a matching moment, ranked.
+
+Every result card shows the MS-SL evidence: the total score and its clip/frame branches, a heatmap of the
+per-moment similarity over the video's timeline with the key moment and the other top moments marked,
+and a player that starts at the key moment (only when the match is strong enough to trust) and jumps to
+any marked moment on click. All model, index and upload work happens in ``prvr.predictor.Predictor``;
+this file only turns its results into widgets.
+
+    python app.py                       # embedded default model and demo gallery, http://127.0.0.1:7860
+    python app.py --checkpoint runs/x   # a trained MS-SL checkpoint instead
+    python app.py --help
+"""
+
+from __future__ import annotations
+
+import html
+import logging
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import extract  # noqa: F401  - before gradio/torch: applies the torchvision CPU fix
+
+os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
+
+import gradio as gr  # noqa: E402
+
+from prvr.predictor import AppSettings, Predictor, SessionGallery  # noqa: E402
+from prvr.search import QueryError, SearchResponse  # noqa: E402
+
+log = logging.getLogger(__name__)
+
+MAX_CARDS = 10  # card slots created at build time; the top-k slider cannot go beyond
+CONFIDENCE_WORDS = {"high": "strong match", "medium": "possible match", "low": "weak match"}
+HEAT_STOPS = ((238, 242, 255), (129, 140, 248), (190, 18, 60))  # pale -> indigo -> crimson
+
+# One delegated listener per card: clicking a heatmap bin or a moment chip sends its start time to Python,
+# which seeks that card's player via ``playback_position``.
+SEEK_JS = """
+element.addEventListener('click', (event) => {
+  const target = event.target.closest('[data-t]');
+  if (target) trigger('click', {t: parseFloat(target.dataset.t)});
+});
+"""
+
+CSS = """
+.prvr-header h1 {margin-bottom: 0.2em}
+.prvr-header p {margin-top: 0; opacity: 0.8}
+.result-card {padding: 10px 12px !important; border-radius: 12px !important}
+.card-head {display: flex; align-items: baseline; gap: 10px; flex-wrap: wrap}
+.card-head .rank {font-weight: 700; font-size: 1.25em; color: var(--color-accent)}
+.card-head .title {font-weight: 600; font-size: 1.1em}
+.card-head .vid {opacity: 0.6; font-size: 0.85em}
+.badge {border-radius: 999px; padding: 1px 10px; font-size: 0.82em; font-weight: 600}
+.badge-high {background: #dcfce7; color: #166534}
+.badge-medium {background: #fef9c3; color: #854d0e}
+.badge-low {background: #f1f5f9; color: #475569}
+.badge-mine {background: #e0e7ff; color: #3730a3}
+.scores {margin: 4px 0 8px; font-size: 0.9em; opacity: 0.85; font-variant-numeric: tabular-nums}
+.heat-wrap {position: relative; margin-top: 4px}
+.heat {width: 100%; height: 64px; display: block; border-radius: 6px; cursor: pointer}
+.heat rect.bin:hover {stroke: #111827; stroke-width: 2}
+.mlabel {position: absolute; top: -9px; transform: translateX(-50%); font-size: 11px; font-weight: 700;
+  background: #111827; color: white; border-radius: 999px; padding: 0 6px; cursor: pointer}
+.mlabel.key {background: #be123c}
+.axis {display: flex; justify-content: space-between; font-size: 0.78em; opacity: 0.65}
+.chips {display: flex; flex-wrap: wrap; gap: 6px; margin-top: 8px}
+.chip {border: 1px solid var(--border-color-primary); border-radius: 999px; padding: 3px 11px;
+  background: var(--background-fill-secondary); cursor: pointer; font-size: 0.86em}
+.chip.key {border-color: #be123c; color: #be123c; font-weight: 600}
+.chip:hover {filter: brightness(0.95)}
+.hint {font-size: 0.8em; opacity: 0.65; margin-top: 6px}
+.summary {padding: 8px 12px; border-radius: 10px; background: var(--background-fill-secondary)}
+.summary.abstain {background: #fff7ed; color: #9a3412}
+"""
+
+
+@dataclass
+class CardSlot:
+    """The components of one result card, created once and reused for every search."""
+
+    group: gr.Group
+    info: gr.HTML
+    player: gr.Video
+
+
+# ------------------------------------------------------------------------------------------ rendering
+
+
+def clock(seconds: float) -> str:
+    """Seconds as m:ss (h:mm:ss past an hour)."""
+    s = max(0, int(round(seconds)))
+    h, m = divmod(s // 60, 60)
+    return f"{h}:{m:02d}:{s % 60:02d}" if h else f"{m}:{s % 60:02d}"
+
+
+def heat_colour(x: float) -> str:
+    """CSS colour for a normalised score in [0, 1] on the pale -> indigo -> crimson scale."""
+    x = min(max(x, 0.0), 1.0) * (len(HEAT_STOPS) - 1)
+    i = min(int(x), len(HEAT_STOPS) - 2)
+    a, b, f = HEAT_STOPS[i], HEAT_STOPS[i + 1], x - i
+    return "rgb({},{},{})".format(*(round(p + (q - p) * f) for p, q in zip(a, b, strict=True)))
+
+
+def heatmap_svg(result: dict, score_range: tuple[float, float]) -> str:
+    """The per-moment similarity strip with the top moments outlined and the key clip's attention."""
+    duration = max(result["duration"], 1e-6)
+    lo, hi = score_range
+    heat = result["heatmap"]
+    parts = []
+    for start, end, score in zip(heat["start"], heat["end"], heat["score"], strict=True):
+        x, w = 1000 * start / duration, max(1000 * (end - start) / duration, 1.0)
+        parts.append(f'<rect class="bin" data-t="{start:.2f}" x="{x:.1f}" y="0" width="{w:.1f}" height="44" '
+                     f'fill="{heat_colour((score - lo) / (hi - lo))}"><title>{clock(start)}-{clock(end)}: '
+                     f'{score:.3f}</title></rect>')
+    for i, moment in enumerate(result["moments"]):
+        x, w = 1000 * moment["start"] / duration, 1000 * (moment["end"] - moment["start"]) / duration
+        style = 'stroke="#be123c" stroke-width="5"' if i == 0 else 'stroke="#111827" stroke-width="3" ' \
+                                                                  'stroke-dasharray="10 6"'
+        parts.append(f'<rect data-t="{moment["start"]:.2f}" x="{x:.1f}" y="2" width="{max(w, 4):.1f}" '
+                     f'height="40" fill="none" {style}/>')
+    attention = result.get("attention") or {}
+    if attention.get("time"):
+        top = max(max(attention["weight"]), 1e-9)
+        points = " ".join(f"{1000 * t / duration:.1f},{62 - 14 * w / top:.1f}"
+                          for t, w in zip(attention["time"], attention["weight"], strict=True))
+        parts.append(f'<polyline points="{points}" fill="none" stroke="#f59e0b" stroke-width="2">'
+                     "<title>frame-scale attention of the key moment</title></polyline>")
+    labels = "".join(
+        f'<span class="mlabel{" key" if i == 0 else ""}" data-t="{m["start"]:.2f}" '
+        f'style="left:{100 * (m["start"] + m["end"]) / 2 / duration:.2f}%">{"★" if i == 0 else i + 1}</span>'
+        for i, m in enumerate(result["moments"]))
+    axis = "".join(f"<span>{clock(t)}</span>" for t in (0, duration / 2, duration))
+    return (f'<div class="heat-wrap">{labels}<svg class="heat" viewBox="0 0 1000 64" '
+            f'preserveAspectRatio="none" role="img" aria-label="similarity over time">{"".join(parts)}</svg>'
+            f'</div><div class="axis">{axis}</div>')
+
+
+def card_html(result: dict, clip_weight: float, score_range: tuple[float, float]) -> str:
+    """A result card's text, heatmap and moment chips (the player sits next to it)."""
+    confidence = result["confidence"]
+    chips = "".join(
+        f'<button class="chip{" key" if i == 0 else ""}" data-t="{m["start"]:.2f}">'
+        f'{"★ key moment" if i == 0 else f"moment {i + 1}"} · {clock(m["start"])}-{clock(m["end"])} '
+        f'· {m["score"]:.3f}</button>'
+        for i, m in enumerate(result["moments"]))
+    start = ("The player starts at the key moment." if confidence != "low"
+             else "Weak match: the player starts at 0:00.")
+    hint = (f"{start} Click the strip or a moment to jump. Strip: similarity of each part of the video "
+            "(darker is closer); ★ key moment; orange line: where the frame branch looked.")
+    mine = '<span class="badge badge-mine">your upload</span>' if result.get("source") == "session" else ""
+    head = (f'<div class="card-head"><span class="rank">#{result["rank"]}</span>'
+            f'<span class="title">{html.escape(result["title"])}</span>'
+            f'<span class="badge badge-{confidence}">{CONFIDENCE_WORDS[confidence]}</span>{mine}'
+            f'<span class="vid">{html.escape(result["video_id"])} · {clock(result["duration"])}</span></div>')
+    scores = (f'<div class="scores">score <b>{result["score"]:.3f}</b> = {clip_weight:.2f} × clip '
+              f'{result["clip_score"]:.3f} + {1 - clip_weight:.2f} × frame {result["frame_score"]:.3f}</div>')
+    return (f'{head}{scores}{heatmap_svg(result, score_range)}<div class="chips">{chips}</div>'
+            f'<div class="hint">{hint}</div>')
+
+
+def summary_html(query: str, response: SearchResponse) -> str:
+    """One line above the cards; says plainly when nothing matches well instead of pretending."""
+    if not response.results:
+        return '<div class="summary">The gallery is empty: add videos in the "Add videos" tab.</div>'
+    q = html.escape(query)
+    if response.no_strong_match:
+        return (f'<div class="summary abstain"><b>No strong match</b> for “{q}”. These are the closest '
+                "videos, but none clearly contains the moment: treat them as guesses.</div>")
+    counts = {c: sum(r["confidence"] == c for r in response.results) for c in ("high", "medium")}
+    parts = [f"{n} {CONFIDENCE_WORDS[c]}{'es' if n > 1 else ''}" for c, n in counts.items() if n]
+    return f'<div class="summary">{" and ".join(parts)} for “{q}”.</div>'
+
+
+def score_range(results: list[dict]) -> tuple[float, float]:
+    """Common colour scale for all cards of one query, so heatmaps compare across videos."""
+    scores = [s for r in results for s in r["heatmap"]["score"]]
+    lo, hi = (min(scores), max(scores)) if scores else (0.0, 1.0)
+    return lo, max(hi, lo + 1e-6)
+
+
+def card_updates(results: list[dict], clip_weight: float) -> list:
+    """Updates for every card slot: shown and filled for a result, hidden otherwise."""
+    updates: list = []
+    span = score_range(results)
+    for i in range(MAX_CARDS):
+        if i >= len(results):
+            updates += [gr.update(visible=False), gr.update(), gr.update()]
+            continue
+        r = results[i]
+        start = r["key_moment"]["start"] if r["confidence"] != "low" else 0.0  # weak: never auto-jump
+        # No subtitles overlay for the key moment: in gradio 6.31 a Video update that sets subtitles
+        # renders an empty player.
+        updates += [gr.update(visible=True), card_html(r, clip_weight, span),
+                    gr.update(value=r["path"], playback_position=start)]
+    return updates
+
+
+def info_markdown(info: dict) -> str:
+    """The info panel: which model, which features, how many videos, which index."""
+    model = info["model"]
+    lines = [f"**Model:** {model['name']}", f"{model['description']}"]
+    if model.get("metrics"):
+        metrics = (f"{k} {v:.1f}" if isinstance(v, float) else f"{k} {v}"
+                   for k, v in model["metrics"].items())
+        lines.append("**Validation metrics:** " + ", ".join(metrics))
+    lines += [f"**Features:** {info['profile']['name']} profile: {info['profile']['description']}",
+              f"**Gallery:** {info['videos']} videos ({info['shared_videos']} shared"
+              + (f", {info['session_videos']} only in your session)" if info.get("session_videos") else ")"),
+              f"**Index:** {info['index']}", f"**Uploads:** {info['uploads']}"]
+    return "\n\n".join(lines)
+
+
+# ---------------------------------------------------------------------------------------------- UI
+
+
+def build_ui(predictor: Predictor) -> gr.Blocks:
+    """All widgets and events; per-user data lives only in the session state."""
+    settings = predictor.settings
+    with gr.Blocks(title="PRVR video search", delete_cache=(3600, 6 * 3600)) as demo:
+        # Session-private uploads (public host): a small index in a temp dir, deleted with the session.
+        session = gr.State(None, time_to_live=settings.session_ttl_s,
+                           delete_callback=SessionGallery.close_if_any)
+        gr.HTML('<div class="prvr-header"><h1>Find the moment in long videos</h1><p>Partially Relevant Video '
+                "Retrieval with MS-SL: type what happens; every video that contains it is ranked, with where "
+                "it happens and how sure the model is.</p></div>")
+        with gr.Tab("Search"):
+            with gr.Row(equal_height=True):
+                query = gr.Textbox(label="What happens in the moment you are looking for?", scale=5,
+                                   max_lines=2, placeholder="e.g. a cat with green eyes looks at the camera")
+                search_btn = gr.Button("Search", variant="primary", scale=1, min_width=120)
+            with gr.Row():
+                top_k = gr.Slider(1, MAX_CARDS, value=5, step=1, label="Videos to show (top-k)")
+                clip_weight = gr.Slider(0.0, 1.0, value=predictor.default_clip_weight, step=0.05,
+                                        label="Clip-scale weight (the frame-scale branch gets the rest)")
+            examples = gr.Examples(predictor.example_queries(), inputs=[query], label="Try a demo caption",
+                                   examples_per_page=8)
+            summary = gr.HTML()
+            slots = [result_card() for _ in range(MAX_CARDS)]
+        with gr.Tab("Add videos"):
+            added = add_videos_tab(predictor, session)
+        with gr.Tab("About this model"):
+            info = gr.Markdown(info_markdown(predictor.describe()))
+
+        def run_search(text: str, k: float, w: float, state: SessionGallery | None) -> list:
+            """Search and fill the cards; a bad query becomes a message, not an error dialog."""
+            try:
+                response = predictor.search(text, int(k), w, state)
+            except QueryError as problem:
+                return [f'<div class="summary">{html.escape(str(problem))}</div>'] + card_updates([], w)
+            return [summary_html(text, response)] + card_updates(response.results, w)
+
+        outputs = [summary] + [c for s in slots for c in (s.group, s.info, s.player)]
+        inputs = [query, top_k, clip_weight, session]
+        search_events = dict(fn=run_search, inputs=inputs, outputs=outputs, api_visibility="private",
+                             concurrency_id="search", concurrency_limit=8)
+        query.submit(**search_events)
+        search_btn.click(**search_events)
+        examples.load_input_event.then(**search_events)
+        top_k.change(**search_events, trigger_mode="always_last")  # live re-rank: a search is milliseconds
+        clip_weight.change(**search_events, trigger_mode="always_last")
+
+        def refresh_info(state: SessionGallery | None) -> str:
+            """The info panel for this session (its video count changes with uploads)."""
+            return info_markdown(predictor.describe(state))
+
+        demo.load(refresh_info, [session], [info], api_visibility="private")
+        added.then(refresh_info, [session], [info], api_visibility="private")
+        api_endpoints(predictor, session)
+    return demo
+
+
+def result_card() -> CardSlot:
+    """One hidden card: text + heatmap on the left, the player on the right; heatmap clicks seek."""
+    with gr.Group(visible=False, elem_classes="result-card") as group:
+        with gr.Row(equal_height=False):
+            with gr.Column(scale=3, min_width=320):
+                info = gr.HTML(js_on_load=SEEK_JS, padding=False)
+            with gr.Column(scale=2, min_width=280):
+                player = gr.Video(interactive=False, show_label=False, height=230, autoplay=False)
+
+    def seek(evt: gr.EventData) -> dict:
+        """Jump the player to the clicked moment."""
+        return gr.update(playback_position=float(evt.t))
+
+    info.click(seek, None, player, api_visibility="private", concurrency_limit=None, queue=False)
+    return CardSlot(group, info, player)
+
+
+def add_videos_tab(predictor: Predictor, session: gr.State) -> gr.events.Dependency:
+    """Upload one or more videos; each goes validate -> transcode -> extract -> index, with progress."""
+    settings = predictor.settings
+    limits = f"Up to {settings.max_upload_mb} MB and {settings.max_duration_s / 60:.0f} minutes each"
+    if settings.uploads == "session":
+        gr.Markdown(f"Videos you add are private to your browser session and deleted when it ends. {limits}, "
+                    f"{settings.max_uploads_per_session} per session.")
+    else:
+        gr.Markdown(f"Videos you add join the shared gallery and stay after a restart. {limits}.")
+    files = gr.File(file_count="multiple", file_types=["video"], label="Videos")
+    add_btn = gr.Button("Add to gallery", variant="primary")
+    status = gr.Markdown("One row per file will appear here.", min_height=90)  # room for the progress bar
+
+    def add_files(paths: list[str] | None, state: SessionGallery | None,
+                  progress: gr.Progress = gr.Progress()) -> tuple[str, SessionGallery | None]:  # noqa: B008
+        """Add every file, one after the other, and report per file."""
+        if not paths:
+            return "Choose one or more video files first.", state
+        rows = ["| file | result | details |", "|---|---|---|"]
+        for i, path in enumerate(paths):
+            state = predictor.ensure_session(state)
+            report = file_progress(progress, i, len(paths), os.path.basename(path))
+            outcome = predictor.add_video(path, state, progress=report)
+            rows.append(f"| {md_cell(os.path.basename(path))} | {outcome['status']} | "
+                        f"{md_cell(outcome['message'])} |")
+        return "\n".join(rows), state
+
+    return add_btn.click(add_files, [files, session], [status, session], api_visibility="private",
+                         concurrency_id="heavy", concurrency_limit=1)
+
+
+def file_progress(progress: gr.Progress, index: int, total: int, name: str) -> Callable[[float, str], None]:
+    """Map one file's stage progress (0..1) onto the overall bar."""
+    def report(fraction: float, stage: str) -> None:
+        progress((index + fraction) / total, desc=f"{name} ({index + 1}/{total}): {stage}")
+
+    return report
+
+
+def md_cell(text: str) -> str:
+    """Text safe inside a Markdown table cell."""
+    return html.escape(text).replace("|", "\\|").replace("\n", " ")
+
+
+def api_result(result: dict) -> dict:
+    """A result for API clients: ``path`` becomes ``video_file`` plus a fetchable ``video_url``.
+
+    gradio_client treats any dict with a string "path" as a file to download, which would replace the
+    whole result by a downloaded video; the server path alone is no use to a remote client anyway.
+    """
+    out = {k: v for k, v in result.items() if k != "path"}
+    out["video_file"] = result["path"]
+    out["video_url"] = f"/gradio_api/file={result['path']}"
+    return out
+
+
+def api_endpoints(predictor: Predictor, session: gr.State) -> None:
+    """Named endpoints for programs: /search, /add_video and /info (the session state is implicit)."""
+    with gr.Row(visible=False):
+        query, top_k = gr.Textbox(label="query"), gr.Number(value=5, precision=0, label="top_k")
+        weight = gr.Number(value=predictor.default_clip_weight, label="clip_weight")
+        upload = gr.File(label="video")
+        results, added, info = gr.JSON(label="results"), gr.JSON(label="status"), gr.JSON(label="info")
+        search_trigger, add_trigger, info_trigger = gr.Button(), gr.Button(), gr.Button()
+
+    def api_search(text: str, k: float, w: float, state: SessionGallery | None) -> dict:
+        """Ranked results (docs/design.md Contract 4) with the no-strong-match flag and timings."""
+        try:
+            response = predictor.search(text, int(k), float(w), state)
+        except QueryError as problem:
+            raise gr.Error(str(problem)) from None
+        return dict(response.to_dict(), results=[api_result(r) for r in response.results])
+
+    def api_add(path: str | None, state: SessionGallery | None) -> tuple[dict, SessionGallery | None]:
+        """Add one video: {status, video_id, message}."""
+        if not path:
+            raise gr.Error("No file was sent.")
+        state = predictor.ensure_session(state)
+        return predictor.add_video(path, state), state
+
+    search_trigger.click(api_search, [query, top_k, weight, session], results, api_name="search",
+                         concurrency_id="search", concurrency_limit=8)
+    add_trigger.click(api_add, [upload, session], [added, session], api_name="add_video",
+                      concurrency_id="heavy", concurrency_limit=1)
+    info_trigger.click(predictor.describe, [session], info, api_name="info", concurrency_limit=None)
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Parse settings, open (or build) the index, serve."""
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    settings = AppSettings.from_args(argv)
+    predictor = Predictor.from_settings(settings)
+    gr.set_static_paths(predictor.static_paths())  # gallery videos are served in place, never copied
+    demo = build_ui(predictor)
+    demo.queue(max_size=64, default_concurrency_limit=2)
+    demo.launch(server_name=settings.host, server_port=settings.port, css=CSS,
+                theme=gr.themes.Soft(primary_hue="indigo"), allowed_paths=predictor.static_paths(),
+                max_file_size=settings.max_upload_mb * gr.FileSize.MB, footer_links=["api", "gradio"])
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,216 @@
+"""Search latency of VideoIndex vs the straightforward (model.score-style) way; prints JSON.
+
+    python benchmarks/search_speed.py [--sizes 2179 10000 100000] [--queries 50] [--threads 2]
+
+Synthetic galleries are generated at the stored-array level (no feature extraction, no encoders): an
+MS-SL model of hidden size 384 whose key-clip attention projections are the identity supplies the
+geometry, fingerprint and ``attend``; clip units and frames are drawn from a scene model that mimics
+encoded videos: a bank of concept vectors with a power-law spectrum (real embeddings concentrate their
+energy in few directions), a shared offset (embeddings are anisotropic), videos made of 2-6 scenes of one
+concept each plus per-unit noise, and queries that describe one scene of one video plus noise. Per size and
+mode it reports p50/p95 latency of ``VideoIndex.rank`` (query vector in, exact top-10 out), how many videos
+were scored exactly, resident bytes per video, and for N <= 10,000 the same queries scored the
+straightforward way (``MSSL.score`` over all 528 proposals and key-clip attention over the frames of every
+video, as the official evaluation does), whose top-10 must match. Approximate mode reports recall@10
+against exact mode.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import shutil
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+import prvr  # noqa: F401  - applies the torchvision CPU fix before anything else
+from prvr.index import IndexConfig, VideoIndex
+from prvr.model import MSSL, EncodedVideos, MSSLConfig, window_proposals
+from prvr.preprocess import window_table
+
+H, M, L = 384, 32, 32  # hidden size, clip units, frames per video
+TABLE = window_table(M)  # (528, 2) [start, end) units of every window
+
+
+class SceneModel:
+    """Random concepts and a shared offset: the geometry of the synthetic galleries and queries."""
+
+    def __init__(self, seed: int = 0, n_concepts: int = 2000, decay: float = 1.0, offset: float = 0.5):
+        g = torch.Generator().manual_seed(seed)
+        spectrum = torch.arange(1, H + 1, dtype=torch.float32) ** (-decay / 2)  # std per principal direction
+        basis = torch.linalg.qr(torch.randn(H, H, generator=g))[0]
+        concepts = torch.randn(n_concepts, H, generator=g) * spectrum @ basis.T
+        self.concepts = torch.nn.functional.normalize(concepts, dim=-1)
+        self.offset = offset * torch.nn.functional.normalize(torch.randn(H, generator=g), dim=0)
+        self.spectrum, self.basis = spectrum / spectrum.norm(), basis
+
+    def noise(self, shape: tuple[int, ...], g: torch.Generator, scale: float) -> torch.Tensor:
+        """Noise with the same spectrum as the concepts, of expected norm ``scale``."""
+        return scale * (torch.randn(*shape, H, generator=g) * self.spectrum) @ self.basis.T
+
+
+def identity_attention_model() -> MSSL:
+    """An MS-SL of hidden size 384 whose key-clip attention uses identity W_k / W_v (z depends on data)."""
+    model = MSSL(MSSLConfig(visual_dim=8, query_dim=8)).eval()
+    with torch.no_grad():
+        for lin in model.mapping_linear:
+            lin.weight.copy_(torch.eye(H) * 4.0)  # keys scaled: attention concentrates on a scene
+    return model
+
+
+def _scene_index(cuts: torch.Tensor, length: int) -> torch.Tensor:
+    """(n, C) sorted cut points in [0, 1] -> (n, length) scene of each position."""
+    pos = (torch.arange(length) + 0.5) / length
+    return (pos[None, :, None] > cuts[:, None, :]).sum(-1)
+
+
+def synthetic_batch(sm: SceneModel, n: int, g: torch.Generator
+                    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(n, M, H) units, (n, L, H) frames and (n, 6) scene concepts of n videos with 2-6 scenes each."""
+    n_scenes = torch.randint(2, 7, (n,), generator=g)
+    cuts = torch.sort(torch.rand(n, 5, generator=g), dim=1).values
+    cuts = torch.where(torch.arange(5)[None] < (n_scenes - 1)[:, None], cuts, torch.full_like(cuts, 2.0))
+    concepts = torch.randint(0, len(sm.concepts), (n, 6), generator=g)
+    out = []
+    for length in (M, L):
+        ids = concepts.gather(1, _scene_index(cuts, length))
+        out.append(sm.concepts[ids] + sm.offset + sm.noise((n, length), g, 0.4))
+    concepts = torch.where(torch.arange(6)[None] < n_scenes[:, None], concepts, -1)
+    return out[0], out[1], concepts
+
+
+def build_index(root: Path, n: int, mode: str, model: MSSL, sm: SceneModel, seed: int, batch: int = 500
+                ) -> tuple[VideoIndex, torch.Tensor]:
+    """A synthetic index at the stored-array level; returns it and every video's scene concepts."""
+    index = VideoIndex.create(root, model, IndexConfig(mode=mode, verify_checksums=False))
+    g = torch.Generator().manual_seed(seed)
+    all_concepts = []
+    for a in range(0, n, batch):
+        b = min(batch, n - a)
+        units, frames, concepts = synthetic_batch(sm, b, g)
+        if mode == "compact":  # 32 random windows stand in for the medoids (speed does not depend on which)
+            pidx = torch.sort(torch.rand(b, len(TABLE), generator=g).argsort(1)[:, :32], 1).values
+            csum = torch.nn.functional.pad(units.double().cumsum(1), (0, 0, 1, 0))  # (b, M+1, H)
+            win = TABLE[pidx]  # (b, 32, 2)
+            start, end = (win[..., i, None].expand(-1, -1, H) for i in (0, 1))
+            props = ((csum.gather(1, end) - csum.gather(1, start)) / (end - start)).float()  # the 32 only
+            enc = EncodedVideos(units, props, pidx, frames, torch.ones(b, L))
+            z, _ = model.attend(enc, torch.arange(32).expand(b, -1))
+            chosen = props
+        else:
+            props = window_proposals(units)
+            pidx = torch.arange(props.shape[1]).expand(b, -1)
+            enc = EncodedVideos(units, props, pidx, frames, torch.ones(b, L))
+            z, _ = model.attend(enc, pidx)
+            chosen = props
+        arrays = {"units": units.numpy(), "pnorm": chosen.double().norm(dim=-1).float().numpy(),
+                  "pidx": pidx.numpy().astype(np.int16),
+                  "zhat": torch.nn.functional.normalize(z, dim=-1).numpy()}
+        t = np.arange(64, dtype=np.float32)
+        records = [{"id": f"syn{a + i}", "title": "", "path": "", "duration": 64.0, "sha256": ""}
+                   for i in range(b)]
+        index.add_encoded(records, arrays, list(frames.numpy()), [(t, t + 1)] * b)
+        all_concepts.append(concepts)
+    return VideoIndex.open(root, model, IndexConfig(verify_checksums=False)), torch.cat(all_concepts)
+
+
+def make_queries(sm: SceneModel, concepts: torch.Tensor, n: int, g: torch.Generator) -> np.ndarray:
+    """(n, H) queries describing one scene of a random video."""
+    out = []
+    for _ in range(n):
+        video = concepts[int(torch.randint(0, len(concepts), (1,), generator=g))]
+        video = video[video >= 0]
+        concept = int(video[int(torch.randint(0, len(video), (1,), generator=g))])
+        out.append(sm.concepts[concept] + sm.offset + sm.noise((), g, 0.5))
+    return torch.stack(out).numpy()
+
+
+def latencies(fn, qs: np.ndarray) -> tuple[dict, list]:  # noqa: ANN001
+    """p50 / p95 milliseconds of fn(q) over the queries, and the outputs."""
+    fn(qs[0])  # warm-up (page cache, faiss build)
+    times, outs = [], []
+    for q in qs:
+        t = time.perf_counter()
+        outs.append(fn(q))
+        times.append(1e3 * (time.perf_counter() - t))
+    return {"p50_ms": round(float(np.percentile(times, 50)), 2),
+            "p95_ms": round(float(np.percentile(times, 95)), 2)}, outs
+
+
+def straightforward(index: VideoIndex, model: MSSL, qs: np.ndarray, chunk: int = 1000) -> tuple[dict, list]:
+    """model.score over precomputed EncodedVideos (all 528 proposals, attention per pair), in chunks."""
+    live = np.arange(len(index))
+    encoded = []
+    for a in range(0, len(live), chunk):
+        pos = live[a:a + chunk]
+        units = torch.from_numpy(np.array(index._gather("units", pos)))
+        frames = torch.stack([torch.from_numpy(index._ragged(p).copy()) for p in pos])
+        props = window_proposals(units)
+        encoded.append(EncodedVideos(units, props, torch.arange(props.shape[1]).expand(len(pos), -1), frames,
+                                     torch.ones(len(pos), frames.shape[1])))
+
+    def run(q: np.ndarray) -> np.ndarray:
+        qt = torch.from_numpy(q)[None]
+        total = torch.cat([model.score(qt, enc).total[0] for enc in encoded]).numpy()
+        return np.lexsort((live, -total))[:10]
+
+    return latencies(run, qs)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--sizes", type=int, nargs="+", default=[2179, 10000, 100000])
+    parser.add_argument("--queries", type=int, default=50)
+    parser.add_argument("--baseline-queries", type=int, default=5)
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--decay", type=float, default=1.0, help="power-law exponent of the concept spectrum")
+    parser.add_argument("--exact-max", type=int, default=10000, help="largest N built in exact mode (disk)")
+    parser.add_argument("--dir", type=Path, default=None, help="where to build the indexes (a temp dir)")
+    args = parser.parse_args()
+    logging.basicConfig(level=logging.WARNING)
+    torch.set_num_threads(args.threads)
+    sm, model = SceneModel(decay=args.decay), identity_attention_model()
+    report = {"threads": args.threads, "decay": args.decay, "hidden": H, "units": M, "frames": L, "runs": []}
+    workdir = Path(tempfile.mkdtemp(dir=args.dir))
+    try:
+        for n in args.sizes:
+            for mode in ("exact", "compact"):
+                if mode == "exact" and n > args.exact_max:
+                    continue
+                t0 = time.perf_counter()
+                index, concepts = build_index(workdir / f"{mode}-{n}", n, mode, model, sm, seed=n)
+                qs = make_queries(sm, concepts, args.queries, torch.Generator().manual_seed(7))
+                run = {"n": n, "mode": mode, "build_s": round(time.perf_counter() - t0, 1),
+                       "resident_bytes_per_video": round(index.resident_bytes() / n)}
+                def exact(q: np.ndarray, index: VideoIndex = index) -> tuple:
+                    return index.rank(q, 10)
+
+                def approximate(q: np.ndarray, index: VideoIndex = index) -> tuple:
+                    return index.rank(q, 10, approximate=True)
+
+                run["exact"], tops = latencies(exact, qs)
+                run["exact"]["scored_exactly_mean"] = round(float(np.mean([t[2] for t in tops])), 1)
+                run["approximate"], approx = latencies(approximate, qs)
+                run["approximate"]["recall_at_10"] = float(np.mean(
+                    [len(set(a[0]) & set(t[0])) / 10 for a, t in zip(approx, tops, strict=True)]))
+                if mode == "exact" and n <= 10000:
+                    nb = args.baseline_queries
+                    run["straightforward"], base = straightforward(index, model, qs[:nb])
+                    run["straightforward"]["same_top10"] = all(
+                        b.tolist() == t[0].tolist() for b, t in zip(base, tops[:nb], strict=True))
+                    run["speedup_p50"] = round(run["straightforward"]["p50_ms"] / run["exact"]["p50_ms"], 1)
+                report["runs"].append(run)
+                print(json.dumps(run), flush=True)
+                shutil.rmtree(workdir / f"{mode}-{n}")
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+    print(json.dumps(report, indent=1))
+
+
+if __name__ == "__main__":
+    main()

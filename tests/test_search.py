@@ -1,0 +1,160 @@
+"""Query validation, moments, time mapping, confidence and the result dicts of VideoIndex.search."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+import prvr  # noqa: F401
+from prvr.index import GalleryVideo, VideoIndex
+from prvr.model import MSSL, MSSLConfig
+from prvr.search import (
+    MAX_QUERY_CHARS,
+    ConfidenceRule,
+    QueryError,
+    clean_query,
+    frame_times,
+    temporal_nms,
+    unit_spans,
+)
+
+CONTRACT_KEYS = {"rank", "video_id", "title", "path", "duration", "score", "clip_score", "frame_score",
+                 "confidence", "key_moment", "moments", "heatmap", "attention"}
+
+
+def fake_text_encoder(texts: list[str]) -> list[np.ndarray]:
+    """Deterministic token features: one 16-d row per word, seeded by the word's hash."""
+    out = []
+    for text in texts:
+        rows = [np.random.default_rng(int(hashlib.sha256(w.encode()).hexdigest()[:8], 16)).standard_normal(16)
+                for w in text.split()]
+        out.append(np.stack(rows).astype(np.float32))
+    return out
+
+
+@pytest.fixture(scope="module")
+def index(tmp_path_factory: pytest.TempPathFactory) -> VideoIndex:
+    torch.manual_seed(0)
+    model = MSSL(MSSLConfig(visual_dim=24, query_dim=16, hidden_size=32, n_heads=2, max_ctx_l=32)).eval()
+    rng = np.random.default_rng(0)
+    videos = []
+    for i, rows in enumerate([1, 20, 45, 90, 33, 64]):  # below 32 units, between, and re-binned frames
+        t = np.arange(rows, dtype=np.float32) * 2.0  # one row per 2 s
+        videos.append(GalleryVideo(f"v{i}", rng.standard_normal((rows, 24)).astype(np.float32), t, t + 2.0,
+                                   2.0 * rows, title=f"clip {i}", path=f"/videos/v{i}.mp4"))
+    ix = VideoIndex.create(tmp_path_factory.mktemp("search") / "ix", model, text_encoder=fake_text_encoder)
+    ix.add(videos)
+    return ix
+
+
+def test_clean_query_rules() -> None:
+    for empty in ("", "   \t\n", "\x00\x01"):
+        with pytest.raises(QueryError, match="empty"):
+            clean_query(empty)
+    long = clean_query("word " * 2000)  # 10,000 characters
+    assert long.truncated and long.original_chars == 10000 and len(long.text) <= MAX_QUERY_CHARS
+    assert not long.text.endswith(" ") and long.text.split() == ["word"] * len(long.text.split())
+    odd = clean_query("a cat\x07 on\u200b the\tsofa\r\n")
+    assert odd.text == "a cat on the sofa" and odd.replaced_controls == 2 and not odd.truncated
+    assert clean_query("un café".encode()).text == "un café"
+    with pytest.raises(QueryError, match="UTF-8.*0xff"):
+        clean_query(b"caf\xff")
+    with pytest.raises(QueryError, match="text"):
+        clean_query(42)  # type: ignore[arg-type]
+
+
+def test_temporal_nms_keeps_non_overlapping_best_first() -> None:
+    start = np.array([0.0, 1.0, 5.0, 9.0, 5.5])
+    end = np.array([4.0, 3.0, 8.0, 12.0, 7.0])
+    score = np.array([0.9, 0.95, 0.5, 0.4, 0.8])
+    kept = temporal_nms(start, end, score)
+    assert kept == [1, 4, 3]  # 0 overlaps 1; 2 overlaps 4
+    assert temporal_nms(start, end, score, n=1) == [1]
+
+
+def test_time_mapping_follows_the_official_binning() -> None:
+    t = np.arange(64, dtype=np.float32)
+    spans = unit_spans(t, t + 1)  # 64 rows -> 2 rows per unit
+    np.testing.assert_array_equal(spans[:3], [[0, 2], [2, 4], [4, 6]])
+    short = unit_spans(t[:5], t[:5] + 1)  # fewer rows than units: units repeat rows
+    assert short.shape == (32, 2) and (np.diff(short[:, 0]) >= 0).all() and short[-1, 1] <= 5
+    np.testing.assert_array_equal(frame_times(t[:10], t[:10] + 1), t[:10] + 0.5)
+    binned = frame_times(np.arange(300.0), np.arange(300.0) + 1, max_ctx_l=128)
+    assert binned.shape == (128,) and (np.diff(binned) > 0).all() and binned[0] < 3 and binned[-1] > 296
+
+
+def test_confidence_rule() -> None:
+    rule = ConfidenceRule()
+    sample = np.array([0.10, 0.11, 0.12, 0.13, 0.14, 0.15])
+    z = rule.z_scores(np.array([0.9, 0.18, 0.125]), sample)  # scale 1.4826 * 0.015
+    assert [rule.label(float(v)) for v in z] == ["high", "medium", "low"]
+    assert rule.z_scores(np.array([0.9]), sample[:2]) is None and rule.label(None) == "low"
+
+
+def test_search_result_dicts(index: VideoIndex) -> None:
+    response = index.search("a tabby cat sleeping on a sofa", k=4)
+    payload = json.loads(json.dumps(response.to_dict()))  # plain JSON types only
+    assert len(response) == 4 and payload["query"]["text"] == "a tabby cat sleeping on a sofa"
+    assert isinstance(payload["no_strong_match"], bool) and payload["weights"] == [0.7, 0.3]
+    results = payload["results"]
+    assert [r["rank"] for r in results] == [1, 2, 3, 4]
+    assert [r["score"] for r in results] == sorted((r["score"] for r in results), reverse=True)
+    for r in results:
+        assert set(r) == CONTRACT_KEYS and r["confidence"] in ("high", "medium", "low")
+        assert r["score"] == pytest.approx(0.7 * r["clip_score"] + 0.3 * r["frame_score"], abs=1e-5)
+        assert r["key_moment"] == r["moments"][0]
+        assert r["key_moment"]["score"] == pytest.approx(r["clip_score"])
+        assert 0 <= r["key_moment"]["start"] < r["key_moment"]["end"] <= r["duration"]
+        spans = [(m["start"], m["end"]) for m in r["moments"]]
+        assert all(a[1] <= b[0] or b[1] <= a[0] for i, a in enumerate(spans) for b in spans[i + 1:])
+        heat = r["heatmap"]
+        assert len(heat["start"]) == len(heat["end"]) == len(heat["score"]) == 32
+        assert max(heat["score"]) <= r["clip_score"] + 1e-6  # a unit is a length-1 proposal
+        att = r["attention"]
+        assert len(att["time"]) == len(att["weight"]) and sum(att["weight"]) == pytest.approx(1, abs=1e-4)
+        assert all(0 <= t <= r["duration"] for t in att["time"])
+        assert r["path"].endswith(".mp4") and r["title"].startswith("clip")
+
+
+def test_search_weights_rerank_and_token_queries(index: VideoIndex) -> None:
+    tokens = fake_text_encoder(["a red rocket on the launch pad"])[0]
+    clip_only = index.search(tokens, k=6, weights=(1.0, 0.0))
+    assert clip_only.query == {"tokens": 7} and clip_only.weights == (1.0, 0.0)
+    assert [r["score"] for r in clip_only] == [r["clip_score"] for r in clip_only]
+    frame_only = index.search(tokens, k=6, weights=(0.0, 1.0))
+    frames = [r["frame_score"] for r in frame_only]
+    assert frames == sorted(frames, reverse=True)
+    truncated = index.search("rocket " * 2000, k=1)
+    assert truncated.query["truncated"] and truncated.query["original_chars"] == 14000
+
+
+def test_search_rejects_bad_queries(index: VideoIndex) -> None:
+    with pytest.raises(QueryError, match="empty"):
+        index.search("  ")
+    with pytest.raises(QueryError, match="UTF-8"):
+        index.search(b"\xc3\x28")
+    with pytest.raises(QueryError, match="finite"):
+        index.search(np.full((3, 16), np.nan, np.float32))
+    with pytest.raises(QueryError, match="16"):
+        index.search(np.ones((3, 15), np.float32))  # the model names the dims it expects
+    with pytest.raises(QueryError, match="non-negative"):
+        index.search("a cat", weights=(-1.0, 1.0))
+    with pytest.raises(QueryError, match="positive"):
+        index.search("a cat", k=0)
+
+
+def test_no_strong_match_for_an_unrelated_query_on_a_gallery_of_copies(tmp_path: Path) -> None:
+    torch.manual_seed(0)
+    model = MSSL(MSSLConfig(visual_dim=24, query_dim=16, hidden_size=32, n_heads=2, max_ctx_l=32)).eval()
+    features = np.random.default_rng(1).standard_normal((20, 24)).astype(np.float32)
+    t = np.arange(20, dtype=np.float32)
+    ix = VideoIndex.create(tmp_path / "ix", model, text_encoder=fake_text_encoder)
+    ix.add([GalleryVideo(f"copy{i}", features, t, t + 1, 20.0) for i in range(6)])  # identical videos
+    response = ix.search("anything at all", k=3)
+    assert response.no_strong_match and all(r["confidence"] == "low" for r in response)
+    assert [r["video_id"] for r in response] == ["copy0", "copy1", "copy2"]  # exact ties: index order
