@@ -22,7 +22,7 @@ import torch
 
 import prvr  # noqa: F401, I001 - applies the torchvision CPU fix before anything imports torchvision
 from prvr.data import PreparedSplit, add_source_args, check_compatible, prepare_split, source_from_args
-from prvr.model import MSSL, EncodedVideos
+from prvr.model import MSSL, EncodedVideos, cat_queries
 
 log = logging.getLogger(__name__)
 
@@ -67,8 +67,8 @@ def score_split(model: MSSL, split: PreparedSplit, query_bsz: int = 500, video_b
     """(Nq, Nv) total / clip / frame score matrices of a split, as float32 numpy arrays."""
     was_training = model.training
     model.eval()
-    queries = torch.cat([model.encode_query_batch(*(t.to(model.device) for t in split.queries.gather(c)))
-                         for c in torch.arange(len(split.captions)).split(query_bsz)])
+    queries = cat_queries([model.encode_query_inputs(*(t.to(model.device) for t in split.queries.gather(c)))
+                           for c in torch.arange(len(split.captions)).split(query_bsz)])  # CSA: with tokens
     out = {name: np.empty((len(queries), len(split.video_ids)), np.float32) for name in SCORES}
     for c in torch.arange(len(split.video_ids)).split(video_bsz):
         scores = model.score(queries, encode_split_videos(model, split, c))
@@ -98,13 +98,22 @@ def format_table(results: dict) -> str:
 def main(argv: list[str] | None = None) -> dict:
     """CLI entry point; returns the results dict."""
     parser = argparse.ArgumentParser(description="Evaluate an MS-SL checkpoint (official protocol).")
-    parser.add_argument("--checkpoint", required=True, help="our checkpoint dir or an official model.ckpt")
+    parser.add_argument("--checkpoint", help="our checkpoint dir or an official model.ckpt")
+    parser.add_argument("--gallery", choices=("demo",), help="instead: evaluate the embedded default model "
+                        "on the generated demo gallery (same as python -m prvr.demo evaluate)")
     add_source_args(parser)
     parser.add_argument("--split", default=None, help="split to evaluate (default: test; 'all' for "
                         "--features/--captions without --splits)")
     parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     args = parser.parse_args(argv)
+    if args.gallery == "demo":
+        from prvr import demo
+
+        demo.main(["evaluate", *(["--json"] if args.json else [])])
+        return {}
+    if not args.checkpoint:
+        parser.error("--checkpoint is required (or --gallery demo)")
     source = source_from_args(parser, args)
     split_name = args.split or ("all" if args.features and not args.splits else "test")
     model = MSSL.from_checkpoint(args.checkpoint, map_location=args.device)

@@ -20,6 +20,7 @@ updates: ``prvr.index_store``. Input videos and their encoding: ``prvr.gallery``
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 import time
@@ -31,10 +32,11 @@ import numpy as np
 import torch
 
 from prvr import index_store as store
+from prvr import ral
 from prvr.gallery import GalleryError, GalleryVideo, check_videos, encode_for_index
 from prvr.index_scan import Summary, cover_balls, exact_scores, fit_basis, summarize, top_k, upper_bounds
-from prvr.model import EncodedVideos
-from prvr.preprocess import window_table
+from prvr.model import EncodedQueries, EncodedVideos
+from prvr.preprocess import pad, window_table
 from prvr.search import (
     ConfidenceRule,
     QueryError,
@@ -79,6 +81,10 @@ class VideoIndex:
         self.root, self.model, self.cfg = Path(root), model, cfg
         self._text_encoder = text_encoder
         self._faiss = None
+        # a CSA model's frame score needs the query's frame-branch tokens, not only q: encode_query keeps
+        # them here, keyed by q's bytes, for the exact scoring of that q (the last few queries only)
+        self._csa = bool(getattr(model.cfg, "csa", False))
+        self._csa_tokens: dict[bytes, EncodedQueries] = {}
         self._load(manifest)
 
     # ------------------------------------------------------------------ opening
@@ -337,8 +343,26 @@ class VideoIndex:
             windows = self.table
         else:
             windows = self.table[self._gather("pidx", positions).astype(np.int64)]
-        return exact_scores(self._gather("units", positions), self._gather("pnorm", positions), windows,
-                            zhat_rows, q, weights)
+        ex = exact_scores(self._gather("units", positions), self._gather("pnorm", positions), windows,
+                          zhat_rows, q, weights)
+        if not self._csa:
+            return ex
+        frame = self._csa_frame(positions, q)  # CSA replaces the key-clip-attention frame score
+        return dataclasses.replace(ex, frame=frame, total=weights[0] * ex.clip + weights[1] * frame)
+
+    def _csa_frame(self, positions: np.ndarray, q: np.ndarray) -> np.ndarray:
+        """CSA frame scores (float64) of the videos at ``positions`` for q, from their stored frames."""
+        tokens = self._csa_tokens.get(np.ascontiguousarray(q, dtype=np.float32).tobytes())
+        if tokens is None:
+            raise QueryError("this index's model scores frames with CSA, which needs the query's tokens: "
+                             "get q from encode_query (or search with the text or token features)")
+        device = self.model.device
+        frames, mask = pad([torch.from_numpy(self._ragged(p).copy()) for p in positions])
+        with torch.no_grad():
+            scores = ral.csa_scores(self.model.text_weight_fc, tokens.tokens.to(device),
+                                    tokens.token_mask.to(device), frames.to(device), mask.to(device),
+                                    pad_to=self.model.cfg.max_ctx_l)
+        return scores[0].double().cpu().numpy()
 
     # ------------------------------------------------------------------ searching
     def encode_query(self, query: str | bytes | np.ndarray | torch.Tensor) -> tuple[np.ndarray, dict]:
@@ -356,6 +380,12 @@ class VideoIndex:
             q = self.model.encode_queries([np.asarray(tokens, dtype=np.float32)])
         except ValueError as e:
             raise QueryError(str(e)) from None
+        if isinstance(q, EncodedQueries):  # a CSA model: keep the tokens for exact frame scoring
+            vector = q.vectors.reshape(-1).float().cpu().numpy()
+            self._csa_tokens[vector.tobytes()] = q
+            while len(self._csa_tokens) > 64:  # the oldest first (dicts keep insertion order)
+                self._csa_tokens.pop(next(iter(self._csa_tokens)))
+            return vector, info
         return q.reshape(-1).float().cpu().numpy(), info
 
     @property
@@ -378,7 +408,10 @@ class VideoIndex:
         if self.summary is None or not self.alive.any():
             return np.zeros(0, dtype=np.int64), np.zeros(0), 0
         candidates = self._approximate_candidates(q) if approximate else np.flatnonzero(self.alive)
-        bounds = upper_bounds(self.summary.take(candidates), q, self.basis, w)
+        if self._csa:  # the stored z bound the key-clip frame score, not CSA's, which is at most 1
+            bounds = upper_bounds(self.summary.take(candidates), q, self.basis, (w[0], 0.0)) + w[1]
+        else:
+            bounds = upper_bounds(self.summary.take(candidates), q, self.basis, w)
         return top_k(bounds, candidates, lambda pos: self._totals(pos, q, w), k)
 
     def _totals(self, positions: np.ndarray, q: np.ndarray, w: tuple[float, float]) -> np.ndarray:

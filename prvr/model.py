@@ -9,6 +9,7 @@ quirk of the official code is kept (see docs/design.md and the MS-SL reference n
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import json
 import logging
@@ -22,7 +23,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from prvr import losses
+from prvr import losses, ral, regularizers
 from prvr.clustering import length_aware_kmedoids
 from prvr.preprocess import ArrayLike, check_rows, clip_input, frame_input, pad, query_input, window_table
 
@@ -30,6 +31,14 @@ log = logging.getLogger(__name__)
 
 CHECKPOINT_FORMAT, CHECKPOINT_VERSION = "prvr-mssl", 1
 _CHUNK_ELEMENTS = 1 << 24  # bound on the largest intermediate tensor in chunked scoring (64 MB float32)
+
+EXTENSIONS = {  # the seed papers' options, each switched by one MSSLConfig field (train.py: --<name>)
+    "csa": "RAL's CSA: word-confidence set-to-set frame score (also used at inference)",
+    "msra": "RAL's MSRA: Gaussian support-set alignment losses (training only)",
+    "ice": "ICE: cross-video mutual-nearest (clip unit, query) pseudo-positives (training only)",
+    "irm": "IRM: redundancy features as extra negatives (training only)",
+    "tcp": "TCP: temporal coherence prediction on both branches (training only)",
+}
 
 
 # ----------------------------------------------------------------------------- building blocks
@@ -156,6 +165,22 @@ class MSSLConfig:
     clip_scale_w: float = 0.7  # weight of the clip-scale score in the total (Charades: 0.5)
     frame_scale_w: float = 0.3  # weight of the frame-scale score in the total (Charades: 0.5)
     clusters: int = 0  # MS-SL++: 0 = off, else k-medoids over the proposals, in training and inference
+    # seed-paper extensions (prvr/ral.py, prvr/regularizers.py). Off = the official MS-SL; each one adds
+    # parameters only when on, so default checkpoints keep the official 54 tensors
+    csa: bool = False  # RAL: frame score = word-confidence set-to-set score (replaces key-clip attention)
+    msra: bool = False  # RAL: Gaussian support-set alignment losses (training only)
+    msra_samples: int = 6  # MSRA: Gaussian samples per modality (released: 6)
+    msra_mil_w: float = 4e-3  # MSRA multi-instance InfoNCE weight (released code and README: 0.004)
+    msra_kl_w: float = 2.5e-4  # MSRA KL weight (released code; its README says 1e-3)
+    ice: bool = False  # ICE: mutual-nearest cross-video (clip unit, query) pseudo-positives (training only)
+    ice_threshold: float = 0.4  # ICE: minimum cosine of a pseudo-positive pair (paper: 0.4)
+    ice_w: float = 1.0  # ICE loss weight (the paper gives none)
+    irm: bool = False  # IRM: redundancy features as extra negatives + their alignment (training only)
+    irm_w: float = 1.0  # IRM loss weight (the paper gives none)
+    tcp: bool = False  # TCP: predict each frame's / clip unit's temporal group, partly shuffled (training)
+    tcp_groups: int = 8  # TCP: consecutive groups (paper: 8 best)
+    tcp_shuffle: float = 0.25  # TCP: fraction of rows shuffled (paper: 25%)
+    tcp_w: float = 0.1  # TCP loss weight (the paper gives none; 4 cross-entropies start near 8.3)
 
     def __post_init__(self) -> None:
         """Refuse settings the architecture cannot run with, naming the field."""
@@ -209,6 +234,35 @@ class EncodedVideos:
 
 
 @dataclass
+class EncodedQueries:
+    """What a CSA model scores queries with: the pooled vectors plus the frame-branch tokens."""
+
+    vectors: Tensor  # (Nq, H) attention-pooled query vectors (clip branch)
+    tokens: Tensor  # (Nq, Lq, H) frame-branch token features, zero-padded
+    token_mask: Tensor  # (Nq, Lq) float, 1 = valid
+
+    def __len__(self) -> int:
+        return len(self.vectors)
+
+    def __getitem__(self, idx: slice | Tensor) -> EncodedQueries:
+        return EncodedQueries(self.vectors[idx], self.tokens[idx], self.token_mask[idx])
+
+    def to(self, device: torch.device | str) -> EncodedQueries:
+        """Move every tensor to ``device``."""
+        return EncodedQueries(self.vectors.to(device), self.tokens.to(device), self.token_mask.to(device))
+
+
+def cat_queries(parts: Sequence[Tensor | EncodedQueries]) -> Tensor | EncodedQueries:
+    """Concatenate batches of encoded queries (token batches are zero-padded to a common length)."""
+    if not isinstance(parts[0], EncodedQueries):
+        return torch.cat(list(parts))
+    L = max(p.tokens.shape[1] for p in parts)
+    return EncodedQueries(torch.cat([p.vectors for p in parts]),
+                          torch.cat([F.pad(p.tokens, (0, 0, 0, L - p.tokens.shape[1])) for p in parts]),
+                          torch.cat([F.pad(p.token_mask, (0, L - p.token_mask.shape[1])) for p in parts]))
+
+
+@dataclass
 class Scores:  # every field is (Nq, Nv)
     total: Tensor  # clip_scale_w * clip + frame_scale_w * frame
     clip: Tensor  # max cosine over proposals
@@ -235,6 +289,16 @@ class MSSL(nn.Module):
         self.frame_encoder = BertAttention(H, cfg.n_heads, cfg.drop)
         self.modular_vector_mapping = nn.Linear(H, 1, bias=False)  # token logits for query pooling
         self.mapping_linear = nn.ModuleList([nn.Linear(H, H, bias=False) for _ in range(2)])  # W_k, W_v
+        if cfg.csa:  # RAL's names: a frame-branch query encoder keeping its tokens, and the word confidence
+            self.frame_branch_query_proj = LinearLayer(cfg.query_dim, H, cfg.input_drop)
+            self.frame_branch_query_encoder = BertAttention(H, cfg.n_heads, cfg.drop)
+            self.text_weight_fc = ral.word_confidence_head(H)
+        if cfg.msra:
+            self.msra = ral.MSRA(H, cfg.msra_samples)
+        if cfg.irm:
+            self.irm = regularizers.RedundancyMiner(H)
+        if cfg.tcp:
+            self.tcp = regularizers.CoherenceHeads(H, cfg.tcp_groups)
         self.apply(self._init_weights)
 
     def _init_weights(self, module: nn.Module) -> None:
@@ -261,12 +325,30 @@ class MSSL(nn.Module):
             )
 
     # ---- encoders on preprocessed, collated inputs (training and inference share them)
-    def encode_query_batch(self, query_inputs: Tensor, query_mask: Tensor) -> Tensor:
-        """(Nq, L, Dq) tokens + (Nq, L) mask -> (Nq, H) attention-pooled query vectors."""
-        h = self.query_encoder(self.query_pos_embed(self.query_input_proj(query_inputs)), query_mask)
+    def encode_query_tokens(self, query_inputs: Tensor, query_mask: Tensor,
+                            frame_branch: bool = False) -> Tensor:
+        """(Nq, L, Dq) tokens + (Nq, L) mask -> (Nq, L, H) encoded tokens; ``frame_branch``: CSA's encoder."""
+        proj, encoder = ((self.frame_branch_query_proj, self.frame_branch_query_encoder) if frame_branch
+                         else (self.query_input_proj, self.query_encoder))
+        return encoder(self.query_pos_embed(proj(query_inputs)), query_mask)  # the two share positions
+
+    def pool_query(self, h: Tensor, query_mask: Tensor) -> Tensor:
+        """(Nq, L, H) encoded tokens -> (Nq, H) attention-pooled query vectors."""
         logits = self.modular_vector_mapping(h).squeeze(-1)  # (Nq, L)
         logits = logits * query_mask + (1.0 - query_mask) * -1e10
         return torch.einsum("ql,qlh->qh", logits.softmax(dim=-1), h)
+
+    def encode_query_batch(self, query_inputs: Tensor, query_mask: Tensor) -> Tensor:
+        """(Nq, L, Dq) tokens + (Nq, L) mask -> (Nq, H) attention-pooled query vectors."""
+        return self.pool_query(self.encode_query_tokens(query_inputs, query_mask), query_mask)
+
+    def encode_query_inputs(self, query_inputs: Tensor, query_mask: Tensor) -> Tensor | EncodedQueries:
+        """Preprocessed, collated queries -> what ``score`` takes: (Nq, H) vectors or (CSA) EncodedQueries."""
+        vectors = self.encode_query_batch(query_inputs, query_mask)
+        if not self.cfg.csa:
+            return vectors
+        return EncodedQueries(vectors, self.encode_query_tokens(query_inputs, query_mask, frame_branch=True),
+                              query_mask)
 
     def encode_clip_units(self, clip_inputs: Tensor) -> Tensor:
         """(B, M, Dv) clip inputs -> (B, M, H) encoded clip units (no mask: all M units are real)."""
@@ -330,8 +412,9 @@ class MSSL(nn.Module):
         )
 
     @torch.no_grad()
-    def encode_queries(self, tokens_list: Sequence[ArrayLike], batch_size: int = 256) -> Tensor:
-        """Raw per-query token features (L_j, Dq) -> (Nq, H) query vectors."""
+    def encode_queries(self, tokens_list: Sequence[ArrayLike],
+                       batch_size: int = 256) -> Tensor | EncodedQueries:
+        """Raw per-query token features (L_j, Dq) -> (Nq, H) query vectors (CSA: EncodedQueries)."""
         if len(tokens_list) == 0:
             raise ValueError("encode_queries: got no queries")
         out = []
@@ -339,8 +422,8 @@ class MSSL(nn.Module):
             raw = [self._checked(x, self.cfg.query_dim, f"query {i}")
                    for i, x in enumerate(tokens_list[c], c.start)]
             tokens, mask = pad([query_input(x, self.cfg.max_desc_l) for x in raw])
-            out.append(self.encode_query_batch(tokens.to(self.device), mask.to(self.device)))
-        return torch.cat(out)
+            out.append(self.encode_query_inputs(tokens.to(self.device), mask.to(self.device)))
+        return cat_queries(out)
 
     @torch.no_grad()
     def attend(self, videos: EncodedVideos, proposal_idx: Tensor) -> tuple[Tensor, Tensor]:
@@ -350,18 +433,26 @@ class MSSL(nn.Module):
         return self._attend(videos.frames, videos.frame_mask, key_clips)
 
     @torch.no_grad()
-    def score(self, queries: Tensor, videos: EncodedVideos) -> Scores:
-        """Inference scores for every (query, video) pair: key clip and z are computed per pair."""
+    def score(self, queries: Tensor | EncodedQueries, videos: EncodedVideos) -> Scores:
+        """Inference scores for every (query, video) pair: key clip and z are computed per pair (or CSA)."""
         queries = queries.to(self.device)
-        (Nq, H), Nv, L = queries.shape, len(videos.proposals), videos.frames.shape[1]
-        clip, arg = clip_scale(queries, videos.proposals)  # (Nq, Nv) each
-        frame = torch.empty_like(clip)
-        per_chunk = _CHUNK_ELEMENTS // max(1, Nq * max(L, H))
-        for c in _chunks(Nv, per_chunk):
-            key_idx = arg[:, c].t()  # (c, Nq)
-            key_clips = videos.proposals[c].gather(1, key_idx[..., None].expand(-1, -1, H))  # (c, Nq, H)
-            z, _ = self._attend(videos.frames[c], videos.frame_mask[c], key_clips)  # (c, Nq, H)
-            frame[:, c] = torch.einsum("qh,vqh->qv", F.normalize(queries, dim=-1), F.normalize(z, dim=-1))
+        vectors = queries.vectors if isinstance(queries, EncodedQueries) else queries
+        (Nq, H), Nv, L = vectors.shape, len(videos.proposals), videos.frames.shape[1]
+        clip, arg = clip_scale(vectors, videos.proposals)  # (Nq, Nv) each
+        if getattr(self.cfg, "csa", False):  # getattr: the bridge model reuses score with its own config
+            if not isinstance(queries, EncodedQueries):
+                raise TypeError("this model scores frames with CSA, which needs the queries' frame-branch "
+                                "tokens: pass what encode_queries returns (EncodedQueries), not a tensor")
+            frame = ral.csa_scores(self.text_weight_fc, queries.tokens, queries.token_mask, videos.frames,
+                                   videos.frame_mask, pad_to=self.cfg.max_ctx_l)
+        else:
+            frame = torch.empty_like(clip)
+            per_chunk = _CHUNK_ELEMENTS // max(1, Nq * max(L, H))
+            for c in _chunks(Nv, per_chunk):
+                key_idx = arg[:, c].t()  # (c, Nq)
+                key_clips = videos.proposals[c].gather(1, key_idx[..., None].expand(-1, -1, H))  # (c, Nq, H)
+                z, _ = self._attend(videos.frames[c], videos.frame_mask[c], key_clips)  # (c, Nq, H)
+                frame[:, c] = torch.einsum("qh,vqh->qv", F.normalize(vectors, dim=-1), F.normalize(z, dim=-1))
         key_clip = videos.proposal_index.gather(1, arg.t()).t()  # (Nq, Nv) among all windows
         total = self.cfg.clip_scale_w * clip + self.cfg.frame_scale_w * frame
         return Scores(total=total, clip=clip, frame=frame, key_clip=key_clip)
@@ -377,26 +468,63 @@ class MSSL(nn.Module):
         query_labels: Tensor,
         hard_negative_pool: int | None = None,
     ) -> dict[str, Tensor]:
-        """Official training losses on a collated batch; ``hard_negative_pool`` None = random negatives."""
-        proposals, _ = self.proposals_from_units(self.encode_clip_units(clip_inputs))  # (Nv, P, H)
+        """Official training losses on a collated batch; ``hard_negative_pool`` None = random negatives.
+
+        Enabled extensions replace the frame losses (CSA) or add terms (MSRA, ICE, IRM, TCP); "total" sums.
+        """
+        margin, pool = self.cfg.margin, hard_negative_pool
+        units = self.encode_clip_units(clip_inputs)  # (Nv, M, H)
+        proposals, _ = self.proposals_from_units(units)  # (Nv, P, H)
         frames = self.encode_frames(frame_inputs, frame_mask)  # (Nv, L, H)
-        q = self.encode_query_batch(query_inputs, query_mask)  # (Nq, H)
+        tokens = self.encode_query_tokens(query_inputs, query_mask)  # (Nq, Lq, H)
+        q = self.pool_query(tokens, query_mask)  # (Nq, H)
         clip_cos, key_idx, clip_raw = clip_scale_with_raw(q, proposals)  # (Nq, Nv) each; raw for the NCE
-        # training attends only within each query's own video: one z per query
         rows = torch.arange(len(q), device=q.device)
-        key_clips = proposals[query_labels, key_idx[rows, query_labels]].unsqueeze(1)  # (Nq, 1, H)
-        keys, values = self.mapping_linear[0](frames), self.mapping_linear[1](frames)  # once per video
-        own = (keys[query_labels], values[query_labels], frame_mask[query_labels])  # (Nq, L, ...) each
-        z = key_clip_attention(*own, key_clips)[0].squeeze(1)  # (Nq, H)
-        frame_cos = F.normalize(q, dim=-1) @ F.normalize(z, dim=-1).t()  # (Nq, Nq), diagonal positive
+        key_clips = proposals[query_labels, key_idx[rows, query_labels]]  # (Nq, H), in each query's own video
+        # word features for CSA and MSRA: RAL's frame-branch query encoder when CSA is on, else the query's
+        words = tokens if not self.cfg.csa else self.encode_query_tokens(query_inputs, query_mask, True)
         out = {
             "clip_nce": 0.02 * losses.clip_nce(clip_raw, query_labels),
-            "clip_trip": losses.clip_triplet(clip_cos, query_labels, self.cfg.margin, hard_negative_pool),
-            "frame_nce": 0.04 * losses.frame_nce(q @ z.t()),
-            "frame_trip": losses.frame_triplet(frame_cos, self.cfg.margin, hard_negative_pool),
+            "clip_trip": losses.clip_triplet(clip_cos, query_labels, margin, pool),
         }
+        if self.cfg.csa:  # RAL: both frame losses on the (Nq, Nv) CSA scores, in the clip losses' form
+            csa = (self.text_weight_fc, words, query_mask, frames, frame_mask)
+            csa_raw = ral.csa_scores(*csa, normalize=False, pad_to=self.cfg.max_ctx_l)
+            out["frame_nce"] = 0.04 * losses.clip_nce(csa_raw, query_labels)
+            csa_cos = ral.csa_scores(*csa, pad_to=self.cfg.max_ctx_l)
+            out["frame_trip"] = losses.clip_triplet(csa_cos, query_labels, margin, pool)
+        else:  # training attends only within each query's own video: one z per query
+            keys, values = self.mapping_linear[0](frames), self.mapping_linear[1](frames)  # once per video
+            own = (keys[query_labels], values[query_labels], frame_mask[query_labels])  # (Nq, L, ...) each
+            z = key_clip_attention(*own, key_clips[:, None])[0].squeeze(1)  # (Nq, H)
+            frame_cos = F.normalize(q, dim=-1) @ F.normalize(z, dim=-1).t()  # (Nq, Nq), diagonal positive
+            out["frame_nce"] = 0.04 * losses.frame_nce(q @ z.t())
+            out["frame_trip"] = losses.frame_triplet(frame_cos, margin, pool)
+        if self.cfg.msra:
+            mil, kl = self.msra(words, query_mask, query_labels, frames, frame_mask)
+            out["msra_mil"], out["msra_kl"] = self.cfg.msra_mil_w * mil, self.cfg.msra_kl_w * kl
+        if self.cfg.ice:  # the pseudo-positive pairs are moment-level: the clip branch's NCE weight
+            ice, _ = regularizers.ice_loss(units, q, query_labels, self.cfg.ice_threshold, margin, 0.02, pool)
+            out["ice"] = self.cfg.ice_w * ice
+        if self.cfg.irm:
+            irm = regularizers.irm_loss(self.irm, frames, frame_mask, q, query_labels, key_clips, clip_cos,
+                                        clip_raw, margin, 0.02, pool)
+            out["irm"] = self.cfg.irm_w * irm
+        if self.cfg.tcp:
+            out["tcp"] = self.cfg.tcp_w * self._tcp_loss(clip_inputs, units, frame_inputs, frame_mask, frames)
         out["total"] = sum(out.values())
         return out
+
+    def _tcp_loss(self, clip_inputs: Tensor, units: Tensor, frame_inputs: Tensor, frame_mask: Tensor,
+                  frames: Tensor) -> Tensor:
+        """TCP on both branches: group prediction on the encoded original and partly shuffled inputs."""
+        encode_frames = functools.partial(self.encode_frames, frame_mask=frame_mask)
+        groups, fraction = self.cfg.tcp_groups, self.cfg.tcp_shuffle
+        unit_mask = units.new_ones(units.shape[:2])
+        return (regularizers.tcp_loss(self.tcp.frame, encode_frames, frame_inputs, frame_mask, frames, groups,
+                                      fraction)
+                + regularizers.tcp_loss(self.tcp.clip, self.encode_clip_units, clip_inputs, unit_mask, units,
+                                        groups, fraction))
 
     # ---- identity and checkpoints
     def fingerprint(self) -> str:

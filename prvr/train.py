@@ -33,7 +33,7 @@ from prvr.data import (
     source_from_args,
 )
 from prvr.evaluate import evaluate_split, format_table
-from prvr.model import MSSL, MSSLConfig
+from prvr.model import EXTENSIONS, MSSL, MSSLConfig
 from prvr.optim import BertAdam, param_groups
 
 log = logging.getLogger(__name__)
@@ -223,6 +223,8 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--out", required=True, help="output folder: best/, last/, log.jsonl")
     parser.add_argument("--preset", help="tvr, activitynet, charades, or a JSON file")
     parser.add_argument("--clusters", type=int, help="MS-SL++: k-medoids over the proposals (e.g. 32)")
+    for name, what in EXTENSIONS.items():  # the seed papers' options; their weights: --key=value
+        parser.add_argument(f"--{name}", action="store_true", help=what)
     parser.add_argument("--resume", help="a last/ folder of an earlier run to continue")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     args, rest = parser.parse_known_args(argv)
@@ -232,6 +234,7 @@ def main(argv: list[str] | None = None) -> dict:
         parser.error(str(e))
     if args.clusters is not None:
         overrides["clusters"] = args.clusters
+    overrides.update({name: True for name in EXTENSIONS if getattr(args, name)})
     source = source_from_args(parser, args)
     if args.resume:
         model = MSSL.from_checkpoint(args.resume)

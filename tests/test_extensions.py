@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
@@ -10,6 +11,9 @@ from torch.distributions import Normal, kl_divergence
 
 import prvr  # noqa: F401  - applies the torchvision CPU fix first
 from prvr import ral, regularizers
+from prvr.model import MSSL, EncodedQueries, MSSLConfig
+from prvr.preprocess import pad
+from prvr.search import QueryError
 
 H = 16
 
@@ -248,3 +252,119 @@ def test_tcp_loss_uses_shuffled_labels_and_trains_head_and_encoder():
     assert perfect < 1e-6
     with pytest.raises(ValueError, match="at least 2 groups"):
         regularizers.CoherenceHeads(H, groups=1)
+
+
+# ----------------------------------------------------------------------------- the options inside MSSL
+DV, DQ = 24, 20
+SMALL = {"hidden_size": 32}  # the official 384 only slows these tests down
+OPTIONS = {  # each option's config switch -> the parameter prefixes it adds and the loss terms it adds
+    "csa": (("frame_branch_query_proj.", "frame_branch_query_encoder.", "text_weight_fc."), ()),
+    "msra": (("msra.",), ("msra_mil", "msra_kl")),
+    "ice": ((), ("ice",)),
+    "irm": (("irm.",), ("irm",)),
+    "tcp": (("tcp.",), ("tcp",)),
+}
+BASE_LOSSES = {"clip_nce", "clip_trip", "frame_nce", "frame_trip", "total"}
+
+
+def _batch(n_videos: int = 5):
+    """A collated training batch: 2 captions per video, varied lengths (some padded)."""
+    torch.manual_seed(7)
+    lengths = [40, 33, 20, 7, 3][:n_videos]
+    frames, fmask = pad([torch.randn(n, DV) for n in lengths])
+    queries, qmask = pad([torch.randn(n, DQ) for n in [9, 4, 12, 6, 3, 8, 5, 10, 7, 2][: 2 * n_videos]])
+    labels = torch.arange(n_videos).repeat_interleave(2)
+    return torch.randn(n_videos, 32, DV), frames, fmask, queries, qmask, labels
+
+
+@pytest.mark.parametrize("option", list(OPTIONS))
+def test_each_option_is_one_config_field(option):
+    prefixes, terms = OPTIONS[option]
+    base = MSSL(MSSLConfig(visual_dim=DV, query_dim=DQ, **SMALL))
+    model = MSSL(MSSLConfig(visual_dim=DV, query_dim=DQ, ice_threshold=-1.0, **SMALL, **{option: True}))
+    assert len(base.state_dict()) == 54  # the official tensors, untouched by the defaults
+    added = set(model.state_dict()) - set(base.state_dict())
+    assert set(base.state_dict()) <= set(model.state_dict())
+    assert all(k.startswith(prefixes) for k in added)
+    assert all(any(k.startswith(p) for k in added) for p in prefixes)
+    out = model.loss(*_batch())
+    assert set(out) == BASE_LOSSES | set(terms)
+    assert all(torch.isfinite(v) for v in out.values())
+    torch.testing.assert_close(out["total"], sum(v for k, v in out.items() if k != "total"))
+    out["total"].backward()
+    for name, p in model.named_parameters():
+        if any(name.startswith(pre) for pre in prefixes):
+            assert p.grad is not None and torch.isfinite(p.grad).all() and p.grad.abs().sum() > 0, name
+
+
+def test_all_options_together_train_and_round_trip(tmp_path):
+    cfg = MSSLConfig(visual_dim=DV, query_dim=DQ, **SMALL, **{o: True for o in OPTIONS})
+    model = MSSL(cfg)
+    out = model.loss(*_batch(), hard_negative_pool=2)
+    out["total"].backward()
+    assert torch.isfinite(out["total"])
+    model.save(tmp_path / "ckpt")
+    loaded = MSSL.from_checkpoint(tmp_path / "ckpt")
+    assert loaded.cfg == cfg and loaded.fingerprint() == model.fingerprint()
+
+
+def test_csa_changes_the_frame_score_at_inference():
+    model = MSSL(MSSLConfig(visual_dim=DV, query_dim=DQ, csa=True, **SMALL)).eval()
+    torch.manual_seed(8)
+    videos = model.encode_videos([torch.randn(n, DV).numpy() for n in (50, 140, 5)])
+    queries = model.encode_queries([torch.randn(n, DQ).numpy() for n in (4, 31, 9)])
+    assert isinstance(queries, EncodedQueries) and queries.tokens.shape == (3, 30, 32)
+    scores = model.score(queries, videos)
+    expected = ral.csa_scores(model.text_weight_fc, queries.tokens, queries.token_mask, videos.frames,
+                              videos.frame_mask, pad_to=128)
+    torch.testing.assert_close(scores.frame, expected)
+    torch.testing.assert_close(scores.total, 0.7 * scores.clip + 0.3 * scores.frame)
+    torch.testing.assert_close(model.score(queries[1:], videos).total, scores.total[1:])  # per-query result
+    with pytest.raises(TypeError, match="frame-branch tokens"):
+        model.score(queries.vectors, videos)
+
+
+def test_index_scores_a_csa_model_exactly(tmp_path):
+    from prvr.index import GalleryVideo, VideoIndex
+
+    torch.manual_seed(9)
+    model = MSSL(MSSLConfig(visual_dim=DV, query_dim=DQ, csa=True, **SMALL)).eval()
+    rng = np.random.default_rng(0)
+    videos = []
+    for i, rows in enumerate((3, 40, 17, 150, 60, 8)):
+        t = np.arange(rows, dtype=np.float32)
+        features = rng.standard_normal((rows, DV)).astype(np.float32)
+        videos.append(GalleryVideo(f"v{i}", features, t, t + 1, rows))
+    tokens = [rng.standard_normal((n, DQ)).astype(np.float32) for n in (5, 12, 33)]
+    index = VideoIndex.create(tmp_path / "ix", model)
+    index.add(videos)
+    expected = model.score(model.encode_queries(tokens), model.encode_videos([v.features for v in videos]))
+    for j, t in enumerate(tokens):
+        q, _ = index.encode_query(t)
+        positions, totals, _ = index.rank(q, k=4)
+        best = np.lexsort((np.arange(len(videos)), -expected.total[j].numpy()))[:4]
+        assert positions.tolist() == best.tolist()
+        np.testing.assert_allclose(totals, expected.total[j].numpy()[best], atol=1e-5)
+        hits = index.search(t, k=2).results
+        np.testing.assert_allclose([h["frame_score"] for h in hits], expected.frame[j].numpy()[best[:2]],
+                                   atol=1e-5)
+    with pytest.raises(QueryError, match="needs the query's tokens"):
+        index.rank(np.ones(SMALL["hidden_size"], np.float32), k=2)
+
+
+def test_train_cli_flags_are_recorded_in_the_checkpoint(tmp_path):
+    from prvr.synthetic import SyntheticConfig, generate
+    from prvr.train import main
+
+    data = SyntheticConfig(n_videos=(8, 4, 4), captions_per_video=2, distractors_per_video=1, visual_dim=DV,
+                           query_dim=DQ, min_frames=20, max_frames=30, seed=3)
+    generate(data, tmp_path)
+    args = ["--data", str(tmp_path), "--collection", data.collection, "--feature", data.feature,
+            "--out", str(tmp_path / "run"), "--hidden_size=16", "--map_size=16", "--batch_size=4",
+            "--n_epoch=1", "--csa", "--msra", "--ice", "--irm", "--tcp", "--tcp_w=0.5"]
+    result = main(args)
+    assert set(result["test"]) == {"total", "clip", "frame"}
+    model = MSSL.from_checkpoint(tmp_path / "run" / "best")
+    assert all(getattr(model.cfg, o) for o in OPTIONS) and model.cfg.tcp_w == 0.5
+    added = {"text_weight_fc.0.weight", "msra.pie_net_text.fc.weight", "irm.fc.weight", "tcp.frame.weight"}
+    assert added <= set(model.state_dict())
