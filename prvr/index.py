@@ -69,8 +69,8 @@ class IndexConfig:
     verify_checksums: bool = True  # sha256 every file on open (sizes are always checked)
     nlist: int = 0  # approximate search: IVF lists (0: sqrt of the number of scene centres)
     nprobe: int = 32  # approximate search: lists visited per query
-    candidate_units: int = 2048  # approximate search: nearest scene centres retrieved by faiss
-    candidate_videos: int = 256  # approximate search: videos (by their best scene centre) scored exactly
+    candidate_units: int = 4096  # approximate search: nearest scene centres retrieved by faiss
+    candidate_videos: int = 512  # approximate search: videos (by their best scene centre) scored exactly
 
 
 class VideoIndex:

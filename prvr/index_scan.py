@@ -165,17 +165,24 @@ def exact_scores(units: np.ndarray, pnorm: np.ndarray, windows: np.ndarray,
     """
     q32 = np.ascontiguousarray(q, dtype=np.float32)
     qn = max(float(np.linalg.norm(q.astype(np.float64))), NORM_EPS)
-    u = np.einsum("vmh,h->vm", units, q32).astype(np.float64)  # (V, M); einsum: same arithmetic per video
-    csum = np.concatenate([np.zeros((len(u), 1)), np.cumsum(u, axis=1)], axis=1)  # (V, M+1)
+    u = np.einsum("vmh,h->vm", units, q32)  # (V, M); einsum: the same arithmetic for every video
+    csum = np.zeros((len(u), u.shape[1] + 1), dtype=np.float64)
+    np.cumsum(u, axis=1, dtype=np.float64, out=csum[:, 1:])
+    csum = csum.astype(np.float32)  # (V, M+1); float32 from here: the (V, P) work is memory-bound
     start, end = windows[..., 0].astype(np.int64), windows[..., 1].astype(np.int64)
-    if windows.ndim == 2:  # the same windows for every video (all 528): plain column indexing
-        sums = csum[:, end] - csum[:, start]
+    if windows.ndim == 2:  # the same windows for every video (all 528): one product with a +-1 matrix
+        diff = np.zeros((csum.shape[1], len(windows)), dtype=np.float32)  # (M+1, P)
+        diff[end, np.arange(len(windows))] = 1.0
+        diff[start, np.arange(len(windows))] -= 1.0
+        sums = csum @ diff  # exactly csum[:, end] - csum[:, start]: the other terms are exact zeros
     else:
         sums = np.take_along_axis(csum, end, 1) - np.take_along_axis(csum, start, 1)
-    cos = sums / (end - start) / (qn * np.maximum(pnorm.astype(np.float64), NORM_EPS))  # (V, P)
+    denom = np.maximum(pnorm, np.float32(NORM_EPS)) * ((end - start) * np.float32(qn)).astype(np.float32)
+    cos = np.divide(sums, denom, out=sums)  # (V, P)
     key = cos.argmax(axis=1)
-    clip = cos[np.arange(len(cos)), key]
+    clip = cos[np.arange(len(cos)), key].astype(np.float64)
     frame = np.einsum("vh,h->v", zhat_rows(key), q32).astype(np.float64) / qn
+    u = u.astype(np.float64)
     return Exact(weights[0] * clip + weights[1] * frame, clip, frame, key, cos, u)
 
 

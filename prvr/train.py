@@ -249,6 +249,7 @@ def main(argv: list[str] | None = None) -> dict:
     else:
         options = {**load_preset(args.preset), **overrides}
         model_cfg, train_cfg = build_configs(options, source, f"preset {args.preset!r} + options")
+        torch.manual_seed(train_cfg.seed)  # the initial weights are part of a seeded run, as official
         model = MSSL(model_cfg)
         model.profile = source.profile
     model.to(args.device)
