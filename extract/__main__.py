@@ -19,7 +19,8 @@ from pathlib import Path
 import extract  # noqa: F401  - applies the torchvision fix before any backbone import
 from extract.backbones import list_backbones
 from extract.decode import DecodeLimits, MediaError, find_videos, sha256_file
-from extract.features import FeatureWriter, caption_video_id, export_official, read_captions
+from extract.features import FeatureWriter, export_official
+from extract.official import read_captions
 from extract.profiles import ProfileMismatch, get_profile, list_profiles
 from extract.weights import WeightsUnavailable
 
@@ -88,17 +89,18 @@ def cmd_captions(args: argparse.Namespace) -> int:
     """Encode an official caption file (``<cap_id> <text>`` lines) into --out."""
     from extract.pipeline import TextEncoder, resolve_profile, weights_for
 
-    pairs = read_captions(args.captions)
+    captions = read_captions(args.captions)
     profile, weights = get_profile(args.profile), parse_weights(args.weights)
     expected = resolve_profile(profile, weights_for(profile, weights, (profile.text,)))
     with FeatureWriter(args.out, expected) as writer:
         encoder = TextEncoder(profile, weights, args.device)
-        todo = [(c, t) for c, t in pairs if c not in set(writer.caption_ids())]
+        done = set(writer.caption_ids())
+        todo = [c for c in captions if c.cap_id not in done]
         for lo in range(0, len(todo), 256):
             chunk = todo[lo : lo + 256]
-            for (cap_id, text), tokens in zip(chunk, encoder.encode([t for _, t in chunk]), strict=True):
-                writer.add_caption(cap_id, text, tokens, caption_video_id(cap_id))
-    print(f"{len(todo)} captions encoded, {len(pairs) - len(todo)} already in {args.out}")
+            for c, tokens in zip(chunk, encoder.encode([c.text for c in chunk]), strict=True):
+                writer.add_caption(c.cap_id, c.text, tokens, c.video_id)
+    print(f"{len(todo)} captions encoded, {len(captions) - len(todo)} already in {args.out}")
     return 0
 
 

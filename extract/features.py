@@ -29,6 +29,7 @@ from pathlib import Path
 import h5py
 import numpy as np
 
+from extract.official import BigFileWriter, read_captions
 from extract.profiles import Profile, ProfileMismatch, check_identity
 
 log = logging.getLogger(__name__)
@@ -185,24 +186,6 @@ class FeatureWriter(FeatureFile):
         self._captions[cap_id] = key
 
 
-def read_captions(path: str | Path) -> list[tuple[str, str]]:
-    """(cap_id, text) pairs of an official caption file: ``<cap_id> <text>`` per line."""
-    pairs = []
-    for n, line in enumerate(Path(path).read_text(encoding="utf-8").splitlines(), 1):
-        if not line.strip():
-            continue
-        cap_id, _, text = line.strip().partition(" ")
-        if not text.strip():
-            raise ValueError(f"{path}:{n}: expected '<cap_id> <text>', got {line!r}")
-        pairs.append((cap_id, text.strip()))
-    return pairs
-
-
-def caption_video_id(cap_id: str) -> str:
-    """The official rule: the video id is the caption id up to the first '#'."""
-    return cap_id.split("#")[0]
-
-
 def export_official(feature_file: str | Path, caption_file: str | Path | Mapping[str, str | Path],
                     out_root: str | Path, collection: str, feature_name: str) -> Path:
     """Write ``<out_root>/<collection>/{FeatureData/<feature_name>, TextData}`` in the official layout.
@@ -218,14 +201,15 @@ def export_official(feature_file: str | Path, caption_file: str | Path | Mapping
     feat_dir.mkdir(parents=True, exist_ok=True)
     with FeatureFile(feature_file) as ff:
         captions = {split: read_captions(path) for split, path in splits.items()}
-        video_ids = list(dict.fromkeys(caption_video_id(c) for pairs in captions.values() for c, _ in pairs))
-        _check_present(ff, video_ids, [c for pairs in captions.values() for c, _ in pairs])
+        cap_ids = list(dict.fromkeys(c.cap_id for caps in captions.values() for c in caps))
+        video_ids = list(dict.fromkeys(c.video_id for caps in captions.values() for c in caps))
+        _check_present(ff, video_ids, cap_ids)
         _write_bigfile(ff, video_ids, feat_dir)
         with h5py.File(text_dir / f"roberta_{collection}_query_feat.hdf5", "w") as h5:
-            for cap_id in dict.fromkeys(c for pairs in captions.values() for c, _ in pairs):
+            for cap_id in cap_ids:
                 h5.create_dataset(cap_id, data=ff.caption(cap_id)[1])
-    for split, pairs in captions.items():
-        lines = "".join(f"{cap_id} {text}\n" for cap_id, text in pairs)
+    for split, caps in captions.items():
+        lines = "".join(f"{c.cap_id} {c.text}\n" for c in caps)
         (text_dir / f"{collection}{split}.caption.txt").write_text(lines, encoding="utf-8")
     log.info("exported %d videos to %s", len(video_ids), root)
     return root
@@ -252,16 +236,11 @@ def _latin1(text: str) -> bytes | None:
 
 
 def _write_bigfile(ff: FeatureFile, video_ids: list[str], folder: Path) -> None:
-    """feature.bin (little-endian float32, row-major), id.txt, shape.txt, video2frames.txt."""
-    row_ids: list[str] = []
+    """The videos' rows as a BigFile (row ids ``<video_id>_<k>``) with its video2frames.txt."""
     video2frames: dict[str, list[str]] = {}
-    with open(folder / "feature.bin", "wb") as bin_file:
+    with BigFileWriter(folder, int(ff.profile["visual_dim"])) as writer:
         for vid in video_ids:
-            rows = ff.video(vid).features.astype("<f4", copy=False)
-            names = [f"{vid}_{k}" for k in range(len(rows))]
-            bin_file.write(np.ascontiguousarray(rows).tobytes())
-            row_ids += names
-            video2frames[vid] = names
-    (folder / "id.txt").write_bytes(" ".join(row_ids).encode("iso-8859-1"))
-    (folder / "shape.txt").write_text(f"{len(row_ids)} {ff.profile['visual_dim']}")
-    (folder / "video2frames.txt").write_text(repr(video2frames), encoding="iso-8859-1")
+            rows = ff.video(vid).features
+            video2frames[vid] = [f"{vid}_{k}" for k in range(len(rows))]
+            writer.add(video2frames[vid], rows)
+        writer.write_video2frames(video2frames)

@@ -167,7 +167,7 @@ def generate(cfg: SyntheticConfig, root: str | Path) -> Path:
                     lines.append(f"{vid}#enc#{j} someone {events[i, j]} does something with {objects[i, j]}")
             big.add(row_ids, rows)
             (base / "TextData" / f"{cfg.collection}{split}.caption.txt").write_text("\n".join(lines) + "\n")
-    (feature_dir / "video2frames.txt").write_text(repr(video2frames))
+        big.write_video2frames(video2frames)
     log.info("wrote synthetic set %s: %s videos, %d rows", base, cfg.n_videos, len(big.ids))
     return base
 
