@@ -54,12 +54,7 @@ def chance_sumr(n_videos: int) -> float:
 @torch.no_grad()
 def encode_split_videos(model: MSSL, split: PreparedSplit, idx: torch.Tensor) -> EncodedVideos:
     """Encode the preprocessed videos ``idx`` of a split (``MSSL.encode_videos`` minus preprocessing)."""
-    device = model.device
-    units = model.encode_clip_units(split.clip_inputs[idx].to(device))
-    proposals, index = model.proposals_from_units(units)
-    frames, mask = (t.to(device) for t in split.frames.gather(idx))
-    encoded = model.encode_frames(frames, mask) * mask.unsqueeze(-1)
-    return EncodedVideos(units, proposals, index, encoded, mask)
+    return model.encode_video_inputs(split.clip_inputs[idx], *split.frames.gather(idx))
 
 
 @torch.no_grad()

@@ -395,21 +395,27 @@ class MSSL(nn.Module):
         for c in _chunks(len(frames_list), batch_size):
             raw = [self._checked(x, self.cfg.visual_dim, f"video {i}")
                    for i, x in enumerate(frames_list[c], c.start)]
-            clips = torch.stack([clip_input(x, self.cfg.map_size) for x in raw]).to(self.device)
+            clips = torch.stack([clip_input(x, self.cfg.map_size) for x in raw])
             frames, mask = pad([frame_input(x, self.cfg.max_ctx_l) for x in raw])
-            frames, mask = frames.to(self.device), mask.to(self.device)
-            units = self.encode_clip_units(clips)
-            proposals, index = self.proposals_from_units(units)
-            encoded = self.encode_frames(frames, mask) * mask.unsqueeze(-1)  # zero padding: batch-independent
-            parts.append((units, proposals, index, encoded, mask))
-        L = max(p[3].shape[1] for p in parts)
+            parts.append(self.encode_video_inputs(clips, frames, mask))
+        L = max(p.frames.shape[1] for p in parts)
         return EncodedVideos(
-            clip_units=torch.cat([p[0] for p in parts]),
-            proposals=torch.cat([p[1] for p in parts]),
-            proposal_index=torch.cat([p[2] for p in parts]),
-            frames=torch.cat([F.pad(p[3], (0, 0, 0, L - p[3].shape[1])) for p in parts]),
-            frame_mask=torch.cat([F.pad(p[4], (0, L - p[4].shape[1])) for p in parts]),
+            clip_units=torch.cat([p.clip_units for p in parts]),
+            proposals=torch.cat([p.proposals for p in parts]),
+            proposal_index=torch.cat([p.proposal_index for p in parts]),
+            frames=torch.cat([F.pad(p.frames, (0, 0, 0, L - p.frames.shape[1])) for p in parts]),
+            frame_mask=torch.cat([F.pad(p.frame_mask, (0, L - p.frame_mask.shape[1])) for p in parts]),
         )
+
+    @torch.no_grad()
+    def encode_video_inputs(self, clip_inputs: Tensor, frame_inputs: Tensor,
+                            frame_mask: Tensor) -> EncodedVideos:
+        """Preprocessed, collated videos (B, 32, Dv) + (B, L, Dv) + (B, L) -> EncodedVideos."""
+        frame_inputs, frame_mask = frame_inputs.to(self.device), frame_mask.to(self.device)
+        units = self.encode_clip_units(clip_inputs.to(self.device))
+        proposals, index = self.proposals_from_units(units)
+        frames = self.encode_frames(frame_inputs, frame_mask) * frame_mask.unsqueeze(-1)  # batch-independent
+        return EncodedVideos(units, proposals, index, frames, frame_mask)
 
     @torch.no_grad()
     def encode_queries(self, tokens_list: Sequence[ArrayLike],
