@@ -25,6 +25,7 @@ import logging
 import math
 import time
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -34,7 +35,18 @@ import torch
 from prvr import index_store as store
 from prvr import ral
 from prvr.gallery import GalleryError, GalleryVideo, check_videos, encode_for_index
-from prvr.index_scan import Summary, cover_balls, exact_scores, fit_basis, summarize, top_k, upper_bounds
+from prvr.index_scan import (
+    BOUND_EPS,
+    FIRST_PASS,
+    SKETCH,
+    QueryCode,
+    clip_upper,
+    cover_balls,
+    exact_scores,
+    frame_upper,
+    sketch,
+    top_k,
+)
 from prvr.model import EncodedQueries, EncodedVideos
 from prvr.preprocess import pad, window_table
 from prvr.search import (
@@ -49,8 +61,9 @@ from prvr.search import (
 
 log = logging.getLogger(__name__)
 
-MAPPED = ("units", "pnorm", "zhat", "frames", "scenes")  # per-video bulk, read only where needed
+MAPPED = ("units", "pnorm", "zhat", "frames", "scenes", *SKETCH)  # per-video arrays: the OS pages them in
 SCENES = 4  # per-video unit-cluster centres that approximate search indexes with faiss
+TASK_ROWS = 256  # videos per piece of the first pass handed to a thread
 
 
 class IndexMismatchError(store.IndexStoreError):
@@ -60,17 +73,16 @@ class IndexMismatchError(store.IndexStoreError):
 @dataclass
 class IndexConfig:
     mode: str = "exact"  # "exact": every proposal of the model; "compact": 32 MS-SL++ medoids per video
-    head_dim: int = 32  # basis dims of the first-pass bound (more: tighter bounds, more resident bytes)
-    frame_balls: int = 4  # balls covering each video's z rows for the frame-scale bound
+    frame_balls: int = 16  # balls covering each video's z rows for the frame-scale bound (6 KB per video)
     segment_videos: int = 512  # an add writes segments of at most this many videos
     encode_batch: int = 64  # videos encoded (and attended over every proposal) at once
     background: int = 128  # videos whose totals form the score distribution of the confidence rule
     lock_timeout: float = 10.0  # seconds a writer waits for another writer
     verify_checksums: bool = True  # sha256 every file on open (sizes are always checked)
     nlist: int = 0  # approximate search: IVF lists (0: sqrt of the number of scene centres)
-    nprobe: int = 32  # approximate search: lists visited per query
-    candidate_units: int = 4096  # approximate search: nearest scene centres retrieved by faiss
-    candidate_videos: int = 512  # approximate search: videos (by their best scene centre) scored exactly
+    nprobe: int = 64  # approximate search: lists visited per query
+    candidate_units: int = 16384  # approximate search: nearest scene centres retrieved by faiss
+    candidate_videos: int = 4096  # approximate search: videos (by their best scene centre) ranked exactly
 
 
 class VideoIndex:
@@ -81,6 +93,7 @@ class VideoIndex:
         self.root, self.model, self.cfg = Path(root), model, cfg
         self._text_encoder = text_encoder
         self._faiss = None
+        self._pool: ThreadPoolExecutor | None = None  # first-pass threads, started by the first big query
         # a CSA model's frame score needs the query's frame-branch tokens, not only q: encode_query keeps
         # them here, keyed by q's bytes, for the exact scoring of that q (the last few queries only)
         self._csa = bool(getattr(model.cfg, "csa", False))
@@ -106,9 +119,8 @@ class VideoIndex:
             if (root / store.MANIFEST).exists():
                 raise store.IndexStoreError(f"{root} already holds an index; open it instead")
             manifest = {"format": store.FORMAT, "schema_version": store.SCHEMA_VERSION, "generation": 0,
-                        "mode": cfg.mode, **cls._identity(model), "head_dim": cfg.head_dim,
-                        "frame_balls": cfg.frame_balls, "basis": None, "segments": [],
-                        "counts": {"videos": 0}}
+                        "mode": cfg.mode, **cls._identity(model), "frame_balls": cfg.frame_balls,
+                        "segments": [], "counts": {"videos": 0}}
             store.commit_manifest(root, manifest)
         return cls(root, model, cfg, manifest, **kw)
 
@@ -123,8 +135,7 @@ class VideoIndex:
                 raise IndexMismatchError(f"{root} was built with {key} = {manifest.get(key)!r}, but the "
                                          f"model in use has {key} = {theirs!r}; rebuild the index for it")
         cfg = cfg or IndexConfig()
-        cfg.mode, cfg.head_dim = manifest["mode"], manifest["head_dim"]
-        cfg.frame_balls = manifest["frame_balls"]
+        cfg.mode, cfg.frame_balls = manifest["mode"], manifest["frame_balls"]
         return cls(root, model, cfg, manifest, **kw)
 
     @classmethod
@@ -137,12 +148,7 @@ class VideoIndex:
     def _load(self, manifest: dict) -> None:
         """Read the segments the manifest names: resident bound arrays, memory-mapped bulk."""
         self.manifest = manifest
-        self.basis = None
-        if manifest["basis"]:
-            path = self.root / manifest["basis"]["file"]
-            store.verify_file(path, manifest["basis"], self.cfg.verify_checksums)
-            self.basis = np.load(path, allow_pickle=False)
-        self.segments, self.videos, summaries, alive = [], [], [], []
+        self.segments, self.videos, alive = [], [], []
         self.table = window_table(int(manifest["map_size"])).numpy()
         for entry in manifest["segments"]:
             arrays, videos = store.load_segment(self.root, entry, MAPPED, self.cfg.verify_checksums)
@@ -150,14 +156,11 @@ class VideoIndex:
             arrays["row_offset"] = np.concatenate([[0], np.cumsum(arrays["n_rows"])])
             self.segments.append(arrays)
             self.videos.extend(videos)
-            summaries.append(Summary(*(arrays[f] for f in Summary.FIELDS)))
             keep = np.ones(entry["count"], dtype=bool)
             keep[entry["removed"]] = False
             alive.append(keep)
         self.seg_start = np.cumsum([0] + [e["count"] for e in manifest["segments"]])
         self.alive = np.concatenate(alive) if alive else np.zeros(0, dtype=bool)
-        self.summary = (Summary(*(np.concatenate([getattr(s, f) for s in summaries]) for f in Summary.FIELDS))
-                        if summaries else None)
         self.position = {v["id"]: i for i, v in enumerate(self.videos) if self.alive[i]}
         self._faiss = None
 
@@ -175,10 +178,13 @@ class VideoIndex:
         """Live video ids in index order."""
         return [v["id"] for i, v in enumerate(self.videos) if self.alive[i]]
 
-    def resident_bytes(self) -> int:
-        """Bytes held in memory for the first pass (the bulk stays memory-mapped on disk)."""
-        s = self.summary
-        return 0 if s is None else sum(getattr(s, f).nbytes for f in Summary.FIELDS) + self.alive.nbytes
+    def first_pass_bytes(self) -> int:
+        """Bytes an exact query reads for every video (the 8-bit sketch); the rest is read per candidate."""
+        return sum(seg[f].nbytes for seg in self.segments for f in FIRST_PASS) + self.alive.nbytes
+
+    def stored_bytes(self) -> int:
+        """Bytes of every stored array (what the index occupies on disk, manifest aside)."""
+        return sum(a.nbytes for seg in self.segments for a in seg.values())
 
     # ------------------------------------------------------------------ writing
     def _commit(self, change: Callable[[dict], dict]) -> None:
@@ -225,34 +231,29 @@ class VideoIndex:
 
     def _append(self, manifest: dict, records: list[dict], arrays: dict[str, np.ndarray],
                 frames: list[np.ndarray], rows: list[tuple[np.ndarray, np.ndarray]]) -> dict:
-        """Write segments for these videos (fitting the basis on the first add) into a manifest copy."""
-        if manifest["basis"] is None:
-            basis = fit_basis(arrays["units"][:4096], self.cfg.head_dim)
-            manifest["basis"] = store.write_basis(self.root, basis)
-        basis = np.load(self.root / manifest["basis"]["file"], allow_pickle=False)
+        """Write segments for these videos into a manifest copy."""
         manifest["segments"] = list(manifest["segments"])
         for a in range(0, len(records), self.cfg.segment_videos):
             b = slice(a, a + self.cfg.segment_videos)
-            part = self._segment_arrays({k: x[b] for k, x in arrays.items()}, frames[b], rows[b], basis)
+            part = self._segment_arrays({k: x[b] for k, x in arrays.items()}, frames[b], rows[b])
             manifest["segments"].append(store.write_segment(self.root, part, records[b]))
         return manifest
 
     def _segment_arrays(self, arrays: dict[str, np.ndarray], frames: list[np.ndarray],
-                        rows: list[tuple[np.ndarray, np.ndarray]], basis: np.ndarray
-                        ) -> dict[str, np.ndarray]:
-        """All stored arrays of one segment: units, pnorm, pidx, zhat + frames, row times and bounds."""
-        summary = summarize(arrays["units"], arrays["pnorm"], self.table[arrays["pidx"].astype(np.int64)],
-                            arrays["zhat"], basis, self.cfg.frame_balls)
+                        rows: list[tuple[np.ndarray, np.ndarray]]) -> dict[str, np.ndarray]:
+        """All stored arrays of one segment: units, pnorm, pidx, zhat + frames, row times and the sketch."""
+        bounds = sketch(arrays["units"], arrays["pnorm"], self.table[arrays["pidx"].astype(np.int64)],
+                        arrays["zhat"], self.cfg.frame_balls)
         units = arrays["units"]
         unit_dirs = units / np.maximum(np.linalg.norm(units, axis=-1, keepdims=True), 1e-12)
-        scenes = cover_balls(unit_dirs, SCENES)[0]
+        scenes = cover_balls(unit_dirs, SCENES)
         scenes /= np.maximum(np.linalg.norm(scenes, axis=-1, keepdims=True), 1e-12)
         return {**arrays, "frames": np.concatenate(frames),
                 "n_frames": np.array([len(f) for f in frames], dtype=np.int64),
                 "row_start": np.concatenate([r[0] for r in rows]),
                 "row_end": np.concatenate([r[1] for r in rows]),
                 "n_rows": np.array([len(r[0]) for r in rows], dtype=np.int64),
-                "scenes": scenes.astype(np.float16), **{f: getattr(summary, f) for f in Summary.FIELDS}}
+                "scenes": scenes.astype(np.float16), **bounds}
 
     def remove(self, ids: Sequence[str]) -> None:
         """Remove videos by id (one atomic manifest update); unknown ids are an error, nothing changes."""
@@ -273,20 +274,15 @@ class VideoIndex:
         self._commit(change)
 
     def compact(self) -> None:
-        """Rewrite the live videos into fresh segments with a basis refitted to them; drop removed rows."""
+        """Rewrite the live videos into fresh segments; drop removed rows."""
         def change(manifest: dict) -> dict:
             live = np.flatnonzero(self.alive)
-            manifest["segments"], manifest["basis"] = [], None
-            if len(live) == 0:
-                return manifest
-            units = self._gather("units", live)
-            basis = fit_basis(units, self.cfg.head_dim)
-            manifest["basis"] = store.write_basis(self.root, basis)
+            manifest["segments"] = []
             for a in range(0, len(live), self.cfg.segment_videos):
                 part = live[a:a + self.cfg.segment_videos]
                 arrays = {k: self._gather(k, part) for k in ("units", "pnorm", "pidx", "zhat")}
                 frames = [self._ragged(p) for p in part]
-                seg = self._segment_arrays(arrays, frames, [self._rows(p) for p in part], basis)
+                seg = self._segment_arrays(arrays, frames, [self._rows(p) for p in part])
                 records = [self.videos[p] for p in part]
                 manifest["segments"].append(store.write_segment(self.root, seg, records))
             return manifest
@@ -405,14 +401,47 @@ class VideoIndex:
              approximate: bool = False) -> tuple[np.ndarray, np.ndarray, int]:
         """Top-k live positions with exact totals for query vector q, and how many were scored exactly."""
         w = check_weights(weights, (self.model.cfg.clip_scale_w, self.model.cfg.frame_scale_w))
-        if self.summary is None or not self.alive.any():
+        if not self.alive.any():
             return np.zeros(0, dtype=np.int64), np.zeros(0), 0
         candidates = self._approximate_candidates(q) if approximate else np.flatnonzero(self.alive)
-        if self._csa:  # the stored z bound the key-clip frame score, not CSA's, which is at most 1
-            bounds = upper_bounds(self.summary.take(candidates), q, self.basis, (w[0], 0.0)) + w[1]
+        qc, eps = QueryCode.of(q), BOUND_EPS * (1 + w[0] + w[1])
+        windows = self._windows
+        clip = w[0] * self._per_segment(candidates, lambda s, rows: clip_upper(s, rows, qc, windows), True)
+
+        def refine(positions: np.ndarray) -> np.ndarray:  # the frame bound, for the videos that need it
+            frame = self._per_segment(positions, lambda seg, rows: frame_upper(seg, rows, qc))
+            return clip[np.searchsorted(candidates, positions)] + w[1] * frame + eps
+
+        # CSA scores frames its own way (at most 1): the stored z do not bound it, so no refinement
+        use_balls = w[1] > 0 and not self._csa
+        return top_k(clip + w[1] + eps, candidates, lambda pos: self._totals(pos, q, w), k,
+                     refine if use_balls else None)
+
+    def _per_segment(self, positions: np.ndarray, fn: Callable[[dict, np.ndarray], np.ndarray],
+                     parallel: bool = False) -> np.ndarray:
+        """fn(segment arrays, local rows) -> (rows,) for sorted positions, in their order. With ``parallel``
+        the pieces (at most ``TASK_ROWS`` videos) run on the index's threads: the kernels release the GIL,
+        and small pieces keep both cores busy even when one is slowed by another process."""
+        out = np.empty(len(positions))
+        tasks = [(s, rows[a:a + TASK_ROWS], where[a:a + TASK_ROWS])
+                 for s, rows, where in self._locate(positions) for a in range(0, len(rows), TASK_ROWS)]
+
+        def run(task: tuple[int, np.ndarray, np.ndarray]) -> None:
+            out[task[2]] = fn(self.segments[task[0]], task[1])
+
+        if parallel and len(tasks) > 1 and torch.get_num_threads() > 1:
+            if self._pool is None:
+                self._pool = ThreadPoolExecutor(torch.get_num_threads(), thread_name_prefix="prvr-index")
+            list(self._pool.map(run, tasks))
         else:
-            bounds = upper_bounds(self.summary.take(candidates), q, self.basis, w)
-        return top_k(bounds, candidates, lambda pos: self._totals(pos, q, w), k)
+            for task in tasks:
+                run(task)
+        return out
+
+    @property
+    def _windows(self) -> np.ndarray | None:
+        """None when every video stores all windows in window_table order, else the table for ``pidx``."""
+        return None if self.segments[0]["pinv"].shape[1] == len(self.table) else self.table
 
     def _totals(self, positions: np.ndarray, q: np.ndarray, w: tuple[float, float]) -> np.ndarray:
         """Exact totals for sorted positions, one ``exact`` call per segment (runs become views)."""

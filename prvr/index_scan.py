@@ -1,4 +1,5 @@
-"""Exact top-k scoring of a stored gallery: cheap upper bounds first, exact scores only where they matter.
+"""Exact top-k scoring of a stored gallery: rigorous upper bounds from an 8-bit sketch first, exact scores
+only where they matter.
 
 Why it is exact. A video's proposals are means of windows over its M clip units C_1..C_M, so with
 u_t = q.C_t the clip-scale cosine of window (k, s) is (u_s + ... + u_{s+k-1}) / (k |q| |p_(k,s)|): the M dot
@@ -7,17 +8,19 @@ clip j*. The frame-scale feature z_j (key-clip-guided attention with proposal j 
 on the query, so it is computed once per proposal at indexing time and stored normalised: S_frame is one dot
 product with the row of j*. ``exact_scores`` does exactly this.
 
-Why it is fast. Reading every video's units is memory-bound, so each query first computes an UPPER BOUND
-of every video's total from small resident arrays (``Summary``), then scores videos exactly in descending
-bound order and stops as soon as the next bound is below the k-th best exact total (``top_k``). The result
-is identical to scoring everything; only the amount of data read changes. The bounds (all rigorous):
-- clip: with a fixed orthonormal basis B (H x d, PCA of the units), q.C_t <= (B'q).(B'C_t) + |q_rest||C_rest|
-  (Cauchy-Schwarz on the part outside the basis) =: |q| h_t. A window's sum of h_t is at most the sum of the
-  k largest positive h_t, and 1/(k|p|) at most its maximum g_k over the video's proposals of length k, so
-  S_clip <= max_k g_k * topsum_k(h+).
-- frame: the video's normalised z rows are covered by a few balls (centre c, radius r); q^.z <= q^.c + r,
-  with q.c bounded like q.C_t above. S_frame <= the largest ball bound.
-A margin of ``BOUND_EPS`` covers float rounding of the bound arithmetic.
+Why it is fast. Scoring is memory-bound (a full scan reads every video's float32 units), so each query first
+reads an 8-bit SKETCH of the units, a quarter of the bytes, and computes an UPPER BOUND of every video's
+total; then videos are scored exactly in descending bound order until the next bound is below the k-th best
+exact total (``top_k``). The result is identical to scoring everything; only the bytes read change.
+The bounds (all rigorous):
+- clip: unit C_t is stored as 8-bit codes times one scale (C~_t), with |C_t - C~_t| and |C_t|; the query as
+  16-bit codes (q~, error e_q). Cauchy-Schwarz twice: q.C_t <= q~.C~_t + |q~||C_t - C~_t| + |e_q||C_t|, where
+  q~.C~_t is an exact integer dot product times the two scales. A window's cosine is at most its sum of these
+  unit bounds times the stored 1 / (k |p|), divided by |q|; S_clip is at most the largest over its windows.
+  One fused pass per video (numba), nothing materialised.
+- frame: the video's normalised z rows are covered by balls with 8-bit centres c~ (radii measured from c~),
+  q^.z <= q^.c~ + r. It is computed only for videos whose clip bound alone does not rule them out.
+A relative ``SLACK`` and the absolute ``BOUND_EPS`` cover float rounding in the bounds and the exact scores.
 """
 
 from __future__ import annotations
@@ -25,70 +28,43 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
+import numba
 import numpy as np
 import torch
 
-BOUND_EPS = 1e-4  # added to every upper bound: covers float32 rounding in the bound arithmetic
+BOUND_EPS = 1e-4  # added to every upper bound: covers float32 rounding in the exact scores
 NORM_EPS = 1e-12  # F.normalize's eps, as the model's cosine uses
-
-
-@dataclass
-class Summary:
-    """Resident per-video arrays for the upper bounds (N videos, M units, d basis dims, B balls)."""
-
-    head: np.ndarray  # (N, M, d) float32: clip units in the basis
-    tail: np.ndarray  # (N, M) float32: norm of each unit outside the basis (rounded up)
-    gk: np.ndarray  # (N, M) float32: max over stored proposals of length k of 1 / (k |p|); 0 if none
-    zc: np.ndarray  # (N, B, d) float32: ball centres of the normalised z rows, in the basis
-    zct: np.ndarray  # (N, B) float32: norm of each centre outside the basis (rounded up)
-    zr: np.ndarray  # (N, B) float32: ball radii (rounded up)
-
-    FIELDS = ("head", "tail", "gk", "zc", "zct", "zr")
-
-    def __len__(self) -> int:
-        return len(self.head)
-
-    def take(self, idx: np.ndarray) -> Summary:
-        """The rows ``idx`` of every array."""
-        return Summary(*(getattr(self, f)[idx] for f in self.FIELDS))
+SLACK = 1e-6  # relative margin on float64 bound arithmetic (its rounding is ~1e-15)
+UNIT_LEVELS = 127  # 8-bit codes of units and ball centres
+SKETCH = ("codes", "scale", "err", "norm", "pinv", "ball_codes", "ball_scale", "ball_norm", "ball_radius")
+FIRST_PASS = ("codes", "scale", "err", "norm", "pinv")  # what every query reads for every video
 
 
 def _round_up(x: np.ndarray) -> np.ndarray:
     """float64 -> float32 never below the input (bounds must stay bounds after the cast)."""
-    y = x.astype(np.float32)
+    y = np.asarray(x).astype(np.float32)
     return np.where(y.astype(np.float64) < x, np.nextafter(y, np.float32(np.inf)), y).astype(np.float32)
 
 
-def fit_basis(units: np.ndarray, dim: int) -> np.ndarray:
-    """(H, dim) orthonormal float64 basis: the top eigenvectors of the units' second-moment matrix."""
-    x = units.reshape(-1, units.shape[-1]).astype(np.float64)
-    dim = min(dim, x.shape[1])
-    _, vectors = np.linalg.eigh(x.T @ x)  # ascending eigenvalues; the H x H matrix keeps this cheap
-    return np.ascontiguousarray(vectors[:, ::-1][:, :dim])
+def quantize(x: np.ndarray, levels: int = UNIT_LEVELS) -> tuple[np.ndarray, ...]:
+    """Rows (..., H) -> integer codes in [-levels, levels] and per row: float32 scale (x ~ codes * scale),
+    rounded-up error norm |x - codes * scale| and rounded-up norm |x|."""
+    x64 = np.asarray(x, dtype=np.float64)
+    peak = np.abs(x64).max(-1)
+    scale = np.where(peak > 0, peak / levels, 1.0).astype(np.float32)
+    codes = np.clip(np.rint(x64 / scale[..., None]), -levels, levels)
+    err = np.linalg.norm(x64 - codes * scale[..., None].astype(np.float64), axis=-1)
+    norm = np.linalg.norm(x64, axis=-1)
+    dtype = np.int8 if levels <= 127 else np.int16
+    return (codes.astype(dtype), scale, _round_up(err * (1 + SLACK) + 1e-30),
+            _round_up(norm * (1 + SLACK) + 1e-30))
 
 
-def _project(x: np.ndarray, basis: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Vectors (..., H) -> float32 coordinates in the basis (..., d) and the rounded-up rest norm (...)."""
-    x = x.astype(np.float64)
-    head = x @ basis
-    rest2 = np.maximum((x * x).sum(-1) - (head * head).sum(-1), 0.0)
-    return head.astype(np.float32), _round_up(np.sqrt(rest2) * (1 + 1e-6) + 1e-7)
-
-
-def length_inverse_norms(pnorm: np.ndarray, windows: np.ndarray, map_size: int) -> np.ndarray:
-    """(n, P) proposal norms + (n, P, 2) unit windows -> (n, M): max of 1 / (k |p|) per length k."""
-    k = (windows[..., 1] - windows[..., 0]).astype(np.int64)  # (n, P)
-    inv = 1.0 / (k * np.maximum(pnorm.astype(np.float64), NORM_EPS))
-    out = np.zeros((len(pnorm), map_size))
-    np.maximum.at(out, (np.arange(len(pnorm))[:, None].repeat(k.shape[1], 1), k - 1), inv)
-    return _round_up(out)
-
-
-def cover_balls(rows: np.ndarray, n_balls: int, iters: int = 2) -> tuple[np.ndarray, np.ndarray]:
-    """Cover each video's rows (n, P, H) with n_balls balls: centres (n, B, H), radii (n, B) float64.
+def cover_balls(rows: np.ndarray, n_balls: int, iters: int = 2) -> np.ndarray:
+    """Centres (n, B, H) float32 of B balls covering each video's rows (n, P, H).
 
     Spherical k-means (farthest-point seeds, a few Lloyd rounds); any centres give valid balls, the
-    clustering only makes them small. The radii are measured from the float32 centres that are returned.
+    clustering only makes them small.
     """
     x = torch.from_numpy(np.ascontiguousarray(rows, dtype=np.float32))
     n, P, _ = x.shape
@@ -105,40 +81,136 @@ def cover_balls(rows: np.ndarray, n_balls: int, iters: int = 2) -> tuple[np.ndar
         count = member.sum(1)  # (n, B)
         mean = member.transpose(1, 2) @ x / count.clamp(min=1).unsqueeze(-1)
         centres = torch.where(count.unsqueeze(-1) > 0, mean, centres)
-    assign = (x @ centres.transpose(1, 2)).argmax(-1)  # (n, P)
-    dist = (x.double() - centres.double().gather(1, assign.unsqueeze(-1).expand_as(x))).norm(dim=-1)
-    radius = torch.zeros(n, B, dtype=torch.float64).scatter_reduce(1, assign, dist, "amax")
-    return centres.numpy(), radius.numpy()
+    return centres.numpy()
 
 
-def summarize(units: np.ndarray, pnorm: np.ndarray, windows: np.ndarray, zhat: np.ndarray,
-              basis: np.ndarray, n_balls: int) -> Summary:
-    """Resident bound arrays for a batch of videos (see the module docstring)."""
-    head, tail = _project(units, basis)
-    centres, radius = cover_balls(zhat, n_balls)
-    zc, zct = _project(centres, basis)
-    zr = _round_up(radius * (1 + 1e-6) + 1e-7)
-    return Summary(head, tail, length_inverse_norms(pnorm, windows, units.shape[1]), zc, zct, zr)
+def ball_radii(rows: np.ndarray, centres: np.ndarray) -> np.ndarray:
+    """(n, B) float64 radii when each row (n, P, H) joins its nearest centre (n, B, H); 0 for empty balls."""
+    x, c = torch.from_numpy(np.asarray(rows, dtype=np.float64)), torch.from_numpy(centres)
+    dist = torch.cdist(x, c, compute_mode="donot_use_mm_for_euclid_dist")  # (n, P, B), no cancellation
+    near, assign = dist.min(-1)
+    return torch.zeros(c.shape[:2], dtype=torch.float64).scatter_reduce(1, assign, near, "amax").numpy()
 
 
-def upper_bounds(s: Summary, q: np.ndarray, basis: np.ndarray, weights: tuple[float, float],
-                 chunk: int = 8192) -> np.ndarray:
-    """(N,) upper bound of every video's total score for query vector q (H,)."""
-    q64 = q.astype(np.float64)
-    qn = max(float(np.linalg.norm(q64)), NORM_EPS)
-    qh64 = q64 @ basis
-    q_rest = float(np.sqrt(max(qn * qn - float(qh64 @ qh64), 0.0)))
-    qh = (qh64 / qn).astype(np.float32)
-    rest = np.float32(q_rest / qn)
-    out = np.empty(len(s), dtype=np.float32)
-    for a in range(0, len(s), chunk):
-        b = slice(a, a + chunk)
-        h = np.maximum(s.head[b] @ qh + rest * s.tail[b], 0)  # (n, M) >= q^.C_t, clipped at 0
-        top = np.cumsum(-np.sort(-h, axis=1), axis=1)  # (n, M): sum of the k largest
-        clip = np.minimum((s.gk[b] * top).max(1), 1.0)
-        frame = np.minimum((s.zc[b] @ qh + rest * s.zct[b] + s.zr[b]).max(1), 1.0)
-        out[b] = weights[0] * clip + weights[1] * frame
-    return out + BOUND_EPS * (1 + weights[0] + weights[1])
+def sketch(units: np.ndarray, pnorm: np.ndarray, windows: np.ndarray, zhat: np.ndarray, n_balls: int
+           ) -> dict[str, np.ndarray]:
+    """The bound arrays of a batch of videos: units (n, M, H), proposal norms (n, P), their unit windows
+    (n, P, 2), normalised z rows (n, P, H) -> the ``SKETCH`` arrays (see the module docstring)."""
+    codes, scale, err, norm = quantize(units)
+    k = (windows[..., 1] - windows[..., 0]).astype(np.float64)
+    pinv = _round_up(1.0 / (k * np.maximum(pnorm.astype(np.float64), NORM_EPS)))
+    ball_codes, ball_scale, _, ball_norm = quantize(cover_balls(zhat, n_balls))
+    centres = ball_codes * ball_scale[..., None].astype(np.float64)  # exactly what the bound uses
+    radius = _round_up(ball_radii(zhat, centres) * (1 + SLACK) + 1e-7)
+    return {"codes": codes, "scale": scale, "err": err, "norm": norm, "pinv": pinv, "ball_codes": ball_codes,
+            "ball_scale": ball_scale, "ball_norm": ball_norm, "ball_radius": radius}
+
+
+@dataclass
+class QueryCode:
+    """A query vector's 16-bit codes and the numbers its bounds need."""
+
+    codes: np.ndarray  # (H,) int16
+    scale: float  # q~ = codes * scale
+    norm: float  # |q| (float64 of the float32 query)
+    err: float  # |q - q~|, rounded up
+    code_norm: float  # an upper bound of |q~|
+
+    @classmethod
+    def of(cls, q: np.ndarray) -> QueryCode:
+        """Encode q (H,) with as many levels as an int32 dot product with 8-bit codes can hold exactly."""
+        levels = min(32767, (2**31 - 1) // (UNIT_LEVELS * len(q)))
+        codes, scale, err, norm = quantize(np.asarray(q, dtype=np.float32)[None], levels)
+        qn = max(float(np.linalg.norm(np.asarray(q, dtype=np.float32).astype(np.float64))), NORM_EPS)
+        return cls(codes[0].astype(np.int16), float(scale[0]), qn, float(err[0]), float(norm[0] + err[0]))
+
+
+@numba.njit(inline="always")
+def _dot(a: np.ndarray, b: np.ndarray) -> int:  # pragma: no cover - compiled
+    """Exact integer dot product of 8-bit and 16-bit codes (the caller keeps it within int32)."""
+    s = np.int32(0)
+    for h in range(a.shape[0]):
+        s += np.int32(a[h]) * np.int32(b[h])
+    return s
+
+
+@numba.njit(inline="always")
+def _unit_prefix(codes, scale, err, norm, q, qs, qc_norm, qe):  # noqa: ANN001, ANN202  # pragma: no cover
+    """(M+1,) prefix sums of the video's unit upper bounds q~.C~_t + |q~| err_t + |e_q| |C_t|."""
+    M = codes.shape[0]
+    c = np.empty(M + 1)
+    c[0] = 0.0
+    for t in range(M):
+        c[t + 1] = c[t] + _dot(codes[t], q) * (np.float64(scale[t]) * qs) + qc_norm * err[t] + qe * norm[t]
+    return c
+
+
+@numba.njit(nogil=True, cache=True, fastmath={"nnan", "ninf", "nsz"})
+def _clip_all_windows(codes, scale, err, norm, pinv, rows, q, qs, qc_norm, qe, out):  # noqa: ANN001, ANN202  # pragma: no cover
+    """out[i] = max over all M(M+1)/2 windows (length-major order, as window_table) of video rows[i]."""
+    M = codes.shape[1]
+    for i in range(rows.shape[0]):
+        v = rows[i]
+        c = _unit_prefix(codes[v], scale[v], err[v], norm[v], q, qs, qc_norm, qe)
+        best, j = -np.inf, 0
+        for k in range(1, M + 1):
+            for s in range(M - k + 1):  # contiguous: vectorises
+                best = max(best, (c[s + k] - c[s]) * pinv[v, j + s])
+            j += M - k + 1
+        out[i] = best
+
+
+@numba.njit(nogil=True, cache=True)
+def _clip_some_windows(codes, scale, err, norm, pinv, pidx, table, rows, q, qs, qc_norm, qe, out):  # noqa: ANN001, ANN202  # pragma: no cover
+    """out[i] = max over the stored windows pidx[v] (rows of ``table``) of video v = rows[i]."""
+    for i in range(rows.shape[0]):
+        v = rows[i]
+        c = _unit_prefix(codes[v], scale[v], err[v], norm[v], q, qs, qc_norm, qe)
+        best = -np.inf
+        for j in range(pidx.shape[1]):
+            w = pidx[v, j]
+            best = max(best, (c[table[w, 1]] - c[table[w, 0]]) * pinv[v, j])
+        out[i] = best
+
+
+@numba.njit(nogil=True, cache=True)
+def _frame_balls(ball_codes, ball_scale, ball_norm, ball_radius, rows, q, qs, qe, inv_qn, out):  # noqa: ANN001, ANN202  # pragma: no cover
+    """out[i] = max over the balls of video rows[i] of q^.c~ + r."""
+    for i in range(rows.shape[0]):
+        v = rows[i]
+        best = -np.inf
+        for b in range(ball_codes.shape[1]):
+            dot = _dot(ball_codes[v, b], q) * (np.float64(ball_scale[v, b]) * qs) + qe * ball_norm[v, b]
+            best = max(best, dot * inv_qn + ball_radius[v, b])
+        out[i] = best
+
+
+def _slack(x: np.ndarray) -> np.ndarray:
+    """x plus a relative margin, monotone in x (so it commutes with max)."""
+    return x + np.abs(x) * SLACK
+
+
+def clip_upper(arrays: dict[str, np.ndarray], rows: np.ndarray, qc: QueryCode,
+               table: np.ndarray | None = None) -> np.ndarray:
+    """(V,) upper bounds of S_clip for the videos ``rows`` of one segment's arrays. ``table`` (P, 2): the
+    stored windows are per video (``pidx``) rather than all of them in window_table order."""
+    out = np.empty(len(rows))
+    rows = np.ascontiguousarray(rows, dtype=np.int64)
+    first = (arrays["codes"], arrays["scale"], arrays["err"], arrays["norm"], arrays["pinv"])
+    tail = (qc.codes, qc.scale, qc.code_norm, qc.err, out)
+    if table is None:
+        _clip_all_windows(*first, rows, *tail)
+    else:
+        _clip_some_windows(*first, arrays["pidx"], table, rows, *tail)
+    return np.minimum(_slack(out) / qc.norm, 1.0)
+
+
+def frame_upper(arrays: dict[str, np.ndarray], rows: np.ndarray, qc: QueryCode) -> np.ndarray:
+    """(V,) upper bounds of S_frame (key-clip attention) for the videos ``rows`` of one segment's arrays."""
+    out = np.empty(len(rows))
+    _frame_balls(arrays["ball_codes"], arrays["ball_scale"], arrays["ball_norm"], arrays["ball_radius"],
+                 np.ascontiguousarray(rows, dtype=np.int64), qc.codes, qc.scale, qc.err, 1.0 / qc.norm, out)
+    return np.minimum(_slack(out), 1.0)
 
 
 @dataclass
@@ -187,11 +259,14 @@ def exact_scores(units: np.ndarray, pnorm: np.ndarray, windows: np.ndarray,
 
 
 def top_k(bounds: np.ndarray, candidates: np.ndarray, score: Callable[[np.ndarray], np.ndarray], k: int,
-          first_chunk: int = 64) -> tuple[np.ndarray, np.ndarray, int]:
+          refine: Callable[[np.ndarray], np.ndarray] | None = None, first_chunk: int = 64
+          ) -> tuple[np.ndarray, np.ndarray, int]:
     """Exact top-k among ``candidates`` (positions) given their upper ``bounds``.
 
-    ``score(sorted positions) -> exact totals``. Videos are scored in descending bound order, in growing
-    chunks, until the next bound is below the k-th best total. Returns (positions, totals) best first, ties
+    ``score(sorted positions) -> exact totals``; ``refine(sorted positions) -> tighter upper bounds``
+    (optional: dearer than ``bounds``, cheaper than ``score``). Videos are taken in descending bound order,
+    in growing chunks, until the next bound is below the k-th best total; a chunk's videos are refined, and
+    scored if the refined bound still reaches that total. Returns (positions, totals) best first, ties
     broken by position (as a stable full scan would), and how many videos were scored exactly.
     """
     if len(candidates) == 0 or k <= 0:
@@ -200,15 +275,18 @@ def top_k(bounds: np.ndarray, candidates: np.ndarray, score: Callable[[np.ndarra
     pos_done, tot_done = [], []
     tau, i, chunk = -np.inf, 0, max(first_chunk, 2 * k)
     while i < len(order) and bounds[order[i]] >= tau:
-        if tau > -np.inf and np.count_nonzero(bounds[order[i:]] >= tau) > (len(order) - i) // 2:
+        rest = len(order) - i
+        if refine is None and tau > -np.inf and np.count_nonzero(bounds[order[i:]] >= tau) > rest // 2:
             # the bounds prune little here: one pass over everything, which reads the stored arrays in
-            # place (consecutive rows) instead of gathering copies
+            # place (consecutive rows) instead of gathering copies (not with refinement, which may prune)
             pos_done, tot_done, i, chunk = [], [], 0, len(order)
+        full = chunk >= len(order)
         take = order[i:i + chunk]
-        take = take[bounds[take] >= tau] if chunk < len(order) else take
-        pos = np.sort(candidates[take])
+        pos = np.sort(candidates[take if full else take[bounds[take] >= tau]])
+        if refine is not None and not full and len(pos):
+            pos = pos[refine(pos) >= tau]
         pos_done.append(pos)
-        tot_done.append(score(pos))
+        tot_done.append(score(pos) if len(pos) else np.zeros(0))
         i, chunk = i + chunk, chunk * 2
         totals = np.concatenate(tot_done)
         if len(totals) >= k:

@@ -2,9 +2,8 @@
 
 ```
 <index>/manifest.json        format, schema_version, generation, model fingerprint, profile identity, mode,
-                             dims, the basis file, and every live segment: its files (bytes, sha256), its
-                             video count and the rows removed from it
-<index>/basis-<hash>.npy     the projection basis of the first-pass bounds (fixed until compaction)
+                             dims, and every live segment: its files (bytes, sha256), its video count and
+                             the rows removed from it
 <index>/seg-<uuid>/*.npy     one segment per add: per-video arrays, written once, never modified
 <index>/seg-<uuid>/videos.json   the segment's video records (id, title, path, duration, sha256, source)
 <index>/lock                 writers hold an exclusive flock on it; readers never take it
@@ -37,7 +36,7 @@ import numpy as np
 
 log = logging.getLogger(__name__)
 
-FORMAT, SCHEMA_VERSION = "prvr-index", 1
+FORMAT, SCHEMA_VERSION = "prvr-index", 2  # 2: 8-bit sketch bounds (1: projection basis)
 MANIFEST, LOCK = "manifest.json", "lock"
 # seconds to pause after every durable write: lets the crash-safety test kill a writer mid-update
 WRITE_DELAY_ENV = "PRVR_INDEX_TEST_WRITE_DELAY"
@@ -103,15 +102,6 @@ def write_segment(root: Path, arrays: dict[str, np.ndarray], videos: list[dict])
     return {"name": name, "count": len(videos), "removed": [], "files": files}
 
 
-def write_basis(root: Path, basis: np.ndarray) -> dict:
-    """Write the projection basis to a content-named file; return its manifest entry."""
-    data = _npy_bytes(basis)
-    name = f"basis-{hashlib.sha256(data).hexdigest()[:16]}.npy"
-    entry = _write_durable(root / name, data)
-    _fsync_dir(root)
-    return {"file": name, **entry}
-
-
 def commit_manifest(root: Path, manifest: dict) -> None:
     """Atomically replace the manifest (temp file, fsync, os.replace, fsync the directory)."""
     tmp = root / f".{MANIFEST}.{uuid.uuid4().hex[:8]}.tmp"
@@ -165,12 +155,10 @@ def load_segment(root: Path, entry: dict, mapped: tuple[str, ...], checksum: boo
 
 
 def remove_debris(root: Path, manifest: dict) -> None:
-    """Delete segment directories, basis files and temp files that the manifest does not name."""
+    """Delete segment directories and temp files that the manifest does not name."""
     named = {s["name"] for s in manifest["segments"]}
-    if manifest.get("basis"):
-        named.add(manifest["basis"]["file"])
     for p in root.iterdir():
-        debris = (p.name.startswith("seg-") or p.name.startswith("basis-")) and p.name not in named
+        debris = p.name.startswith("seg-") and p.name not in named
         if debris or (p.name.startswith(f".{MANIFEST}.") and p.name.endswith(".tmp")):
             log.info("removing %s (not named by the manifest: left by an interrupted or superseded write)", p)
             shutil.rmtree(p) if p.is_dir() else p.unlink()

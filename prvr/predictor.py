@@ -202,11 +202,14 @@ class Predictor:
     def __init__(self, settings: AppSettings, model: object, info: ModelInfo, profile: str) -> None:
         from extract.pipeline import TextEncoder, VideoExtractor
         from prvr.index import IndexConfig, VideoIndex
+        from prvr.index_store import SCHEMA_VERSION
 
         self.settings, self.model, self.info, self.profile = settings, model, info, profile
         self.extractor = VideoExtractor(profile)
         self.text = TextEncoder(profile)
-        self.index_dir = settings.data_dir / "indexes" / f"{profile}-{model.fingerprint()[:12]}"
+        # one directory per model and index schema: an index written by an older release is left alone
+        name = f"{profile}-{model.fingerprint()[:12]}-v{SCHEMA_VERSION}"
+        self.index_dir = settings.data_dir / "indexes" / name
         self.index = VideoIndex.open_or_create(self.index_dir, model, IndexConfig(),
                                                text_encoder=self._encode_text)
         self.media_dir = settings.data_dir / "media"  # playable copies of uploads and folder videos
@@ -226,6 +229,8 @@ class Predictor:
         if settings.gallery is not None:
             predictor.sync_folder(settings.gallery)
         shutil.rmtree(predictor.sessions_dir, ignore_errors=True)  # sessions of a previous run are gone
+        if len(predictor.index):  # compile (first start) or load the search kernels now, not in a search
+            predictor.index.search(predictor.examples[0] if predictor.examples else "a video", k=1)
         log.info("ready in %.1f s: %d videos in %s", time.perf_counter() - t0, len(predictor.index),
                  predictor.index_dir)
         return predictor

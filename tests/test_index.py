@@ -18,7 +18,7 @@ import torch
 import prvr  # noqa: F401
 from prvr import index_store as store
 from prvr.index import GalleryError, GalleryVideo, IndexConfig, IndexMismatchError, VideoIndex
-from prvr.index_scan import exact_scores, fit_basis, summarize, top_k, upper_bounds
+from prvr.index_scan import QueryCode, clip_upper, exact_scores, frame_upper, quantize, sketch, top_k
 from prvr.model import MSSL, MSSLConfig
 from prvr.preprocess import window_table
 
@@ -91,7 +91,7 @@ def test_exact_on_official_reference(tmp_path: Path, name: str) -> None:
 def test_exact_on_random_gallery_of_1000(tmp_path: Path) -> None:
     model = small_model()
     videos = gallery(1000, max_rows=24)
-    index = VideoIndex.create(tmp_path / "ix", model, IndexConfig(head_dim=8))
+    index = VideoIndex.create(tmp_path / "ix", model, IndexConfig())
     index.add(videos[:600])
     index.add(videos[600:])  # two segments
     assert_matches_model(VideoIndex.open(tmp_path / "ix", model), model, videos, queries(4))
@@ -134,30 +134,62 @@ def _scan_data(n: int, rank: int, seed: int) -> tuple:
 @pytest.mark.parametrize("rank", [8, 48])
 def test_pruned_top_k_equals_full_scan_with_ties(rank: int) -> None:
     units, pnorm, windows, zhat, qs = _scan_data(400, rank, seed=rank)
-    basis = fit_basis(units, 8)
-    summary = summarize(units, pnorm, windows, zhat, basis, n_balls=4)
-    n = len(units)
+    arrays = sketch(units, pnorm, windows, zhat, n_balls=16)
+    n, rows = len(units), np.arange(len(units))
     for q in qs[:3].astype(np.float32):
+        qc = QueryCode.of(q)
+        clip, frame = clip_upper(arrays, rows, qc), frame_upper(arrays, rows, qc)
         for w in ((0.7, 0.3), (0.5, 0.5), (1.0, 0.0)):
             def score(pos: np.ndarray, q: np.ndarray = q, w: tuple = w) -> np.ndarray:
                 rows = lambda key: zhat[pos, key]  # noqa: E731
                 return exact_scores(units[pos], pnorm[pos], windows[pos], rows, q, w).total
 
-            full = score(np.arange(n))
-            bounds = upper_bounds(summary, q, basis, w)
-            assert (bounds >= full).all()
-            positions, totals, scored = top_k(bounds, np.arange(n), score, 10)
-            expected = np.lexsort((np.arange(n), -full))[:10]
+            ex = exact_scores(units, pnorm, windows, lambda key: zhat[rows, key], q, w)
+            assert (clip >= ex.clip - 1e-6).all() and (frame >= ex.frame - 1e-6).all()
+            # the bounds are tight: a few thousandths above the exact clip score
+            assert np.median(clip - ex.clip) < 0.02
+            full = ex.total
+            loose = w[0] * clip + w[1] + 1e-4
+            refine = lambda pos, w=w, c=clip, f=frame: w[0] * c[pos] + w[1] * f[pos] + 1e-4  # noqa: E731
+            positions, totals, scored = top_k(loose, rows, score, 10, refine)
+            expected = np.lexsort((rows, -full))[:10]
             assert positions.tolist() == expected.tolist()
             np.testing.assert_array_equal(totals, full[expected])
-            if rank == 8:
-                assert scored < n // 2  # low-rank data: the bounds prune most videos
+            assert scored < n // 4  # the bounds prune most videos
+
+
+def test_quantized_bounds_hold_for_every_window() -> None:
+    """The clip bound is >= the exact max-over-windows cosine; the unit codes reconstruct within err."""
+    rng = np.random.default_rng(3)
+    units = (rng.standard_normal((50, 32, 64)) * rng.uniform(0.01, 10, (50, 32, 1))).astype(np.float32)
+    units[0, 5] = 0.0  # an all-zero unit
+    codes, scale, err, norm = quantize(units)
+    recon = codes.astype(np.float64) * scale[..., None]
+    assert (np.linalg.norm(units - recon, axis=-1) <= err).all() and codes.dtype == np.int8
+    table = window_table().numpy()
+    windows = np.broadcast_to(table, (50, len(table), 2))
+    csum = np.concatenate([np.zeros((50, 1, 64)), units.astype(np.float64).cumsum(1)], 1)
+    props = (csum[:, table[:, 1]] - csum[:, table[:, 0]]) / (table[:, 1] - table[:, 0])[:, None]
+    pnorm = np.linalg.norm(props, axis=-1).astype(np.float32)
+    zhat = props / np.maximum(np.linalg.norm(props, axis=-1, keepdims=True), 1e-12)
+    arrays = sketch(units, pnorm, windows, zhat.astype(np.float32), n_balls=4)
+    for q in rng.standard_normal((5, 64)).astype(np.float32) * np.array([[1e-3], [1], [1], [50], [1]]):
+        ex = exact_scores(units, pnorm, windows, lambda key: zhat[np.arange(50), key].astype(np.float32), q,
+                          (0.5, 0.5))
+        qc = QueryCode.of(q)
+        assert (clip_upper(arrays, np.arange(50), qc) >= ex.clip - 1e-6).all()
+        assert (frame_upper(arrays, np.arange(50), qc) >= ex.frame - 1e-6).all()
+        compact = np.sort(rng.permutation(len(table))[:32])  # the per-video windows path (compact mode)
+        pidx = np.tile(compact, (50, 1)).astype(np.int16)
+        some = {**arrays, "pinv": arrays["pinv"][:, compact], "pidx": pidx}
+        sub = ex.proposal_cos[:, compact].max(1)
+        assert (clip_upper(some, np.arange(50), qc, table) >= sub - 1e-6).all()
 
 
 def test_persistence_add_remove_compact(tmp_path: Path) -> None:
     model = small_model()
     videos = gallery(30, seed=5)
-    index = VideoIndex.create(tmp_path / "ix", model, IndexConfig(head_dim=8))
+    index = VideoIndex.create(tmp_path / "ix", model, IndexConfig())
     index.add(videos[:10])
     index.add(videos[10:])
     manifest = json.loads((tmp_path / "ix" / "manifest.json").read_text())
@@ -250,7 +282,7 @@ CHILD = textwrap.dedent("""
     sys.path.insert(0, {tests!r})
     from test_index import gallery, small_model
     from prvr.index import IndexConfig, VideoIndex
-    index = VideoIndex.open_or_create({root!r}, small_model(), IndexConfig(head_dim=8))
+    index = VideoIndex.open_or_create({root!r}, small_model(), IndexConfig())
     batch = len(index) // 3
     while True:
         index.add(gallery(3, seed=100 + batch))
