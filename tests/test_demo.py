@@ -6,6 +6,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from PIL import Image
 
 import prvr  # noqa: F401  - applies the compatibility fix first
 from prvr import demo
@@ -35,10 +36,17 @@ def renderer_for(video: dict, photos: dict) -> demo.Renderer:
     return demo.Renderer(demo.timeline(video, demo.RenderConfig().transition_s), photos, demo.RenderConfig())
 
 
+def rgb(frame: np.ndarray) -> np.ndarray:
+    """A rendered yuv420p frame as (height, width, 3) RGB, converted the way a decoder shows it."""
+    import av
+
+    return av.VideoFrame.from_ndarray(frame, format="yuv420p").to_ndarray(format="rgb24")
+
+
 def closest_photo(renderer: demo.Renderer, scene: demo.Scene, t: float, frame: np.ndarray) -> str:
-    """Which photo, shot with this scene's camera motion at time t, looks most like ``frame``."""
+    """Which photo, shot with this scene's camera motion at time t, looks most like the RGB ``frame``."""
     errors = {
-        name: np.abs(renderer.scene_frame(replace(scene, photo=name), t).astype(float) - frame).mean()
+        name: np.abs(rgb(renderer.scene_frame(replace(scene, photo=name), t)).astype(float) - frame).mean()
         for name in renderer.photos
     }
     return min(errors, key=errors.get)
@@ -66,7 +74,7 @@ def test_default_annotations_match_rendered_frames(spec: dict, photos: dict) -> 
         renderer = renderer_for(video, photos)
         for scene in renderer.scenes:
             t = (scene.start + scene.end) / 2
-            frame = renderer.frame(t)
+            frame = rgb(renderer.frame(t))
             if scene.photo is None:
                 assert frame.std() < 10, f"{video['id']} filler at {t}s is not a plain card"
             else:
@@ -97,6 +105,7 @@ def test_videos_are_h264_yuv420p_with_the_annotated_duration(small_gallery: demo
             stream = container.streams.video[0]
             assert stream.codec_context.name == "h264"
             assert stream.codec_context.pix_fmt == "yuv420p"
+            assert stream.codec_context.profile in ("High", "Main")  # what every browser decodes
             assert (stream.width, stream.height) == (cfg.width, cfg.height)
             assert abs(float(stream.frames / stream.average_rate) - video.duration) < 0.2
         data = video.path.read_bytes()
@@ -120,6 +129,24 @@ def test_decoded_frames_show_the_annotated_photo(
                 assert frame.std() < 12, (video.id, t)
             else:
                 assert closest_photo(renderer, scene, t, frame) == scene.photo, (video.id, t)
+
+
+def test_photos_are_converted_to_yuv_like_libswscale() -> None:
+    # flat colour patches: the Y, Cb, Cr planes drawn directly match libswscale's rgb24 -> yuv420p
+    import av
+
+    colours = np.array([(255, 0, 0), (0, 255, 0), (0, 0, 255), (255, 255, 255), (0, 0, 0), (128, 64, 200)])
+    image = np.repeat(np.repeat(colours[None].astype(np.uint8), 16, axis=0), 16, axis=1)  # (16, 96, 3)
+    planes = [np.asarray(p).astype(int) for p in demo.yuv_planes(Image.fromarray(image))]
+    reference = av.VideoFrame.from_ndarray(image, format="rgb24").reformat(format="yuv420p").to_ndarray()
+    flat = reference.reshape(-1).astype(int)  # rows of Y, then the Cb plane, then the Cr plane
+    expected = [flat[:1536].reshape(16, 96), flat[1536:1920].reshape(8, 48), flat[1920:].reshape(8, 48)]
+    assert [p.shape for p in planes] == [(16, 96), (8, 48), (8, 48)]
+    for ours, theirs in zip(planes, expected, strict=True):
+        assert np.abs(ours - theirs).max() <= 1
+    assert planes[0][0, 0] > planes[0][0, 32] and planes[2][0, 0] > 200  # red: brighter than blue, high Cr
+    with pytest.raises(ValueError, match="even"):
+        demo.Renderer(demo.timeline(demo.load_spec()["videos"][0], 1.0), {}, demo.RenderConfig(height=271))
 
 
 def test_gallery_is_cached_and_rebuilt_deterministically(small_gallery: demo.DemoGallery) -> None:
