@@ -1,8 +1,15 @@
 """MS-SL++ length-aware k-medoids: pick k representative clip proposals per video.
 
 Each proposal is extended with a fixed sinusoidal code of its window length, then clustered with
-Euclidean k-medoids (KKZ initialisation, alternating assign / update), batched over videos. The chosen
-medoid indices replace the 528 proposals in both training and inference.
+Euclidean k-medoids (KKZ initialisation, alternating assign / update), following the official
+``method/fast_kmeans.py::batch_fast_kmedoids`` (HuiGuanLab/ms-sl-pp, d5dba80) op for op. The chosen medoid
+indices replace the 528 proposals in both training and inference.
+
+One deliberate difference: the official model clusters chunks of 64 videos together, and there the
+distance shift and the stopping test are chunk-wide, so a video's medoids (through float32 ties) depend on
+the videos that share its batch. Here every video is a chunk of its own: encoding a video never depends on
+its batch (which exact search and a stable index need). On the official reference videos this gives the
+same agreement with the official medoids as the chunk of six.
 """
 
 from __future__ import annotations
@@ -17,7 +24,6 @@ from torch import Tensor
 from prvr.preprocess import window_table
 
 MAX_ROUNDS, TOLERANCE = 60, 1e-5  # official iteration limit and stopping threshold
-_VIDEOS_PER_CHUNK = 64  # bounds the (B, N, N) distance matrices, as the official code does
 
 
 @lru_cache(maxsize=8)
@@ -37,54 +43,76 @@ def length_embedding(map_size: int = 32, dim: int = 256) -> Tensor:
     return _sinusoid(map_size, dim)[windows[:, 1] - windows[:, 0] - 1].clone()
 
 
-def _kkz_init(points: Tensor, dist: Tensor, k: int) -> Tensor:
-    """KKZ seeds (B, k): the largest-norm point, then repeatedly the point farthest from its nearest seed."""
-    batch = torch.arange(len(points), device=points.device)
-    seeds = [points.norm(dim=-1).argmax(dim=-1)]  # (B,)
-    nearest = dist[batch, seeds[0]]  # (B, N) distance to the nearest seed so far
-    for _ in range(k - 1):
-        seeds.append(nearest.argmax(dim=-1))
-        nearest = torch.minimum(nearest, dist[batch, seeds[-1]])
-    return torch.stack(seeds, dim=1)
+def _shifted_distances(points: Tensor) -> Tensor:
+    """Official ``pairwise_distance(all_negative=True, self_nearest=True)``: chunk (B, N, D) -> (B, N, N).
+
+    The shift uses the largest distance of the whole chunk, so a video's float32 distances (and the ties
+    they break) depend on the videos clustered with it, as in the official code.
+    """
+    dis = torch.cdist(points, points)
+    dis = dis - torch.max(dis) - 1.0
+    diag = torch.arange(dis.shape[-1], device=dis.device)
+    dis[..., diag, diag] -= 1.0  # a medoid is always nearest to itself, even when another point coincides
+    return dis
+
+
+def _kkz_init(points: Tensor, dis: Tensor, k: int) -> Tensor:
+    """KKZ seeds (B, k) on the shifted distances: largest-norm point, then the one farthest from its seeds."""
+    batch = torch.arange(len(points), device=points.device).unsqueeze(1)  # (B, 1)
+    medoids = torch.arange(k, device=points.device).unsqueeze(0).repeat(len(points), 1)
+    _, medoids[:, 0] = torch.max(torch.norm(points, dim=-1), dim=1)
+    for i in range(1, k):
+        values, _ = torch.min(dis[batch, medoids[:, :i], :], dim=1)  # (B, N) to the nearest seed so far
+        medoids[:, i] = torch.max(values, dim=1)[1]
+    return medoids
+
+
+def _medoid_update(dis: Tensor, assign: Tensor, k: int) -> Tensor:
+    """Each cluster's member with the least summed distance to its cluster (B, k), as the official update.
+
+    The official code reduces ``dis.repeat(K) * mask[..., None] * mask[..., None, :]`` (B, K, N, N) over
+    the last dim. Row i of cluster c there is ``dis[i] * 1 * same[i]`` (exactly ``dis * same[i]``, zeros
+    included, so the row sum runs in the same order) when i is in c, and all zeros otherwise. So the member
+    rows are summed once here on (B, N, N), K times less memory, with bit-identical sums and argmin.
+    """
+    same = assign[:, :, None] == assign[:, None, :]  # (B, N, N) i and j in one cluster
+    row_sum = torch.sum(dis * same, dim=-1)  # (B, N) point i to the members of its own cluster
+    member = assign[:, None, :] == torch.arange(k, device=dis.device)[None, :, None]  # (B, k, N)
+    return torch.argmin(row_sum[:, None, :].masked_fill(~member, 0.0), dim=-1)
 
 
 def kmedoids(points: Tensor, k: int, init: Tensor | None = None) -> Tensor:
-    """Euclidean k-medoids over (B, N, D) points -> (B, k) medoid indices, sorted ascending.
+    """Official ``batch_fast_kmedoids`` on one chunk of (B, N, D) points -> (B, k) medoids, sorted ascending.
 
-    ``init`` (B, k) replaces the KKZ seeds (a warm start). As in the official code the distances come from
-    ``torch.cdist``'s matrix-product path, whose rounding (it differs between BLAS builds and CPUs) breaks
-    the many exact ties between symmetric windows; so medoids can differ across machines, as the official
-    ones do.
+    float32 throughout; ``init`` (B, k) replaces the KKZ seeds (a warm start). The medoids depend on the
+    chunk: the distance shift is chunk-wide and the loop stops on the chunk-mean medoid shift. cdist's
+    matrix-product rounding (it differs between BLAS builds and CPUs) breaks the many exact ties between
+    mirrored windows, so medoids can differ across machines, as the official ones do.
     """
     B, N, _ = points.shape
     if not 1 <= k <= N:
         raise ValueError(f"kmedoids: cannot choose {k} medoids among {N} points")
     if init is not None and init.shape != (B, k):
         raise ValueError(f"kmedoids: init has shape {tuple(init.shape)}, expected {(B, k)}")
-    dist = torch.cdist(points, points)  # (B, N, N)
-    medoids = _kkz_init(points, dist, k) if init is None else init.to(points.device)
-    # all-negative distances with a lowered diagonal: a medoid is always assigned to its own cluster,
-    # even when another point coincides with it
-    shifted = dist - dist.amax(dim=(1, 2), keepdim=True) - 1.0
-    shifted = shifted - torch.eye(N, device=points.device)
-    clusters = torch.arange(k, device=points.device)[None, :, None]
+    points = points.float()
+    dis = _shifted_distances(points)
+    medoids = _kkz_init(points, dis, k) if init is None else init.to(points.device)
+    batch = torch.arange(B, device=points.device).unsqueeze(1)
     for _ in range(MAX_ROUNDS):
-        assign = shifted.gather(1, medoids[..., None].expand(-1, -1, N)).argmin(dim=1)  # (B, N)
-        member = assign[:, None, :] == clusters  # (B, k, N)
-        # summed distance from each point to the members of each cluster, only members are candidates
-        cost = torch.einsum("bkj,bij->bki", member.to(shifted.dtype), shifted).masked_fill(~member, math.inf)
-        updated = cost.argmin(dim=-1)  # (B, k)
-        moved = (updated - medoids).abs().sum(dim=1).float().mean()
-        medoids = updated
-        if moved < TOLERANCE:
+        previous = medoids
+        _, assign = torch.min(dis[batch, medoids, :], dim=1)  # (B, N) nearest medoid's slot
+        medoids = _medoid_update(dis, assign, k)
+        shift = torch.sum((points[batch, medoids, :] - points[batch, previous, :]) ** 2, dim=-1)
+        if shift.sqrt().sum(dim=-1).mean() < TOLERANCE:
             break
-    return medoids.sort(dim=-1).values
+    return torch.sort(medoids, dim=1)[0]
 
 
 def length_aware_kmedoids(proposals: Tensor, k: int = 32, dropout: float = 0.0) -> Tensor:
     """Proposals (P, H) or (B, P, H) -> medoid indices (k,) or (B, k), clustered with their length code.
 
     ``dropout`` > 0 drops entries of the concatenated features first, as the official model does in training.
+    Each video is clustered on its own (see the module docstring).
     """
     single = proposals.ndim == 2
     batch = proposals.unsqueeze(0) if single else proposals
@@ -97,5 +125,5 @@ def length_aware_kmedoids(proposals: Tensor, k: int = 32, dropout: float = 0.0) 
         code = length_embedding(map_size).to(batch)
         points = torch.cat([batch.detach(), code.expand(len(batch), -1, -1)], dim=-1)
         points = F.dropout(points, dropout, training=dropout > 0)
-        medoids = torch.cat([kmedoids(chunk, k) for chunk in points.split(_VIDEOS_PER_CHUNK)])
+        medoids = torch.cat([kmedoids(video, k) for video in points.split(1)])
     return medoids[0] if single else medoids
