@@ -215,7 +215,7 @@ class Packed:
         steps = torch.arange(int(lengths.max()))
         valid = steps < lengths[:, None]  # (B, Lmax)
         pos = torch.where(valid, self.offsets[idx][:, None] + steps, len(self.rows) - 1)
-        return self.rows[pos], valid.float()
+        return self.rows.index_select(0, pos.reshape(-1)).view(*pos.shape, -1), valid.float()
 
 
 @dataclass

@@ -152,11 +152,12 @@ class Trainer:
             self.optimizer.zero_grad(set_to_none=True)
             losses["total"].backward()
             self.optimizer.step()
-            for k, v in losses.items():
-                sums[k] = sums.get(k, 0.0) + float(v.detach())
+            for k, v in losses.items():  # summed on the device: no host sync per step
+                sums[k] = sums.get(k, 0.0) + v.detach().double()  # float64, like the Python floats before
             n += 1
-            bar.set_postfix(loss=f"{float(losses['total'].detach()):.3f}")
-        return {k: v / max(n, 1) for k, v in sums.items()}
+            if n % 20 == 0:  # an occasional progress read-out (each one waits for the device)
+                bar.set_postfix(loss=f"{float(sums['total']) / n:.3f}")
+        return {k: float(v) / max(n, 1) for k, v in sums.items()}
 
     def fit(self, max_epochs: int | None = None) -> dict:
         """Train until n_epoch, early stop, or ``max_epochs`` more epochs; returns the best val SumR."""
