@@ -10,8 +10,12 @@ object's text prototypes among function-word tokens, in random order.
 
 Why both MS-SL branches should matter: averaging rows into clip units cancels the flicker, so the clip
 branch sees the event (which its multi-unit proposals integrate) but less of the object, while single frames
-keep the object for the frame branch. The cancellation needs several rows per clip unit (videos longer than
-``2 * map_size`` rows); on the small default set the two branches mostly see the same thing.
+keep the object for the frame branch. The cancellation needs several rows per clip unit and is exact only for
+bins of an even number of rows over a flicker starting on an even row (``object_even_start``); on the small
+default set (32-64 rows) the two branches mostly see the same thing. ``SyntheticConfig.branches()`` is the
+set on which the total score beats each branch alone (``python -m benchmarks.synthetic_branches``); its
+flicker has a weak constant part (``object_mean``) so that the shared query encoder, trained by both
+branches, learns the object at all: with a pure flicker the frame branch did not learn it in 20 epochs.
 
 Everything is float32 and vectorised numpy; the same seed gives byte-identical files.
 ``python -m prvr.synthetic ROOT [--tvr] [--field=value ...]`` writes one.
@@ -47,14 +51,33 @@ class SyntheticConfig:
     event_strength: float = 0.8  # prototype amplitude per row (noise rows have unit norm on average)
     object_strength: float = 1.5
     object_rows: int = 4  # the object flickers (alternating sign) over this many rows; even = cancels out
+    object_style: str = "flicker"  # or "steady": constant sign (an ablation: the clip units keep it all)
+    object_mean: float = 0.0  # a constant-sign part added on the same rows (bins keep it)
+    object_even_start: bool = False  # flicker starts on an even row: bins of an even row count cancel it
     scene_strength: float = 0.0  # a per-video vector on every row (a nuisance; > 0 invites memorising)
     token_noise: float = 0.3  # relative to a unit text prototype
     event_tokens: tuple[int, int] = (2, 3)  # min, max tokens copying the event's text prototype
+    object_tokens: tuple[int, int] = (1, 1)  # min, max tokens copying the object's text prototype
     function_tokens: tuple[int, int] = (4, 10)
     n_function_words: int = 30
     seed: int = 0
     collection: str = "synthetic"
     feature: str = "synthetic_feat"
+
+    @classmethod
+    def branches(cls, **overrides) -> SyntheticConfig:
+        """The set on which both MS-SL branches help (``benchmarks/synthetic_branches.py``).
+
+        Videos of exactly 64 rows (4 per clip unit at map_size 16, as 128 rows at the official 32; 2 at
+        32), two moments each of 30 % of the video. The event (4 kinds) is a steady signal over the
+        moment: clip proposals match it exactly, the frame branch's attention must first find it. The
+        object (16 kinds) flickers (+-2.0) on 16 rows starting on an even row, so a bin of an even number
+        of rows keeps only its weak constant part (0.4): single frames see it far better. A caption names
+        both, each with 2-3 tokens; the event alone is ambiguous (about 44 % of the videos hold it).
+        """
+        return cls(**{**dict(min_frames=64, max_frames=64, moment_frac=0.3, n_events=4, n_objects=16,
+                             object_rows=16, object_strength=2.0, object_mean=0.4, object_even_start=True,
+                             object_tokens=(2, 3)), **overrides})
 
     @classmethod
     def tvr_shaped(cls, **overrides) -> SyntheticConfig:
@@ -114,10 +137,14 @@ def _videos(cfg: SyntheticConfig, world: World, rng: np.random.Generator, n: int
     # rows into clip units cancels it, single frames keep it
     k = np.minimum(cfg.object_rows, span)  # (n, 1)
     first = start + np.floor(rng.random((n, m)) * (span - k + 1)).astype(int)
+    if cfg.object_even_start:  # move to an even row inside the span when it fits, else round down
+        odd = (first - offsets[:, None]) % 2
+        first += np.where(odd & (first + 1 + k <= start + span), 1, -odd)
     flicker = _ranges(first.ravel(), np.broadcast_to(k, (n, m)).ravel())
     sign = np.where((flicker - np.repeat(first.ravel(), k.repeat(m))) % 2 == 0, 1.0, -1.0).astype(np.float32)
-    rows[flicker] += (cfg.object_strength * sign)[:, None] * np.repeat(world.object_v[objects.ravel()],
-                                                                      k.repeat(m), axis=0)
+    sign = sign if cfg.object_style == "flicker" else np.abs(sign)
+    rows[flicker] += (cfg.object_strength * sign + cfg.object_mean)[:, None] * np.repeat(
+        world.object_v[objects.ravel()], k.repeat(m), axis=0)
     return rows, lengths, events, objects
 
 
@@ -126,14 +153,17 @@ def _captions(cfg: SyntheticConfig, world: World, rng: np.random.Generator, even
     """Token features of one caption per (event, object): noisy prototype copies among function words."""
     n = len(events)
     n_event = rng.integers(cfg.event_tokens[0], cfg.event_tokens[1] + 1, n)
+    low, high = cfg.object_tokens  # a fixed count draws nothing: the default sets keep their bytes
+    n_object = np.full(n, low) if low == high else rng.integers(low, high + 1, n)
     n_func = rng.integers(cfg.function_tokens[0], cfg.function_tokens[1] + 1, n)
-    lengths = n_event + 1 + n_func
+    lengths = n_event + n_object + n_func
     cap = np.repeat(np.arange(n), lengths)  # caption of every token
     pos = np.arange(lengths.sum()) - np.repeat(np.cumsum(lengths) - lengths, lengths)
-    kind = np.where(pos < n_event[cap], 0, np.where(pos == n_event[cap], 1, 2))  # event, object, function
+    # token kinds: 0 event, 1 object, 2 function word
+    kind = np.where(pos < n_event[cap], 0, np.where(pos < (n_event + n_object)[cap], 1, 2))
     protos = np.empty((len(cap), cfg.query_dim), dtype=np.float32)
     protos[kind == 0] = world.event_t[events[cap[kind == 0]]]
-    protos[kind == 1] = world.object_t[objects]
+    protos[kind == 1] = world.object_t[objects[cap[kind == 1]]]
     protos[kind == 2] = world.function_t[rng.integers(0, cfg.n_function_words, (kind == 2).sum())]
     protos += rng.standard_normal(protos.shape, dtype=np.float32) * np.float32(
         cfg.token_noise / np.sqrt(cfg.query_dim))
@@ -143,6 +173,8 @@ def _captions(cfg: SyntheticConfig, world: World, rng: np.random.Generator, even
 
 def generate(cfg: SyntheticConfig, root: str | Path) -> Path:
     """Write the benchmark under ``root/cfg.collection`` in the official layout; returns that folder."""
+    if cfg.object_style not in ("flicker", "steady"):
+        raise ValueError(f"object_style {cfg.object_style!r}: expected flicker or steady")
     if cfg.min_frames < cfg.captions_per_video + cfg.distractors_per_video:
         raise ValueError(f"min_frames={cfg.min_frames} cannot hold "
                          f"{cfg.captions_per_video + cfg.distractors_per_video} moments")
@@ -176,14 +208,18 @@ def main(argv: list[str] | None = None) -> None:
     """CLI: ``python -m prvr.synthetic OUT_ROOT [--tvr] [--field=value ...]``."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("root", help="write ROOT/<collection>/... in the official layout")
-    parser.add_argument("--tvr", action="store_true", help="TVR-shaped sizes (2,000 videos, 3072/768-d)")
+    preset = parser.add_mutually_exclusive_group()
+    preset.add_argument("--tvr", action="store_true", help="TVR-shaped sizes (2,000 videos, 3072/768-d)")
+    preset.add_argument("--branches", action="store_true", help="the set on which both branches help")
     for f in fields(SyntheticConfig):
         if f.type in ("int", "float", "str"):
             parser.add_argument(f"--{f.name}", type={"int": int, "float": float, "str": str}[f.type])
     args = parser.parse_args(argv)
     overrides = {f.name: getattr(args, f.name) for f in fields(SyntheticConfig) if getattr(args, f.name, None)
                  is not None}
-    cfg = SyntheticConfig.tvr_shaped(**overrides) if args.tvr else SyntheticConfig(**overrides)
+    make = SyntheticConfig.tvr_shaped if args.tvr else SyntheticConfig.branches if args.branches else \
+        SyntheticConfig
+    cfg = make(**overrides)
     base = generate(cfg, args.root)
     print(f"{base}  (--data {args.root} --collection {cfg.collection} --feature {cfg.feature})")
     log.debug("config %s", asdict(cfg))

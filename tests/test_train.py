@@ -10,12 +10,14 @@ from prvr.data import DataError, OfficialSource, prepare_split
 from prvr.evaluate import chance_sumr
 from prvr.model import MSSL
 from prvr.optim import BertAdam, param_groups, warmup_linear
-from prvr.synthetic import SyntheticConfig, generate
+from prvr.synthetic import SyntheticConfig, World, generate
 from prvr.train import Trainer, build_configs, load_preset, main, parse_overrides, typed
 
 # Small enough to train in seconds: smaller hidden size and fewer clip units than MS-SL's defaults, the
 # same code paths. The learning-rate override compensates for the few steps.
-DATA = SyntheticConfig(seed=1)  # 240 / 60 / 200 videos x 2 captions, 32-d rows, 24-d tokens
+# The set on which both branches help (events for the clip units, flickering objects for single frames):
+# 240 / 60 / 200 videos x 2 captions, 64 rows of 32-d, 24-d tokens
+DATA = SyntheticConfig.branches(seed=1)
 FAST = ["--hidden_size=32", "--map_size=16", "--max_ctx_l=64", "--batch_size=16", "--lr=1e-3"]
 
 
@@ -103,6 +105,29 @@ def test_preset_dims_must_match_the_data(data_root):
 
 
 # ----------------------------------------------------------------------------- training
+def object_visibility(tmp_path, **overrides) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per test caption: max |cos| of its object's prototype with its video's clip units and frames."""
+    cfg = SyntheticConfig.branches(n_videos=(2, 2, 20), seed=5, **overrides)
+    generate(cfg, tmp_path)
+    split = prepare_split(OfficialSource(tmp_path, cfg.collection, cfg.feature), "test", 16, 64)
+    # the world is the generator's first draws from its seed; the caption text names the object id
+    prototypes = torch.from_numpy(World(cfg, np.random.default_rng(cfg.seed)).object_v)
+    objects = prototypes[[int(c.text.split()[-1]) for c in split.captions]]  # (Nq, Dv)
+    frames, _ = split.frames.gather(split.cap_video)
+    units = split.clip_inputs[split.cap_video]
+    return (units @ objects[:, :, None]).abs().amax((1, 2)), (frames @ objects[:, :, None]).abs().amax((1, 2))
+
+
+def test_flicker_is_seen_by_frames_not_by_clip_units(tmp_path):
+    """The premise of the branches set: 4-row bin means cancel the flicker, single frames keep it."""
+    units, frames = object_visibility(tmp_path / "flicker", object_mean=0.0)
+    steady_units, _ = object_visibility(tmp_path / "steady", object_mean=0.0, object_style="steady")
+    assert frames.min() > 0.8 and steady_units.mean() > 0.85, (frames, steady_units)
+    # what is left in the units is noise and the event's prototype, by chance near the object's; an odd
+    # flicker start (residuals in the edge units) gives a mean of 0.46, the steady object 0.92
+    assert units.mean() < 0.4 and (units < steady_units).all(), (units, steady_units)
+
+
 @pytest.fixture(scope="module")
 def trained(data_root, tmp_path_factory):
     out = tmp_path_factory.mktemp("run")
@@ -119,7 +144,11 @@ def test_training_learns_and_writes_outputs(trained):
     assert epochs[-1]["loss"]["total"] < epochs[0]["loss"]["total"]
     assert records[-1]["test"] == result["test"]
     chance = chance_sumr(DATA.n_videos[2])  # 58 for 200 videos
-    assert result["test"]["total"]["sumr"] >= 1.5 * chance, (result["test"], chance)
+    sumr = {name: m["sumr"] for name, m in result["test"].items()}
+    assert sumr["total"] >= 2.5 * chance, (sumr, chance)  # measured 163.5 (2.8x)
+    # each branch helps: the 0.7 / 0.3 total beats the clip score and the frame score alone, on the test split
+    # (measured +4.75 and +32.5 SumR for this seed; seeds 1-3: python -m benchmarks.synthetic_branches)
+    assert sumr["total"] >= sumr["clip"] + 2 and sumr["total"] >= sumr["frame"] + 10, sumr
     best = MSSL.from_checkpoint(out / "best")
     assert best.checkpoint_meta["epoch"] == result["best_epoch"]
     assert best.checkpoint_meta["train"]["options"]["lr"] == 1e-3
