@@ -39,7 +39,7 @@ from prvr.index_scan import (
     BOUND_EPS,
     FIRST_PASS,
     SKETCH,
-    QueryCode,
+    BoundQuery,
     clip_upper,
     cover_balls,
     exact_scores,
@@ -404,12 +404,12 @@ class VideoIndex:
         if not self.alive.any():
             return np.zeros(0, dtype=np.int64), np.zeros(0), 0
         candidates = self._approximate_candidates(q) if approximate else np.flatnonzero(self.alive)
-        qc, eps = QueryCode.of(q), BOUND_EPS * (1 + w[0] + w[1])
+        bq, eps = BoundQuery.of(q), BOUND_EPS * (1 + w[0] + w[1])
         windows = self._windows
-        clip = w[0] * self._per_segment(candidates, lambda s, rows: clip_upper(s, rows, qc, windows), True)
+        clip = w[0] * self._per_segment(candidates, lambda s, rows: clip_upper(s, rows, bq, windows), True)
 
         def refine(positions: np.ndarray) -> np.ndarray:  # the frame bound, for the videos that need it
-            frame = self._per_segment(positions, lambda seg, rows: frame_upper(seg, rows, qc))
+            frame = self._per_segment(positions, lambda seg, rows: frame_upper(seg, rows, bq))
             return clip[np.searchsorted(candidates, positions)] + w[1] * frame + eps
 
         # CSA scores frames its own way (at most 1): the stored z do not bound it, so no refinement

@@ -13,11 +13,11 @@ reads an 8-bit SKETCH of the units, a quarter of the bytes, and computes an UPPE
 total; then videos are scored exactly in descending bound order until the next bound is below the k-th best
 exact total (``top_k``). The result is identical to scoring everything; only the bytes read change.
 The bounds (all rigorous):
-- clip: unit C_t is stored as 8-bit codes times one scale (C~_t), with |C_t - C~_t| and |C_t|; the query as
-  16-bit codes (q~, error e_q). Cauchy-Schwarz twice: q.C_t <= q~.C~_t + |q~||C_t - C~_t| + |e_q||C_t|, where
-  q~.C~_t is an exact integer dot product times the two scales. A window's cosine is at most its sum of these
-  unit bounds times the stored 1 / (k |p|), divided by |q|; S_clip is at most the largest over its windows.
-  One fused pass per video (numba), nothing materialised.
+- clip: unit C_t is stored as 8-bit codes times one scale (C~_t), with |C_t - C~_t| and |C_t|. By
+  Cauchy-Schwarz q.C_t <= q.C~_t + |q||C_t - C~_t|, and the float32 dot product q.C~_t is within
+  gamma |q||C~_t| of its exact value. A window's cosine is at most its sum of these unit bounds times the
+  stored 1 / (k |p|), divided by |q|; S_clip is at most the largest over its windows. One fused pass per
+  video (numba), nothing materialised.
 - frame: the video's normalised z rows are covered by balls with 8-bit centres c~ (radii measured from c~),
   q^.z <= q^.c~ + r. It is computed only for videos whose clip bound alone does not rule them out.
 A relative ``SLACK`` and the absolute ``BOUND_EPS`` cover float rounding in the bounds and the exact scores.
@@ -46,17 +46,17 @@ def _round_up(x: np.ndarray) -> np.ndarray:
     return np.where(y.astype(np.float64) < x, np.nextafter(y, np.float32(np.inf)), y).astype(np.float32)
 
 
-def quantize(x: np.ndarray, levels: int = UNIT_LEVELS) -> tuple[np.ndarray, ...]:
-    """Rows (..., H) -> integer codes in [-levels, levels] and per row: float32 scale (x ~ codes * scale),
-    rounded-up error norm |x - codes * scale| and rounded-up norm |x|."""
+def quantize(x: np.ndarray) -> tuple[np.ndarray, ...]:
+    """Rows (..., H) -> 8-bit codes and per row: float32 scale (x ~ codes * scale), rounded-up error norm
+    |x - codes * scale| and rounded-up norm |x|."""
+    levels = UNIT_LEVELS
     x64 = np.asarray(x, dtype=np.float64)
     peak = np.abs(x64).max(-1)
     scale = np.where(peak > 0, peak / levels, 1.0).astype(np.float32)
     codes = np.clip(np.rint(x64 / scale[..., None]), -levels, levels)
     err = np.linalg.norm(x64 - codes * scale[..., None].astype(np.float64), axis=-1)
     norm = np.linalg.norm(x64, axis=-1)
-    dtype = np.int8 if levels <= 127 else np.int16
-    return (codes.astype(dtype), scale, _round_up(err * (1 + SLACK) + 1e-30),
+    return (codes.astype(np.int8), scale, _round_up(err * (1 + SLACK) + 1e-30),
             _round_up(norm * (1 + SLACK) + 1e-30))
 
 
@@ -107,51 +107,56 @@ def sketch(units: np.ndarray, pnorm: np.ndarray, windows: np.ndarray, zhat: np.n
 
 
 @dataclass
-class QueryCode:
-    """A query vector's 16-bit codes and the numbers its bounds need."""
+class BoundQuery:
+    """A query vector as the bound kernels take it."""
 
-    codes: np.ndarray  # (H,) int16
-    scale: float  # q~ = codes * scale
-    norm: float  # |q| (float64 of the float32 query)
-    err: float  # |q - q~|, rounded up
-    code_norm: float  # an upper bound of |q~|
+    vector: np.ndarray  # (H,) float32, contiguous
+    norm: float  # |q| (float64)
+    gamma: float  # relative error bound of a float32 dot product of length H, in any summation order
 
     @classmethod
-    def of(cls, q: np.ndarray) -> QueryCode:
-        """Encode q (H,) with as many levels as an int32 dot product with 8-bit codes can hold exactly."""
-        levels = min(32767, (2**31 - 1) // (UNIT_LEVELS * len(q)))
-        codes, scale, err, norm = quantize(np.asarray(q, dtype=np.float32)[None], levels)
-        qn = max(float(np.linalg.norm(np.asarray(q, dtype=np.float32).astype(np.float64))), NORM_EPS)
-        return cls(codes[0].astype(np.int16), float(scale[0]), qn, float(err[0]), float(norm[0] + err[0]))
+    def of(cls, q: np.ndarray) -> BoundQuery:
+        """The kernels' view of query vector q (H,)."""
+        vector = np.ascontiguousarray(q, dtype=np.float32)
+        n = len(vector) + 2  # H products and sums, one more for the final scaling (FMA or not)
+        gamma = 1.01 * n * 2.0**-24 / (1 - n * 2.0**-24)
+        return cls(vector, max(float(np.linalg.norm(vector.astype(np.float64))), NORM_EPS), gamma)
 
 
-@numba.njit(inline="always")
-def _dot(a: np.ndarray, b: np.ndarray) -> int:  # pragma: no cover - compiled
-    """Exact integer dot product of 8-bit and 16-bit codes (the caller keeps it within int32)."""
-    s = np.int32(0)
-    for h in range(a.shape[0]):
-        s += np.int32(a[h]) * np.int32(b[h])
+# The kernels run serially and release the GIL (the index spreads pieces of a scan over threads). fastmath
+# lets the float32 dot products and the window maxima vectorise; the dot products' rounding, in any order,
+# is within gamma * |q| |C~_t| (Cauchy-Schwarz on the absolute values), which the unit bounds add.
+KERNEL = {"nogil": True, "cache": True, "fastmath": True}
+
+
+@numba.njit(inline="always", fastmath=True)
+def _dot(codes: np.ndarray, q: np.ndarray) -> float:  # pragma: no cover - compiled
+    """float32 dot product of 8-bit codes with a float32 vector."""
+    s = np.float32(0.0)
+    for h in range(codes.shape[0]):
+        s += np.float32(codes[h]) * q[h]
     return s
 
 
-@numba.njit(inline="always")
-def _unit_prefix(codes, scale, err, norm, q, qs, qc_norm, qe):  # noqa: ANN001, ANN202  # pragma: no cover
-    """(M+1,) prefix sums of the video's unit upper bounds q~.C~_t + |q~| err_t + |e_q| |C_t|."""
+@numba.njit(inline="always", fastmath=True)
+def _unit_prefix(codes, scale, err, norm, q, qn, gamma):  # noqa: ANN001, ANN202  # pragma: no cover
+    """(M+1,) prefix sums of the video's unit upper bounds q.C~_t + |q| (err_t + gamma |C~_t|)."""
     M = codes.shape[0]
     c = np.empty(M + 1)
     c[0] = 0.0
     for t in range(M):
-        c[t + 1] = c[t] + _dot(codes[t], q) * (np.float64(scale[t]) * qs) + qc_norm * err[t] + qe * norm[t]
+        margin = qn * (err[t] + gamma * (norm[t] + err[t]))  # |C~_t| <= |C_t| + err_t
+        c[t + 1] = c[t] + _dot(codes[t], q) * np.float64(scale[t]) + margin
     return c
 
 
-@numba.njit(nogil=True, cache=True, fastmath={"nnan", "ninf", "nsz"})
-def _clip_all_windows(codes, scale, err, norm, pinv, rows, q, qs, qc_norm, qe, out):  # noqa: ANN001, ANN202  # pragma: no cover
+@numba.njit(**KERNEL)
+def _clip_all_windows(codes, scale, err, norm, pinv, rows, q, qn, gamma, out):  # noqa: ANN001, ANN202  # pragma: no cover
     """out[i] = max over all M(M+1)/2 windows (length-major order, as window_table) of video rows[i]."""
     M = codes.shape[1]
     for i in range(rows.shape[0]):
         v = rows[i]
-        c = _unit_prefix(codes[v], scale[v], err[v], norm[v], q, qs, qc_norm, qe)
+        c = _unit_prefix(codes[v], scale[v], err[v], norm[v], q, qn, gamma)
         best, j = -np.inf, 0
         for k in range(1, M + 1):
             for s in range(M - k + 1):  # contiguous: vectorises
@@ -160,12 +165,12 @@ def _clip_all_windows(codes, scale, err, norm, pinv, rows, q, qs, qc_norm, qe, o
         out[i] = best
 
 
-@numba.njit(nogil=True, cache=True)
-def _clip_some_windows(codes, scale, err, norm, pinv, pidx, table, rows, q, qs, qc_norm, qe, out):  # noqa: ANN001, ANN202  # pragma: no cover
+@numba.njit(**KERNEL)
+def _clip_some_windows(codes, scale, err, norm, pinv, pidx, table, rows, q, qn, gamma, out):  # noqa: ANN001, ANN202  # pragma: no cover
     """out[i] = max over the stored windows pidx[v] (rows of ``table``) of video v = rows[i]."""
     for i in range(rows.shape[0]):
         v = rows[i]
-        c = _unit_prefix(codes[v], scale[v], err[v], norm[v], q, qs, qc_norm, qe)
+        c = _unit_prefix(codes[v], scale[v], err[v], norm[v], q, qn, gamma)
         best = -np.inf
         for j in range(pidx.shape[1]):
             w = pidx[v, j]
@@ -173,15 +178,15 @@ def _clip_some_windows(codes, scale, err, norm, pinv, pidx, table, rows, q, qs, 
         out[i] = best
 
 
-@numba.njit(nogil=True, cache=True)
-def _frame_balls(ball_codes, ball_scale, ball_norm, ball_radius, rows, q, qs, qe, inv_qn, out):  # noqa: ANN001, ANN202  # pragma: no cover
+@numba.njit(**KERNEL)
+def _frame_balls(ball_codes, ball_scale, ball_norm, ball_radius, rows, q, qn, gamma, out):  # noqa: ANN001, ANN202  # pragma: no cover
     """out[i] = max over the balls of video rows[i] of q^.c~ + r."""
     for i in range(rows.shape[0]):
         v = rows[i]
         best = -np.inf
         for b in range(ball_codes.shape[1]):
-            dot = _dot(ball_codes[v, b], q) * (np.float64(ball_scale[v, b]) * qs) + qe * ball_norm[v, b]
-            best = max(best, dot * inv_qn + ball_radius[v, b])
+            dot = _dot(ball_codes[v, b], q) * np.float64(ball_scale[v, b]) + qn * gamma * ball_norm[v, b]
+            best = max(best, dot / qn + ball_radius[v, b])
         out[i] = best
 
 
@@ -190,26 +195,25 @@ def _slack(x: np.ndarray) -> np.ndarray:
     return x + np.abs(x) * SLACK
 
 
-def clip_upper(arrays: dict[str, np.ndarray], rows: np.ndarray, qc: QueryCode,
+def clip_upper(arrays: dict[str, np.ndarray], rows: np.ndarray, q: BoundQuery,
                table: np.ndarray | None = None) -> np.ndarray:
     """(V,) upper bounds of S_clip for the videos ``rows`` of one segment's arrays. ``table`` (P, 2): the
     stored windows are per video (``pidx``) rather than all of them in window_table order."""
     out = np.empty(len(rows))
     rows = np.ascontiguousarray(rows, dtype=np.int64)
     first = (arrays["codes"], arrays["scale"], arrays["err"], arrays["norm"], arrays["pinv"])
-    tail = (qc.codes, qc.scale, qc.code_norm, qc.err, out)
     if table is None:
-        _clip_all_windows(*first, rows, *tail)
+        _clip_all_windows(*first, rows, q.vector, q.norm, q.gamma, out)
     else:
-        _clip_some_windows(*first, arrays["pidx"], table, rows, *tail)
-    return np.minimum(_slack(out) / qc.norm, 1.0)
+        _clip_some_windows(*first, arrays["pidx"], table, rows, q.vector, q.norm, q.gamma, out)
+    return np.minimum(_slack(out) / q.norm, 1.0)
 
 
-def frame_upper(arrays: dict[str, np.ndarray], rows: np.ndarray, qc: QueryCode) -> np.ndarray:
+def frame_upper(arrays: dict[str, np.ndarray], rows: np.ndarray, q: BoundQuery) -> np.ndarray:
     """(V,) upper bounds of S_frame (key-clip attention) for the videos ``rows`` of one segment's arrays."""
     out = np.empty(len(rows))
     _frame_balls(arrays["ball_codes"], arrays["ball_scale"], arrays["ball_norm"], arrays["ball_radius"],
-                 np.ascontiguousarray(rows, dtype=np.int64), qc.codes, qc.scale, qc.err, 1.0 / qc.norm, out)
+                 np.ascontiguousarray(rows, dtype=np.int64), q.vector, q.norm, q.gamma, out)
     return np.minimum(_slack(out), 1.0)
 
 
@@ -259,38 +263,48 @@ def exact_scores(units: np.ndarray, pnorm: np.ndarray, windows: np.ndarray,
 
 
 def top_k(bounds: np.ndarray, candidates: np.ndarray, score: Callable[[np.ndarray], np.ndarray], k: int,
-          refine: Callable[[np.ndarray], np.ndarray] | None = None, first_chunk: int = 64
+          refine: Callable[[np.ndarray], np.ndarray] | None = None, first_chunk: int = 16
           ) -> tuple[np.ndarray, np.ndarray, int]:
     """Exact top-k among ``candidates`` (positions) given their upper ``bounds``.
 
     ``score(sorted positions) -> exact totals``; ``refine(sorted positions) -> tighter upper bounds``
-    (optional: dearer than ``bounds``, cheaper than ``score``). Videos are taken in descending bound order,
-    in growing chunks, until the next bound is below the k-th best total; a chunk's videos are refined, and
-    scored if the refined bound still reaches that total. Returns (positions, totals) best first, ties
-    broken by position (as a stable full scan would), and how many videos were scored exactly.
+    (optional: dearer than ``bounds``, cheaper than ``score``). The best-bounded videos are scored first;
+    their k-th best total rules out every video bounded below it, the rest are refined (in one call) and
+    then scored in descending bound order, in growing chunks, until the next bound is below the k-th best
+    total. Returns (positions, totals) best first, ties broken by position (as a stable full scan would),
+    and how many videos were scored exactly.
     """
     if len(candidates) == 0 or k <= 0:
         return np.zeros(0, dtype=np.int64), np.zeros(0), 0
     order = np.argsort(-bounds, kind="stable")
-    pos_done, tot_done = [], []
-    tau, i, chunk = -np.inf, 0, max(first_chunk, 2 * k)
+    first = np.sort(candidates[order[:max(first_chunk, 2 * k)]])
+    done_pos, done_tot = [first], [score(first)]
+    tau = _kth(done_tot[0], k)
+    rest = order[len(first):]
+    rest = rest[bounds[rest] >= tau]
+    positions, bounds = candidates[rest], bounds[rest]
+    if refine is not None and len(positions):
+        by_position = np.argsort(positions)
+        positions = positions[by_position]
+        bounds = np.minimum(bounds[by_position], refine(positions))
+    order = np.argsort(-bounds, kind="stable")
+    i, chunk = 0, max(first_chunk, 2 * k)
     while i < len(order) and bounds[order[i]] >= tau:
-        rest = len(order) - i
-        if refine is None and tau > -np.inf and np.count_nonzero(bounds[order[i:]] >= tau) > rest // 2:
-            # the bounds prune little here: one pass over everything, which reads the stored arrays in
-            # place (consecutive rows) instead of gathering copies (not with refinement, which may prune)
-            pos_done, tot_done, i, chunk = [], [], 0, len(order)
-        full = chunk >= len(order)
+        if np.count_nonzero(bounds[order[i:]] >= tau) > (len(order) - i) // 2 and len(order) - i > chunk:
+            # the bounds prune little here: one pass over everything left, which reads the stored arrays in
+            # place (consecutive rows) instead of gathering copies
+            chunk = len(order) - i
         take = order[i:i + chunk]
-        pos = np.sort(candidates[take if full else take[bounds[take] >= tau]])
-        if refine is not None and not full and len(pos):
-            pos = pos[refine(pos) >= tau]
-        pos_done.append(pos)
-        tot_done.append(score(pos) if len(pos) else np.zeros(0))
+        pos = np.sort(positions[take[bounds[take] >= tau]])
+        done_pos.append(pos)
+        done_tot.append(score(pos) if len(pos) else np.zeros(0))
         i, chunk = i + chunk, chunk * 2
-        totals = np.concatenate(tot_done)
-        if len(totals) >= k:
-            tau = np.partition(totals, len(totals) - k)[len(totals) - k]
-    positions, totals = np.concatenate(pos_done), np.concatenate(tot_done)
+        tau = _kth(np.concatenate(done_tot), k)
+    positions, totals = np.concatenate(done_pos), np.concatenate(done_tot)
     best = np.lexsort((positions, -totals))[:k]
     return positions[best], totals[best], len(positions)
+
+
+def _kth(totals: np.ndarray, k: int) -> float:
+    """The k-th largest total (-inf when there are fewer than k)."""
+    return -np.inf if len(totals) < k else float(np.partition(totals, len(totals) - k)[len(totals) - k])

@@ -18,7 +18,7 @@ import torch
 import prvr  # noqa: F401
 from prvr import index_store as store
 from prvr.index import GalleryError, GalleryVideo, IndexConfig, IndexMismatchError, VideoIndex
-from prvr.index_scan import QueryCode, clip_upper, exact_scores, frame_upper, quantize, sketch, top_k
+from prvr.index_scan import BoundQuery, clip_upper, exact_scores, frame_upper, quantize, sketch, top_k
 from prvr.model import MSSL, MSSLConfig
 from prvr.preprocess import window_table
 
@@ -137,7 +137,7 @@ def test_pruned_top_k_equals_full_scan_with_ties(rank: int) -> None:
     arrays = sketch(units, pnorm, windows, zhat, n_balls=16)
     n, rows = len(units), np.arange(len(units))
     for q in qs[:3].astype(np.float32):
-        qc = QueryCode.of(q)
+        qc = BoundQuery.of(q)
         clip, frame = clip_upper(arrays, rows, qc), frame_upper(arrays, rows, qc)
         for w in ((0.7, 0.3), (0.5, 0.5), (1.0, 0.0)):
             def score(pos: np.ndarray, q: np.ndarray = q, w: tuple = w) -> np.ndarray:
@@ -176,7 +176,7 @@ def test_quantized_bounds_hold_for_every_window() -> None:
     for q in rng.standard_normal((5, 64)).astype(np.float32) * np.array([[1e-3], [1], [1], [50], [1]]):
         ex = exact_scores(units, pnorm, windows, lambda key: zhat[np.arange(50), key].astype(np.float32), q,
                           (0.5, 0.5))
-        qc = QueryCode.of(q)
+        qc = BoundQuery.of(q)
         assert (clip_upper(arrays, np.arange(50), qc) >= ex.clip - 1e-6).all()
         assert (frame_upper(arrays, np.arange(50), qc) >= ex.frame - 1e-6).all()
         compact = np.sort(rng.permutation(len(table))[:32])  # the per-video windows path (compact mode)
