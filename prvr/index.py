@@ -80,7 +80,7 @@ class IndexConfig:
     lock_timeout: float = 10.0  # seconds a writer waits for another writer
     verify_checksums: bool = True  # sha256 every file on open (sizes are always checked)
     nlist: int = 0  # approximate search: IVF lists (0: sqrt of the number of scene centres)
-    nprobe: int = 64  # approximate search: lists visited per query
+    nprobe: int = 128  # approximate search: lists visited per query
     candidate_units: int = 16384  # approximate search: nearest scene centres retrieved by faiss
     candidate_videos: int = 4096  # approximate search: videos (by their best scene centre) ranked exactly
 
