@@ -49,11 +49,10 @@ def _round_up(x: np.ndarray) -> np.ndarray:
 def quantize(x: np.ndarray) -> tuple[np.ndarray, ...]:
     """Rows (..., H) -> 8-bit codes and per row: float32 scale (x ~ codes * scale), rounded-up error norm
     |x - codes * scale| and rounded-up norm |x|."""
-    levels = UNIT_LEVELS
     x64 = np.asarray(x, dtype=np.float64)
     peak = np.abs(x64).max(-1)
-    scale = np.where(peak > 0, peak / levels, 1.0).astype(np.float32)
-    codes = np.clip(np.rint(x64 / scale[..., None]), -levels, levels)
+    scale = np.where(peak > 0, peak / UNIT_LEVELS, 1.0).astype(np.float32)
+    codes = np.clip(np.rint(x64 / scale[..., None]), -UNIT_LEVELS, UNIT_LEVELS)
     err = np.linalg.norm(x64 - codes * scale[..., None].astype(np.float64), axis=-1)
     norm = np.linalg.norm(x64, axis=-1)
     return (codes.astype(np.int8), scale, _round_up(err * (1 + SLACK) + 1e-30),
@@ -291,8 +290,8 @@ def top_k(bounds: np.ndarray, candidates: np.ndarray, score: Callable[[np.ndarra
     i, chunk = 0, max(first_chunk, 2 * k)
     while i < len(order) and bounds[order[i]] >= tau:
         if np.count_nonzero(bounds[order[i:]] >= tau) > (len(order) - i) // 2 and len(order) - i > chunk:
-            # the bounds prune little here: one pass over everything left, which reads the stored arrays in
-            # place (consecutive rows) instead of gathering copies
+            # the bounds prune little here: score everything left in one call rather than in ever
+            # doubling chunks (each chunk gathers its rows anew)
             chunk = len(order) - i
         take = order[i:i + chunk]
         pos = np.sort(positions[take[bounds[take] >= tau]])
