@@ -27,8 +27,9 @@ def spec() -> dict:
 
 @pytest.fixture(scope="session")
 def photos(spec: dict) -> dict:
-    """Every gallery photo, loaded once."""
-    return {name: demo.load_photo(p["source"], p.get("index")) for name, p in spec["photos"].items()}
+    """Every gallery photo, loaded and converted to the renderer's planes once."""
+    return {name: demo.photo_planes(demo.load_photo(p["source"], p.get("index")), demo.RenderConfig())
+            for name, p in spec["photos"].items()}
 
 
 def renderer_for(video: dict, photos: dict) -> demo.Renderer:
@@ -147,6 +148,28 @@ def test_photos_are_converted_to_yuv_like_libswscale() -> None:
     assert planes[0][0, 0] > planes[0][0, 32] and planes[2][0, 0] > 200  # red: brighter than blue, high Cr
     with pytest.raises(ValueError, match="even"):
         demo.Renderer(demo.timeline(demo.load_spec()["videos"][0], 1.0), {}, demo.RenderConfig(height=271))
+
+
+def test_magnify_matches_pils_bilinear_resize_and_fades_blend_linearly(spec: dict, photos: dict) -> None:
+    # the integer kernel samples the same pixel centres as PIL's box resize (magnifying: no antialiasing)
+    source = np.random.default_rng(0).integers(0, 256, (120, 200), dtype=np.uint8)
+    out = np.empty((90, 160), np.uint8)
+    for box in [(0, 0, 160, 90), (10.3, 5.7, 130.1, 73.2), (40.5, 20.25, 200, 110.25)]:
+        demo._magnify(source, *box, out)
+        reference = np.asarray(Image.fromarray(source).resize((160, 90), Image.BILINEAR, box=box))
+        assert np.abs(out.astype(int) - reference).max() <= 1, box
+    # photo planes are shrunk so that every crop of the camera magnifies
+    cfg = demo.RenderConfig()
+    for planes in photos.values():
+        height, width = planes[0].shape
+        assert min(width, height * cfg.width / cfg.height) <= cfg.width + 1
+    # halfway through a cross-fade, the frame is the mean of the two scenes' pictures
+    renderer = renderer_for(spec["videos"][0], photos)
+    before, after = renderer.scenes[0], renderer.scenes[1]
+    t = (before.end + after.start) / 2
+    mean = (renderer.scene_frame(before, t).astype(int) + renderer.scene_frame(after, t)) / 2
+    assert np.abs(renderer.frame(t) - mean).max() <= 1
+    assert np.abs(renderer.frame(t) - renderer.scene_frame(before, t).astype(int)).mean() > 5
 
 
 def test_gallery_is_cached_and_rebuilt_deterministically(small_gallery: demo.DemoGallery) -> None:
