@@ -30,6 +30,7 @@ import torch
 
 import prvr  # noqa: F401  - applies the torchvision CPU fix before anything else
 from prvr.index import IndexConfig, VideoIndex
+from prvr.index_store import IndexStoreError
 from prvr.model import MSSL, EncodedVideos, MSSLConfig, window_proposals
 from prvr.preprocess import window_table
 
@@ -92,8 +93,11 @@ def build_index(root: Path, n: int, mode: str, model: MSSL, sm: SceneModel, seed
     g = torch.Generator().manual_seed(seed)
     all_concepts = []
     if (root / "manifest.json").exists():
-        index = VideoIndex.open(root, model, IndexConfig(verify_checksums=False))
-        if len(index) == n:
+        try:
+            index = VideoIndex.open(root, model, IndexConfig(verify_checksums=False))
+        except IndexStoreError:  # another schema (an older version of the code): rebuild
+            index = None
+        if index is not None and len(index) == n:
             for a in range(0, n, batch):  # replay the generator for the concepts (queries come from them)
                 b = min(batch, n - a)
                 all_concepts.append(synthetic_batch(sm, b, g)[2])

@@ -40,6 +40,7 @@ from prvr.index_scan import (
     FIRST_PASS,
     SKETCH,
     BoundQuery,
+    Exact,
     clip_upper,
     cover_balls,
     exact_scores,
@@ -61,7 +62,9 @@ from prvr.search import (
 
 log = logging.getLogger(__name__)
 
-MAPPED = ("units", "pnorm", "zhat", "frames", "scenes", *SKETCH)  # per-video arrays: the OS pages them in
+# per-video arrays the OS pages in on demand; the first pass's arrays (read by every query) are loaded into
+# memory instead, so that the bulk of a big index cannot push them out of the page cache between queries
+MAPPED = ("units", "pnorm", "zhat", "frames", "scenes", *(f for f in SKETCH if f not in FIRST_PASS))
 SCENES = 4  # per-video unit-cluster centres that approximate search indexes with faiss
 TASK_ROWS = 256  # videos per piece of the first pass handed to a thread
 
@@ -81,8 +84,8 @@ class IndexConfig:
     verify_checksums: bool = True  # sha256 every file on open (sizes are always checked)
     nlist: int = 0  # approximate search: IVF lists (0: sqrt of the number of scene centres)
     nprobe: int = 128  # approximate search: lists visited per query
-    candidate_units: int = 16384  # approximate search: nearest scene centres retrieved by faiss
-    candidate_videos: int = 4096  # approximate search: videos (by their best scene centre) ranked exactly
+    candidate_units: int = 8192  # approximate search: nearest scene centres retrieved by faiss
+    candidate_videos: int = 2048  # approximate search: videos (by their best scene centre) ranked exactly
 
 
 class VideoIndex:
@@ -325,22 +328,12 @@ class VideoIndex:
         a, b = seg["row_offset"][r], seg["row_offset"][r + 1]
         return seg["row_start"][a:b], seg["row_end"][a:b]
 
-    def exact(self, positions: np.ndarray, q: np.ndarray, weights: tuple[float, float]):  # noqa: ANN201
+    def exact(self, positions: np.ndarray, q: np.ndarray, weights: tuple[float, float]) -> Exact:
         """index_scan.Exact for sorted positions: reads their units, norms and one z row each."""
-        parts = self._locate(positions)
-
-        def zhat_rows(key: np.ndarray) -> np.ndarray:
-            out = np.empty((len(positions), q.shape[0]), dtype=np.float32)
-            for s, rows, where in parts:
-                out[where] = self.segments[s]["zhat"][rows, key[where]]
-            return out
-
-        if self.segments[0]["pnorm"].shape[1] == len(self.table):  # all windows, in order, for every video
-            windows = self.table
-        else:
-            windows = self.table[self._gather("pidx", positions).astype(np.int64)]
-        ex = exact_scores(self._gather("units", positions), self._gather("pnorm", positions), windows,
-                          zhat_rows, q, weights)
+        parts = [exact_scores(self.segments[s], rows, q, weights, self._windows) for s, rows, _ in
+                 self._locate(positions)]
+        ex = Exact(*(np.concatenate([getattr(p, f.name) for p in parts])
+                     for f in dataclasses.fields(Exact)))
         if not self._csa:
             return ex
         frame = self._csa_frame(positions, q)  # CSA replaces the key-clip-attention frame score
@@ -406,28 +399,45 @@ class VideoIndex:
         candidates = self._approximate_candidates(q) if approximate else np.flatnonzero(self.alive)
         bq, eps = BoundQuery.of(q), BOUND_EPS * (1 + w[0] + w[1])
         windows = self._windows
-        clip = w[0] * self._per_segment(candidates, lambda s, rows: clip_upper(s, rows, bq, windows), True)
+        prefix = np.empty((len(candidates), self.segments[0]["codes"].shape[1] + 1))  # for the frame pass
+
+        def clip_pass(seg: dict, rows: np.ndarray, where: np.ndarray) -> np.ndarray:
+            clip, prefix[where] = clip_upper(seg, rows, bq, windows)
+            return clip
+
+        clip = w[0] * self._per_segment(candidates, clip_pass, True)
 
         def refine(positions: np.ndarray) -> np.ndarray:  # the frame bound, for the videos that need it
-            frame = self._per_segment(positions, lambda seg, rows: frame_upper(seg, rows, bq))
-            return clip[np.searchsorted(candidates, positions)] + w[1] * frame + eps
+            at = np.searchsorted(candidates, positions)
+            frame = self._per_segment(positions, lambda seg, rows, where: frame_upper(
+                seg, rows, prefix[at[where]], bq, windows), True)
+            return clip[at] + w[1] * frame + eps
 
         # CSA scores frames its own way (at most 1): the stored z do not bound it, so no refinement
         use_balls = w[1] > 0 and not self._csa
-        return top_k(clip + w[1] + eps, candidates, lambda pos: self._totals(pos, q, w), k,
+        return top_k(clip + w[1] + eps, candidates, lambda pos: self.exact(pos, q, w).total, k,
                      refine if use_balls else None)
 
-    def _per_segment(self, positions: np.ndarray, fn: Callable[[dict, np.ndarray], np.ndarray],
+    def _per_segment(self, positions: np.ndarray, fn: Callable[[dict, np.ndarray, np.ndarray], np.ndarray],
                      parallel: bool = False) -> np.ndarray:
-        """fn(segment arrays, local rows) -> (rows,) for sorted positions, in their order. With ``parallel``
-        the pieces (at most ``TASK_ROWS`` videos) run on the index's threads: the kernels release the GIL,
-        and small pieces keep both cores busy even when one is slowed by another process."""
+        """fn(segment arrays, local rows, their indices into positions) -> (rows,) for sorted positions, in
+        their order. With ``parallel``, tasks of about ``TASK_ROWS`` videos (pieces of one segment, or runs of
+        small pieces) go to the index's threads: the kernels release the GIL, and many tasks keep both cores
+        busy even when one is slowed by another process."""
         out = np.empty(len(positions))
-        tasks = [(s, rows[a:a + TASK_ROWS], where[a:a + TASK_ROWS])
-                 for s, rows, where in self._locate(positions) for a in range(0, len(rows), TASK_ROWS)]
+        tasks: list[list[tuple[int, np.ndarray, np.ndarray]]] = [[]]
+        size = 0
+        for s, rows, where in self._locate(positions):
+            for a in range(0, len(rows), TASK_ROWS):
+                if size >= TASK_ROWS:
+                    tasks.append([])
+                    size = 0
+                tasks[-1].append((s, rows[a:a + TASK_ROWS], where[a:a + TASK_ROWS]))
+                size += len(tasks[-1][-1][1])
 
-        def run(task: tuple[int, np.ndarray, np.ndarray]) -> None:
-            out[task[2]] = fn(self.segments[task[0]], task[1])
+        def run(task: list[tuple[int, np.ndarray, np.ndarray]]) -> None:
+            for s, rows, where in task:
+                out[where] = fn(self.segments[s], rows, where)
 
         if parallel and len(tasks) > 1 and torch.get_num_threads() > 1:
             if self._pool is None:
@@ -442,11 +452,6 @@ class VideoIndex:
     def _windows(self) -> np.ndarray | None:
         """None when every video stores all windows in window_table order, else the table for ``pidx``."""
         return None if self.segments[0]["pinv"].shape[1] == len(self.table) else self.table
-
-    def _totals(self, positions: np.ndarray, q: np.ndarray, w: tuple[float, float]) -> np.ndarray:
-        """Exact totals for sorted positions, one ``exact`` call per segment (runs become views)."""
-        parts = self._locate(positions)
-        return np.concatenate([self.exact(positions[where], q, w).total for _, _, where in parts])
 
     def _approximate_candidates(self, q: np.ndarray) -> np.ndarray:
         """Live positions of the videos whose scene centres (clusters of their unit directions) are nearest
@@ -466,15 +471,16 @@ class VideoIndex:
         return np.sort(videos[best])
 
     def _build_faiss(self):  # noqa: ANN202
-        """faiss IndexIVFFlat (inner product) over every video's scene centres."""
+        """faiss IVF index (inner product, 8-bit scalar-quantised lists) over every video's scene centres."""
         import faiss
 
         vectors = np.ascontiguousarray(
             np.concatenate([np.asarray(seg["scenes"], dtype=np.float32) for seg in self.segments]).reshape(
                 -1, self.segments[0]["scenes"].shape[-1]))
         nlist = self.cfg.nlist or max(1, min(int(math.sqrt(len(vectors))), len(vectors) // 39))
-        ivf = faiss.IndexIVFFlat(faiss.IndexFlatIP(vectors.shape[1]), vectors.shape[1], nlist,
-                                 faiss.METRIC_INNER_PRODUCT)
+        # 8-bit lists: a quarter of the bytes per probed list; candidates are re-scored exactly anyway
+        ivf = faiss.IndexIVFScalarQuantizer(faiss.IndexFlatIP(vectors.shape[1]), vectors.shape[1], nlist,
+                                            faiss.ScalarQuantizer.QT_8bit, faiss.METRIC_INNER_PRODUCT)
         ivf.train(vectors[np.random.default_rng(0).permutation(len(vectors))[: 40 * nlist]])
         ivf.add(vectors)
         log.info("built the approximate-search index: %d scene vectors in %d lists", len(vectors), nlist)

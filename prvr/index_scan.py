@@ -18,8 +18,11 @@ The bounds (all rigorous):
   gamma |q||C~_t| of its exact value. A window's cosine is at most its sum of these unit bounds times the
   stored 1 / (k |p|), divided by |q|; S_clip is at most the largest over its windows. One fused pass per
   video (numba), nothing materialised.
-- frame: the video's normalised z rows are covered by balls with 8-bit centres c~ (radii measured from c~),
-  q^.z <= q^.c~ + r. It is computed only for videos whose clip bound alone does not rule them out.
+- frame: S_frame = q^.z_j* involves only the key clip j*. The same pass bounds every window's cosine from
+  below too; j* can only be a window whose upper bound reaches the largest lower bound (a handful, usually
+  neighbours in one scene). The video's normalised z rows are covered by a few balls with 8-bit centres c~,
+  each row j storing its ball and its distance d_j from c~, so q^.z_j* <= max over those candidate windows of
+  q^.c~_ball(j) + d_j: a few ball dot products, computed only for videos the clip bound cannot rule out.
 A relative ``SLACK`` and the absolute ``BOUND_EPS`` cover float rounding in the bounds and the exact scores.
 """
 
@@ -36,7 +39,10 @@ BOUND_EPS = 1e-4  # added to every upper bound: covers float32 rounding in the e
 NORM_EPS = 1e-12  # F.normalize's eps, as the model's cosine uses
 SLACK = 1e-6  # relative margin on float64 bound arithmetic (its rounding is ~1e-15)
 UNIT_LEVELS = 127  # 8-bit codes of units and ball centres
-SKETCH = ("codes", "scale", "err", "norm", "pinv", "ball_codes", "ball_scale", "ball_norm", "ball_radius")
+KEY_EPS = 1e-4  # the key clip candidates' margin (cosine units): the exact argmax's own float32 rounding
+MAX_BALLS = 255  # frame balls per video (ball ids are stored in 8 bits)
+SKETCH = ("codes", "scale", "err", "norm", "pinv", "ball_codes", "ball_scale", "ball_norm", "ball_of",
+          "ball_dist")
 FIRST_PASS = ("codes", "scale", "err", "norm", "pinv")  # what every query reads for every video
 
 
@@ -62,8 +68,8 @@ def quantize(x: np.ndarray) -> tuple[np.ndarray, ...]:
 def cover_balls(rows: np.ndarray, n_balls: int, iters: int = 2) -> np.ndarray:
     """Centres (n, B, H) float32 of B balls covering each video's rows (n, P, H).
 
-    Spherical k-means (farthest-point seeds, a few Lloyd rounds); any centres give valid balls, the
-    clustering only makes them small.
+    Spherical k-means (farthest-point seeds, a few Lloyd rounds); any centres give valid bounds, the
+    clustering only makes the balls small.
     """
     x = torch.from_numpy(np.ascontiguousarray(rows, dtype=np.float32))
     n, P, _ = x.shape
@@ -83,31 +89,34 @@ def cover_balls(rows: np.ndarray, n_balls: int, iters: int = 2) -> np.ndarray:
     return centres.numpy()
 
 
-def ball_radii(rows: np.ndarray, centres: np.ndarray) -> np.ndarray:
-    """(n, B) float64 radii when each row (n, P, H) joins its nearest centre (n, B, H); 0 for empty balls."""
+def nearest_ball(rows: np.ndarray, centres: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Each row's (n, P, H) nearest centre (n, B, H): its index (n, P) and float64 distance (n, P)."""
     x, c = torch.from_numpy(np.asarray(rows, dtype=np.float64)), torch.from_numpy(centres)
     dist = torch.cdist(x, c, compute_mode="donot_use_mm_for_euclid_dist")  # (n, P, B), no cancellation
     near, assign = dist.min(-1)
-    return torch.zeros(c.shape[:2], dtype=torch.float64).scatter_reduce(1, assign, near, "amax").numpy()
+    return assign.numpy(), near.numpy()
 
 
 def sketch(units: np.ndarray, pnorm: np.ndarray, windows: np.ndarray, zhat: np.ndarray, n_balls: int
            ) -> dict[str, np.ndarray]:
     """The bound arrays of a batch of videos: units (n, M, H), proposal norms (n, P), their unit windows
     (n, P, 2), normalised z rows (n, P, H) -> the ``SKETCH`` arrays (see the module docstring)."""
+    if not 1 <= n_balls <= MAX_BALLS:
+        raise ValueError(f"frame_balls must be in 1..{MAX_BALLS}, got {n_balls}")
     codes, scale, err, norm = quantize(units)
     k = (windows[..., 1] - windows[..., 0]).astype(np.float64)
     pinv = _round_up(1.0 / (k * np.maximum(pnorm.astype(np.float64), NORM_EPS)))
     ball_codes, ball_scale, _, ball_norm = quantize(cover_balls(zhat, n_balls))
     centres = ball_codes * ball_scale[..., None].astype(np.float64)  # exactly what the bound uses
-    radius = _round_up(ball_radii(zhat, centres) * (1 + SLACK) + 1e-7)
+    ball_of, dist = nearest_ball(zhat, centres)
     return {"codes": codes, "scale": scale, "err": err, "norm": norm, "pinv": pinv, "ball_codes": ball_codes,
-            "ball_scale": ball_scale, "ball_norm": ball_norm, "ball_radius": radius}
+            "ball_scale": ball_scale, "ball_norm": ball_norm, "ball_of": ball_of.astype(np.uint8),
+            "ball_dist": _round_up(dist * (1 + SLACK) + 1e-7)}
 
 
 @dataclass
 class BoundQuery:
-    """A query vector as the bound kernels take it."""
+    """A query vector as the kernels take it."""
 
     vector: np.ndarray  # (H,) float32, contiguous
     norm: float  # |q| (float64)
@@ -122,71 +131,180 @@ class BoundQuery:
         return cls(vector, max(float(np.linalg.norm(vector.astype(np.float64))), NORM_EPS), gamma)
 
 
-# The kernels run serially and release the GIL (the index spreads pieces of a scan over threads). fastmath
-# lets the float32 dot products and the window maxima vectorise; the dot products' rounding, in any order,
-# is within gamma * |q| |C~_t| (Cauchy-Schwarz on the absolute values), which the unit bounds add.
-KERNEL = {"nogil": True, "cache": True, "fastmath": True}
+# The kernels run serially and release the GIL (the index spreads pieces of a scan over threads).
+# Reassociation lets the float32 dot products vectorise; their rounding, in any order, is within
+# gamma |q| |x| (Cauchy-Schwarz on the absolute values), which the bounds add. No other fast-math
+# liberties: the bounds use infinities.
+KERNEL = {"nogil": True, "cache": True, "fastmath": {"reassoc", "contract", "nsz"}}
 
 
-@numba.njit(inline="always", fastmath=True)
-def _dot(codes: np.ndarray, q: np.ndarray) -> float:  # pragma: no cover - compiled
-    """float32 dot product of 8-bit codes with a float32 vector."""
-    s = np.float32(0.0)
-    for h in range(codes.shape[0]):
-        s += np.float32(codes[h]) * q[h]
-    return s
+@numba.njit(inline="always", fastmath={"reassoc", "contract", "nsz"})
+def _row_dots(x, q, out):  # noqa: ANN001, ANN202  # pragma: no cover - compiled
+    """out[t] = x[t] . q in float32 for the rows of x (M, H) (8-bit codes or float32), four rows at a time:
+    four independent sums keep the vector units busy, and each q element is loaded once for four rows."""
+    M, H = x.shape
+    t = 0
+    while t + 4 <= M:
+        s0 = s1 = s2 = s3 = np.float32(0.0)
+        for h in range(H):
+            qh = q[h]
+            s0 += np.float32(x[t, h]) * qh
+            s1 += np.float32(x[t + 1, h]) * qh
+            s2 += np.float32(x[t + 2, h]) * qh
+            s3 += np.float32(x[t + 3, h]) * qh
+        out[t], out[t + 1], out[t + 2], out[t + 3] = s0, s1, s2, s3
+        t += 4
+    while t < M:
+        s = np.float32(0.0)
+        for h in range(H):
+            s += np.float32(x[t, h]) * q[h]
+        out[t] = s
+        t += 1
 
 
-@numba.njit(inline="always", fastmath=True)
-def _unit_prefix(codes, scale, err, norm, q, qn, gamma):  # noqa: ANN001, ANN202  # pragma: no cover
-    """(M+1,) prefix sums of the video's unit upper bounds q.C~_t + |q| (err_t + gamma |C~_t|)."""
-    M = codes.shape[0]
-    c = np.empty(M + 1)
-    c[0] = 0.0
-    for t in range(M):
-        margin = qn * (err[t] + gamma * (norm[t] + err[t]))  # |C~_t| <= |C_t| + err_t
-        c[t + 1] = c[t] + _dot(codes[t], q) * np.float64(scale[t]) + margin
-    return c
+@numba.njit(inline="always", fastmath={"reassoc", "contract", "nsz"})
+def _window_values(c, pinv_row, pidx_row, table, out):  # noqa: ANN001, ANN202  # pragma: no cover - compiled
+    """out[j] = (c[end_j] - c[start_j]) * pinv_row[j] for a video's stored windows j, from prefix sums c: all
+    windows in window_table order (length-major) when ``table`` is empty, else rows pidx_row of ``table``."""
+    M = c.shape[0] - 1
+    if table.shape[0] == 0:
+        j = 0
+        for k in range(1, M + 1):  # each length is a contiguous slice: the loop vectorises
+            n = M + 1 - k
+            ends, starts, p, o = c[k:], c[:n], pinv_row[j:j + n], out[j:j + n]
+            for s in range(n):
+                o[s] = (ends[s] - starts[s]) * p[s]
+            j += n
+    else:
+        for j in range(out.shape[0]):
+            w = pidx_row[j]
+            out[j] = (c[table[w, 1]] - c[table[w, 0]]) * pinv_row[j]
+
+
+@numba.njit(inline="always")
+def _max(x):  # noqa: ANN001, ANN202  # pragma: no cover - compiled
+    """max of a float array, as eight independent running maxima (numba leaves a max reduction scalar)."""
+    b = np.full(8, -np.inf)
+    n = x.shape[0] - x.shape[0] % 8
+    for j in range(0, n, 8):
+        for lane in range(8):
+            v = x[j + lane]
+            b[lane] = v if v > b[lane] else b[lane]
+    best = b.max()
+    for j in range(n, x.shape[0]):
+        best = x[j] if x[j] > best else best
+    return best
+
+
+@numba.njit(inline="always")
+def _margin(err, norm, qn, gamma):  # noqa: ANN001, ANN202  # pragma: no cover - compiled
+    """How far q.C~_t may be from q.C_t: quantisation error, float32 rounding (|C~_t| <= |C_t| + err_t)."""
+    return qn * (err + gamma * (norm + err))
 
 
 @numba.njit(**KERNEL)
-def _clip_all_windows(codes, scale, err, norm, pinv, rows, q, qn, gamma, out):  # noqa: ANN001, ANN202  # pragma: no cover
-    """out[i] = max over all M(M+1)/2 windows (length-major order, as window_table) of video rows[i]."""
-    M = codes.shape[1]
+def _clip_pass(codes, scale, err, norm, pinv, pidx, table, rows, q, qn, gamma, out, hi):  # noqa: ANN001, ANN202  # pragma: no cover
+    """out[i] >= |q| max_j cos(q, p_j) for video v = rows[i], the largest window upper bound; hi[i] = the
+    prefix sums of its unit upper bounds q.C~_t + margin_t (the frame pass starts from them)."""
+    M, P = codes.shape[1], pinv.shape[1]
+    dots, hi_w = np.empty(M, dtype=np.float32), np.empty(P)
     for i in range(rows.shape[0]):
         v = rows[i]
-        c = _unit_prefix(codes[v], scale[v], err[v], norm[v], q, qn, gamma)
-        best, j = -np.inf, 0
-        for k in range(1, M + 1):
-            for s in range(M - k + 1):  # contiguous: vectorises
-                best = max(best, (c[s + k] - c[s]) * pinv[v, j + s])
-            j += M - k + 1
-        out[i] = best
+        _row_dots(codes[v], q, dots)
+        hi[i, 0] = 0.0
+        for t in range(M):
+            d = np.float64(dots[t]) * np.float64(scale[v, t])
+            hi[i, t + 1] = hi[i, t] + d + _margin(err[v, t], norm[v, t], qn, gamma)
+        _window_values(hi[i], pinv[v], pidx[v], table, hi_w)
+        out[i] = _max(hi_w)
 
 
 @numba.njit(**KERNEL)
-def _clip_some_windows(codes, scale, err, norm, pinv, pidx, table, rows, q, qn, gamma, out):  # noqa: ANN001, ANN202  # pragma: no cover
-    """out[i] = max over the stored windows pidx[v] (rows of ``table``) of video v = rows[i]."""
+def _frame_pass(err, norm, pinv, ball_of, ball_dist, ball_codes, ball_scale, ball_norm, pidx, table, rows, hi,
+                q, qn, gamma, key_eps, out):  # noqa: ANN001, ANN202  # pragma: no cover - compiled
+    """out[i] >= q^.z_j* for video v = rows[i], j* its key clip.
+
+    Every window's cosine lies in [lo_j, hi_j] (times |q|); the key clip (the exact argmax) has
+    hi_j* >= max lo, so only windows with hi_j >= max lo (less ``key_eps`` for the exact scores' own
+    rounding) can be it, and q^.z_j <= q^.c~_ball(j) + d_j bounds each of them.
+    """
+    M, P, B, H = err.shape[1], pinv.shape[1], ball_codes.shape[1], ball_codes.shape[2]
+    lo, hi_w, lo_w, reach = np.empty(M + 1), np.empty(P), np.empty(P), np.empty(B)
     for i in range(rows.shape[0]):
         v = rows[i]
-        c = _unit_prefix(codes[v], scale[v], err[v], norm[v], q, qn, gamma)
+        lo[0], twice = 0.0, 0.0  # lo = hi less twice the margins so far
+        for t in range(M):
+            twice += 2.0 * _margin(err[v, t], norm[v, t], qn, gamma)
+            lo[t + 1] = hi[i, t + 1] - twice
+        _window_values(hi[i], pinv[v], pidx[v], table, hi_w)
+        _window_values(lo, pinv[v], pidx[v], table, lo_w)
+        cut = _max(lo_w) - key_eps
+        reach[:] = -np.inf  # per ball: the farthest candidate from its centre
+        for j in range(P):
+            if hi_w[j] >= cut:
+                b = ball_of[v, j]
+                reach[b] = max(reach[b], ball_dist[v, j])
         best = -np.inf
-        for j in range(pidx.shape[1]):
-            w = pidx[v, j]
-            best = max(best, (c[table[w, 1]] - c[table[w, 0]]) * pinv[v, j])
+        for b in range(B):
+            if reach[b] == -np.inf:
+                continue
+            s = np.float32(0.0)
+            for h in range(H):
+                s += np.float32(ball_codes[v, b, h]) * q[h]
+            dot = np.float64(s) * np.float64(ball_scale[v, b]) + qn * gamma * ball_norm[v, b]
+            best = max(best, dot / qn + reach[b])
         out[i] = best
 
 
 @numba.njit(**KERNEL)
-def _frame_balls(ball_codes, ball_scale, ball_norm, ball_radius, rows, q, qn, gamma, out):  # noqa: ANN001, ANN202  # pragma: no cover
-    """out[i] = max over the balls of video rows[i] of q^.c~ + r."""
+def _exact(units, pnorm, zhat, pidx, table, rows, q, qn, u_out, cos_out, key_out, frame_out):  # noqa: ANN001, ANN202  # pragma: no cover
+    """Exact scores of videos rows[i]: u_out[i] = q.C_t, cos_out[i] = every stored proposal's clip-scale
+    cosine, key_out[i] = its first argmax, frame_out[i] = q.z_key (float32, one video at a time)."""
+    M, P = units.shape[1], pnorm.shape[1]
+    dots, csum = np.empty(M, dtype=np.float32), np.empty(M + 1, dtype=np.float32)
+    qn32 = np.float32(qn)
     for i in range(rows.shape[0]):
         v = rows[i]
-        best = -np.inf
-        for b in range(ball_codes.shape[1]):
-            dot = _dot(ball_codes[v, b], q) * np.float64(ball_scale[v, b]) + qn * gamma * ball_norm[v, b]
-            best = max(best, dot / qn + ball_radius[v, b])
-        out[i] = best
+        _row_dots(units[v], q, dots)
+        acc = 0.0
+        csum[0] = 0.0
+        for t in range(M):
+            u_out[i, t] = dots[t]
+            acc += np.float64(dots[t])
+            csum[t + 1] = np.float32(acc)
+        eps = np.float32(NORM_EPS)
+        if table.shape[0] == 0:  # all windows, length-major
+            j = 0
+            for k in range(1, M + 1):
+                scale = np.float32(k * np.float64(qn32))
+                for s in range(M - k + 1):
+                    cos_out[i, j + s] = (csum[s + k] - csum[s]) / (max(pnorm[v, j + s], eps) * scale)
+                j += M - k + 1
+        else:
+            for j in range(P):
+                w = pidx[v, j]
+                s, e = table[w, 0], table[w, 1]
+                scale = np.float32((e - s) * np.float64(qn32))
+                cos_out[i, j] = (csum[e] - csum[s]) / (max(pnorm[v, j], eps) * scale)
+        best, key = -np.inf, 0
+        for j in range(P):  # the first argmax, as torch's max
+            if cos_out[i, j] > best:
+                best, key = cos_out[i, j], j
+        key_out[i] = key
+        f = np.float32(0.0)
+        for h in range(q.shape[0]):
+            f += zhat[v, key, h] * q[h]
+        frame_out[i] = f
+
+
+NO_TABLE = np.zeros((0, 2), dtype=np.int64)  # the kernels' "all windows in window_table order"
+
+
+def _layout(arrays: dict[str, np.ndarray], table: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
+    """(pidx, table) as the kernels take them: per-video window ids into ``table``, or all windows."""
+    if table is None:
+        return np.zeros((1, 1), dtype=np.int16), NO_TABLE
+    return arrays["pidx"], np.ascontiguousarray(table, dtype=np.int64)
 
 
 def _slack(x: np.ndarray) -> np.ndarray:
@@ -194,25 +312,27 @@ def _slack(x: np.ndarray) -> np.ndarray:
     return x + np.abs(x) * SLACK
 
 
-def clip_upper(arrays: dict[str, np.ndarray], rows: np.ndarray, q: BoundQuery,
-               table: np.ndarray | None = None) -> np.ndarray:
-    """(V,) upper bounds of S_clip for the videos ``rows`` of one segment's arrays. ``table`` (P, 2): the
-    stored windows are per video (``pidx``) rather than all of them in window_table order."""
-    out = np.empty(len(rows))
-    rows = np.ascontiguousarray(rows, dtype=np.int64)
-    first = (arrays["codes"], arrays["scale"], arrays["err"], arrays["norm"], arrays["pinv"])
-    if table is None:
-        _clip_all_windows(*first, rows, q.vector, q.norm, q.gamma, out)
-    else:
-        _clip_some_windows(*first, arrays["pidx"], table, rows, q.vector, q.norm, q.gamma, out)
-    return np.minimum(_slack(out) / q.norm, 1.0)
+def clip_upper(arrays: dict[str, np.ndarray], rows: np.ndarray, q: BoundQuery, table: np.ndarray | None = None
+               ) -> tuple[np.ndarray, np.ndarray]:
+    """(V,) upper bounds of S_clip for the videos ``rows`` of one segment's arrays, and (V, M+1) prefix sums
+    that ``frame_upper`` takes. ``table`` (W, 2): the stored windows are per video (``pidx``) rather than all
+    of them in window_table order."""
+    out, hi = np.empty(len(rows)), np.empty((len(rows), arrays["codes"].shape[1] + 1))
+    pidx, table = _layout(arrays, table)
+    _clip_pass(*(arrays[f] for f in FIRST_PASS), pidx, table, np.ascontiguousarray(rows, dtype=np.int64),
+               q.vector, q.norm, q.gamma, out, hi)
+    return np.minimum(_slack(out) / q.norm, 1.0), hi
 
 
-def frame_upper(arrays: dict[str, np.ndarray], rows: np.ndarray, q: BoundQuery) -> np.ndarray:
-    """(V,) upper bounds of S_frame (key-clip attention) for the videos ``rows`` of one segment's arrays."""
+def frame_upper(arrays: dict[str, np.ndarray], rows: np.ndarray, hi: np.ndarray, q: BoundQuery,
+                table: np.ndarray | None = None) -> np.ndarray:
+    """(V,) upper bounds of S_frame (key-clip attention) for the videos ``rows`` of one segment's arrays,
+    given their prefix sums ``hi`` from ``clip_upper``."""
     out = np.empty(len(rows))
-    _frame_balls(arrays["ball_codes"], arrays["ball_scale"], arrays["ball_norm"], arrays["ball_radius"],
-                 np.ascontiguousarray(rows, dtype=np.int64), q.vector, q.norm, q.gamma, out)
+    pidx, table = _layout(arrays, table)
+    names = ("err", "norm", "pinv", "ball_of", "ball_dist", "ball_codes", "ball_scale", "ball_norm")
+    _frame_pass(*(arrays[f] for f in names), pidx, table, np.ascontiguousarray(rows, dtype=np.int64),
+                np.ascontiguousarray(hi, dtype=np.float64), q.vector, q.norm, q.gamma, KEY_EPS * q.norm, out)
     return np.minimum(_slack(out), 1.0)
 
 
@@ -228,37 +348,24 @@ class Exact:
     u: np.ndarray  # (V, M) raw dot products q.C_t
 
 
-def exact_scores(units: np.ndarray, pnorm: np.ndarray, windows: np.ndarray,
-                 zhat_rows: Callable[[np.ndarray], np.ndarray], q: np.ndarray,
-                 weights: tuple[float, float]) -> Exact:
-    """Exact scores of V videos: units (V, M, H), pnorm (V, P), windows (V, P, 2) or (P, 2) if shared,
-    zhat_rows(key (V,)) -> (V, H) the normalised z of each video's key clip; q (H,).
+def exact_scores(arrays: dict[str, np.ndarray], rows: np.ndarray, q: np.ndarray, weights: tuple[float, float],
+                 table: np.ndarray | None = None) -> Exact:
+    """Exact scores of the videos ``rows`` of one segment's arrays (units, pnorm, zhat; pidx with ``table``).
 
-    Every step is per video (einsum rather than a batched BLAS call, whose rounding can depend on a row's
-    place in the batch), so a video's scores do not depend on which videos share the batch: exact ties are
-    broken by position, exactly as a full scan breaks them.
+    One video at a time with the same arithmetic, so a video's scores do not depend on which videos share
+    the call: exact ties are broken by position, exactly as a full scan breaks them.
     """
-    q32 = np.ascontiguousarray(q, dtype=np.float32)
-    qn = max(float(np.linalg.norm(q.astype(np.float64))), NORM_EPS)
-    u = np.einsum("vmh,h->vm", units, q32)  # (V, M); einsum: the same arithmetic for every video
-    csum = np.zeros((len(u), u.shape[1] + 1), dtype=np.float64)
-    np.cumsum(u, axis=1, dtype=np.float64, out=csum[:, 1:])
-    csum = csum.astype(np.float32)  # (V, M+1); float32 from here: the (V, P) work is memory-bound
-    start, end = windows[..., 0].astype(np.int64), windows[..., 1].astype(np.int64)
-    if windows.ndim == 2:  # the same windows for every video (all 528): one product with a +-1 matrix
-        diff = np.zeros((csum.shape[1], len(windows)), dtype=np.float32)  # (M+1, P)
-        diff[end, np.arange(len(windows))] = 1.0
-        diff[start, np.arange(len(windows))] -= 1.0
-        sums = csum @ diff  # exactly csum[:, end] - csum[:, start]: the other terms are exact zeros
-    else:
-        sums = np.take_along_axis(csum, end, 1) - np.take_along_axis(csum, start, 1)
-    denom = np.maximum(pnorm, np.float32(NORM_EPS)) * ((end - start) * np.float32(qn)).astype(np.float32)
-    cos = np.divide(sums, denom, out=sums)  # (V, P)
-    key = cos.argmax(axis=1)
-    clip = cos[np.arange(len(cos)), key].astype(np.float64)
-    frame = np.einsum("vh,h->v", zhat_rows(key), q32).astype(np.float64) / qn
-    u = u.astype(np.float64)
-    return Exact(weights[0] * clip + weights[1] * frame, clip, frame, key, cos, u)
+    bq = BoundQuery.of(q)
+    rows = np.ascontiguousarray(rows, dtype=np.int64)
+    V, M, P = len(rows), arrays["units"].shape[1], arrays["pnorm"].shape[1]
+    u, cos = np.empty((V, M), dtype=np.float32), np.empty((V, P), dtype=np.float32)
+    key, frame = np.empty(V, dtype=np.int64), np.empty(V, dtype=np.float32)
+    pidx, table = _layout(arrays, table)
+    _exact(arrays["units"], arrays["pnorm"], arrays["zhat"], pidx, table, rows, bq.vector, bq.norm, u, cos,
+           key, frame)
+    clip = cos[np.arange(V), key].astype(np.float64)
+    frame = frame.astype(np.float64) / bq.norm
+    return Exact(weights[0] * clip + weights[1] * frame, clip, frame, key, cos, u.astype(np.float64))
 
 
 def top_k(bounds: np.ndarray, candidates: np.ndarray, score: Callable[[np.ndarray], np.ndarray], k: int,

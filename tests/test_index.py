@@ -134,17 +134,17 @@ def _scan_data(n: int, rank: int, seed: int) -> tuple:
 @pytest.mark.parametrize("rank", [8, 48])
 def test_pruned_top_k_equals_full_scan_with_ties(rank: int) -> None:
     units, pnorm, windows, zhat, qs = _scan_data(400, rank, seed=rank)
-    arrays = sketch(units, pnorm, windows, zhat, n_balls=16)
+    arrays = {"units": units, "pnorm": pnorm, "zhat": zhat, **sketch(units, pnorm, windows, zhat, n_balls=16)}
     n, rows = len(units), np.arange(len(units))
     for q in qs[:3].astype(np.float32):
         qc = BoundQuery.of(q)
-        clip, frame = clip_upper(arrays, rows, qc), frame_upper(arrays, rows, qc)
+        clip, prefix = clip_upper(arrays, rows, qc)
+        frame = frame_upper(arrays, rows, prefix, qc)
         for w in ((0.7, 0.3), (0.5, 0.5), (1.0, 0.0)):
             def score(pos: np.ndarray, q: np.ndarray = q, w: tuple = w) -> np.ndarray:
-                rows = lambda key: zhat[pos, key]  # noqa: E731
-                return exact_scores(units[pos], pnorm[pos], windows[pos], rows, q, w).total
+                return exact_scores(arrays, pos, q, w).total
 
-            ex = exact_scores(units, pnorm, windows, lambda key: zhat[rows, key], q, w)
+            ex = exact_scores(arrays, rows, q, w)
             assert (clip >= ex.clip - 1e-6).all() and (frame >= ex.frame - 1e-6).all()
             # the bounds are tight: a few thousandths above the exact clip score
             assert np.median(clip - ex.clip) < 0.02
@@ -156,6 +156,27 @@ def test_pruned_top_k_equals_full_scan_with_ties(rank: int) -> None:
             assert positions.tolist() == expected.tolist()
             np.testing.assert_array_equal(totals, full[expected])
             assert scored < n // 4  # the bounds prune most videos
+
+
+def test_frame_bound_uses_only_key_clip_candidates() -> None:
+    """The frame bound looks only at the balls of windows that can be the key clip (the exact key among
+    them): tighter than covering every z row by its ball, never below the exact frame score."""
+    units, pnorm, windows, zhat, qs = _scan_data(200, 8, seed=11)
+    arrays = {"units": units, "pnorm": pnorm, "zhat": zhat, **sketch(units, pnorm, windows, zhat, n_balls=16)}
+    rows = np.arange(len(units))
+    centres = arrays["ball_codes"] * arrays["ball_scale"][..., None].astype(np.float64)
+    radius = np.zeros((len(units), 16))
+    np.maximum.at(radius, (rows[:, None], arrays["ball_of"].astype(np.int64)), arrays["ball_dist"])
+    dist = np.linalg.norm(zhat[:, :, None] - centres[:, None].astype(np.float32), axis=-1)  # (n, P, B)
+    np.testing.assert_array_equal(arrays["ball_of"], dist.argmin(-1))
+    assert (arrays["ball_dist"] >= dist.min(-1)).all()
+    for q in qs.astype(np.float32):
+        qc = BoundQuery.of(q)
+        ex = exact_scores(arrays, rows, q, (0.5, 0.5))
+        every_row = (centres @ (q.astype(np.float64) / qc.norm) + radius).max(1)
+        bound = frame_upper(arrays, rows, clip_upper(arrays, rows, qc)[1], qc)
+        assert (bound >= ex.frame - 1e-6).all() and (bound <= every_row + 1e-5).all()
+        assert np.median(bound) < np.median(every_row) - 0.02
 
 
 def test_quantized_bounds_hold_for_every_window() -> None:
@@ -171,19 +192,23 @@ def test_quantized_bounds_hold_for_every_window() -> None:
     csum = np.concatenate([np.zeros((50, 1, 64)), units.astype(np.float64).cumsum(1)], 1)
     props = (csum[:, table[:, 1]] - csum[:, table[:, 0]]) / (table[:, 1] - table[:, 0])[:, None]
     pnorm = np.linalg.norm(props, axis=-1).astype(np.float32)
-    zhat = props / np.maximum(np.linalg.norm(props, axis=-1, keepdims=True), 1e-12)
-    arrays = sketch(units, pnorm, windows, zhat.astype(np.float32), n_balls=4)
+    zhat = (props / np.maximum(np.linalg.norm(props, axis=-1, keepdims=True), 1e-12)).astype(np.float32)
+    arrays = {"units": units, "pnorm": pnorm, "zhat": zhat, **sketch(units, pnorm, windows, zhat, n_balls=4)}
+    rows = np.arange(50)
+    compact = np.sort(rng.permutation(len(table))[:32])  # the per-video windows path (compact mode)
+    per_window = ("pnorm", "zhat", "pinv", "ball_of", "ball_dist")  # the compact index keeps 32 of these
+    some = {**{k: v[:, compact] if k in per_window else v for k, v in arrays.items()},
+            "pidx": np.tile(compact, (50, 1)).astype(np.int16)}
     for q in rng.standard_normal((5, 64)).astype(np.float32) * np.array([[1e-3], [1], [1], [50], [1]]):
-        ex = exact_scores(units, pnorm, windows, lambda key: zhat[np.arange(50), key].astype(np.float32), q,
-                          (0.5, 0.5))
         qc = BoundQuery.of(q)
-        assert (clip_upper(arrays, np.arange(50), qc) >= ex.clip - 1e-6).all()
-        assert (frame_upper(arrays, np.arange(50), qc) >= ex.frame - 1e-6).all()
-        compact = np.sort(rng.permutation(len(table))[:32])  # the per-video windows path (compact mode)
-        pidx = np.tile(compact, (50, 1)).astype(np.int16)
-        some = {**arrays, "pinv": arrays["pinv"][:, compact], "pidx": pidx}
-        sub = ex.proposal_cos[:, compact].max(1)
-        assert (clip_upper(some, np.arange(50), qc, table) >= sub - 1e-6).all()
+        for arr, tab in ((arrays, None), (some, table)):
+            ex = exact_scores(arr, rows, q, (0.5, 0.5), tab)
+            clip, prefix = clip_upper(arr, rows, qc, tab)
+            assert (clip >= ex.clip - 1e-6).all()
+            assert (frame_upper(arr, rows, prefix, qc, tab) >= ex.frame - 1e-6).all()
+        full = exact_scores(arrays, rows, q, (0.5, 0.5)).proposal_cos
+        np.testing.assert_allclose(exact_scores(some, rows, q, (0.5, 0.5), table).proposal_cos,
+                                   full[:, compact], atol=1e-6)
 
 
 def test_persistence_add_remove_compact(tmp_path: Path) -> None:
