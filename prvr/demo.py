@@ -216,9 +216,9 @@ YUV_OFFSET = np.array([16.0, 128.0, 128.0])
 def yuv_planes(photo: Image.Image) -> Planes:
     """A photo as full-size Y and half-size Cb, Cr planes (uint8 arrays), converted once per photo."""
     yuv = np.clip(np.rint(np.asarray(photo, dtype=np.float64) @ YUV_FROM_RGB.T + YUV_OFFSET), 0, 255)
-    y, cb, cr = (Image.fromarray(np.ascontiguousarray(yuv[..., c], dtype=np.uint8)) for c in range(3))
-    half = ((photo.width + 1) // 2, (photo.height + 1) // 2)
-    return np.array(y), np.array(cb.resize(half, Image.BOX)), np.array(cr.resize(half, Image.BOX))
+    y, cb, cr = (np.ascontiguousarray(yuv[..., c], dtype=np.uint8) for c in range(3))
+    half = ((photo.width + 1) // 2, (photo.height + 1) // 2)  # chroma: PIL's box filter halves the planes
+    return y, *(np.array(Image.fromarray(c).resize(half, Image.BOX)) for c in (cb, cr))
 
 
 def photo_planes(photo: Image.Image, cfg: RenderConfig) -> Planes:
