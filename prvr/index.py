@@ -43,6 +43,7 @@ from prvr.index_scan import (
     Exact,
     clip_upper,
     cover_balls,
+    exact_parts,
     exact_scores,
     frame_upper,
     sketch,
@@ -65,8 +66,10 @@ log = logging.getLogger(__name__)
 # per-video arrays the OS pages in on demand; the first pass's arrays (read by every query) are loaded into
 # memory instead, so that the bulk of a big index cannot push them out of the page cache between queries
 MAPPED = ("units", "pnorm", "zhat", "frames", "scenes", *(f for f in SKETCH if f not in FIRST_PASS))
+RESIDENT = (*FIRST_PASS, "pidx")  # what the first pass reads: kept in memory, all segments in one array each
 SCENES = 4  # per-video unit-cluster centres that approximate search indexes with faiss
-TASK_ROWS = 256  # videos per piece of the first pass handed to a thread
+TASK_ROWS = 256  # fewest videos per task handed to a thread
+SCAN_TASKS = 4  # tasks per thread of the first pass
 
 
 class IndexMismatchError(store.IndexStoreError):
@@ -153,16 +156,25 @@ class VideoIndex:
         self.manifest = manifest
         self.segments, self.videos, alive = [], [], []
         self.table = window_table(int(manifest["map_size"])).numpy()
-        for entry in manifest["segments"]:
+        self.seg_start = np.cumsum([0] + [e["count"] for e in manifest["segments"]])
+        # the first pass's arrays of all segments, each in one array (the segments hold views into it): a
+        # query scans any range of the gallery in one kernel call
+        self.first: dict[str, np.ndarray] = {}
+        for s, entry in enumerate(manifest["segments"]):
             arrays, videos = store.load_segment(self.root, entry, MAPPED, self.cfg.verify_checksums)
             arrays["frame_offset"] = np.concatenate([[0], np.cumsum(arrays["n_frames"])])
             arrays["row_offset"] = np.concatenate([[0], np.cumsum(arrays["n_rows"])])
+            for f in RESIDENT:
+                if f not in self.first:
+                    self.first[f] = np.empty((self.seg_start[-1], *arrays[f].shape[1:]), arrays[f].dtype)
+                view = self.first[f][self.seg_start[s]:self.seg_start[s + 1]]
+                view[...] = arrays[f]
+                arrays[f] = view
             self.segments.append(arrays)
             self.videos.extend(videos)
             keep = np.ones(entry["count"], dtype=bool)
             keep[entry["removed"]] = False
             alive.append(keep)
-        self.seg_start = np.cumsum([0] + [e["count"] for e in manifest["segments"]])
         self.alive = np.concatenate(alive) if alive else np.zeros(0, dtype=bool)
         self.position = {v["id"]: i for i, v in enumerate(self.videos) if self.alive[i]}
         self._faiss = None
@@ -330,10 +342,8 @@ class VideoIndex:
 
     def exact(self, positions: np.ndarray, q: np.ndarray, weights: tuple[float, float]) -> Exact:
         """index_scan.Exact for sorted positions: reads their units, norms and one z row each."""
-        parts = [exact_scores(self.segments[s], rows, q, weights, self._windows) for s, rows, _ in
-                 self._locate(positions)]
-        ex = Exact(*(np.concatenate([getattr(p, f.name) for p in parts])
-                     for f in dataclasses.fields(Exact)))
+        ex = exact_parts([(self.segments[s], rows) for s, rows, _ in self._locate(positions)], q, weights,
+                         self._windows)
         if not self._csa:
             return ex
         frame = self._csa_frame(positions, q)  # CSA replaces the key-clip-attention frame score
@@ -400,62 +410,87 @@ class VideoIndex:
         bq, eps = BoundQuery.of(q), BOUND_EPS * (1 + w[0] + w[1])
         windows = self._windows
         prefix = np.empty((len(candidates), self.segments[0]["codes"].shape[1] + 1))  # for the frame pass
+        clip = w[0] * self._scan(candidates, lambda rows, where: clip_upper(
+            self.first, rows, bq, windows, prefix[where])[0])
 
-        def clip_pass(seg: dict, rows: np.ndarray, where: np.ndarray) -> np.ndarray:
-            clip, prefix[where] = clip_upper(seg, rows, bq, windows)
-            return clip
-
-        clip = w[0] * self._per_segment(candidates, clip_pass, True)
-
-        def refine(positions: np.ndarray) -> np.ndarray:  # the frame bound, for the videos that need it
+        def sweep(positions: np.ndarray, tau: float) -> np.ndarray:
+            """The frame bound of each video that can still reach tau; exact totals where it still can."""
             at = np.searchsorted(candidates, positions)
-            frame = self._per_segment(positions, lambda seg, rows, where: frame_upper(
-                seg, rows, prefix[at[where]], bq, windows), True)
-            return clip[at] + w[1] * frame + eps
 
-        # CSA scores frames its own way (at most 1): the stored z do not bound it, so no refinement
+            def piece(seg: dict, rows: np.ndarray, where: slice) -> np.ndarray:
+                i = at[where]
+                keep = clip[i] + w[1] * frame_upper(seg, rows, prefix[i], bq, windows) + eps >= tau
+                out = np.full(len(rows), np.nan)
+                if keep.any():
+                    out[keep] = exact_scores(seg, rows[keep], bq, w, windows).total
+                return out
+
+            return self._per_segment(positions, piece, True)
+
+        # CSA scores frames its own way (at most 1): the stored z do not bound it, so no frame bound
         use_balls = w[1] > 0 and not self._csa
         return top_k(clip + w[1] + eps, candidates, lambda pos: self.exact(pos, q, w).total, k,
-                     refine if use_balls else None)
+                     sweep if use_balls else None)
 
-    def _per_segment(self, positions: np.ndarray, fn: Callable[[dict, np.ndarray, np.ndarray], np.ndarray],
-                     parallel: bool = False) -> np.ndarray:
-        """fn(segment arrays, local rows, their indices into positions) -> (rows,) for sorted positions, in
-        their order. With ``parallel``, tasks of about ``TASK_ROWS`` videos (pieces of one segment, or runs of
-        small pieces) go to the index's threads: the kernels release the GIL, and many tasks keep both cores
-        busy even when one is slowed by another process."""
+    def _scan(self, positions: np.ndarray, fn: Callable[[np.ndarray, slice], np.ndarray]) -> np.ndarray:
+        """fn(positions[where], where) -> (rows,) over sorted positions, in their order: a few equal tasks
+        per thread (the kernels release the GIL; a thread slowed by another process leaves its later tasks
+        to the others)."""
         out = np.empty(len(positions))
-        tasks: list[list[tuple[int, np.ndarray, np.ndarray]]] = [[]]
-        size = 0
-        for s, rows, where in self._locate(positions):
-            for a in range(0, len(rows), TASK_ROWS):
-                if size >= TASK_ROWS:
-                    tasks.append([])
-                    size = 0
-                tasks[-1].append((s, rows[a:a + TASK_ROWS], where[a:a + TASK_ROWS]))
-                size += len(tasks[-1][-1][1])
 
-        def run(task: list[tuple[int, np.ndarray, np.ndarray]]) -> None:
-            for s, rows, where in task:
-                out[where] = fn(self.segments[s], rows, where)
+        def run(span: tuple[int, int]) -> None:
+            out[span[0]:span[1]] = fn(positions[span[0]:span[1]], slice(*span))
 
-        if parallel and len(tasks) > 1 and torch.get_num_threads() > 1:
-            if self._pool is None:
-                self._pool = ThreadPoolExecutor(torch.get_num_threads(), thread_name_prefix="prvr-index")
-            list(self._pool.map(run, tasks))
-        else:
+        threads = torch.get_num_threads() if len(positions) > TASK_ROWS else 1
+        tasks = min(SCAN_TASKS * threads, -(-len(positions) // TASK_ROWS))
+        cuts = np.linspace(0, len(positions), tasks + 1).astype(int)
+        self._run(run, list(zip(cuts[:-1], cuts[1:], strict=True)), threads)
+        return out
+
+    def _run(self, fn: Callable, tasks: list, threads: int) -> None:
+        """fn(task) for every task, on the index's threads when there are several."""
+        if threads == 1 or len(tasks) == 1:
             for task in tasks:
-                run(task)
+                fn(task)
+            return
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(threads, thread_name_prefix="prvr-index")
+        list(self._pool.map(fn, tasks))
+
+    def _per_segment(self, positions: np.ndarray, fn: Callable[[dict, np.ndarray, slice], np.ndarray],
+                     parallel: bool = False) -> np.ndarray:
+        """fn(segment arrays, local rows, their slice of positions) -> (rows,) for sorted positions, in their
+        order. With ``parallel``, the positions go to the index's threads in equal tasks, a few per thread:
+        the kernels release the GIL, and a thread slowed by another process leaves its later tasks to the
+        others."""
+        out = np.empty(len(positions))
+        segment = np.searchsorted(self.seg_start, positions, side="right") - 1
+
+        def run(span: tuple[int, int]) -> None:
+            a, b = span
+            while a < b:  # one piece per segment the span crosses
+                s = segment[a]
+                end = min(b, int(np.searchsorted(segment, s, side="right")))
+                out[a:end] = fn(self.segments[s], positions[a:end] - self.seg_start[s], slice(a, end))
+                a = end
+
+        threads = torch.get_num_threads() if parallel and len(positions) > TASK_ROWS else 1
+        tasks = threads * max(2, -(-len(positions) // (threads * TASK_ROWS)))
+        cuts = np.linspace(0, len(positions), tasks + 1).astype(int)
+        self._run(run, list(zip(cuts[:-1], cuts[1:], strict=True)), threads)
         return out
 
     @property
     def _windows(self) -> np.ndarray | None:
         """None when every video stores all windows in window_table order, else the table for ``pidx``."""
-        return None if self.segments[0]["pinv"].shape[1] == len(self.table) else self.table
+        return None if self.segments[0]["pnorm"].shape[1] == len(self.table) else self.table
 
     def _approximate_candidates(self, q: np.ndarray) -> np.ndarray:
         """Live positions of the videos whose scene centres (clusters of their unit directions) are nearest
         to q, by a faiss IVF index built on first use (and after every change)."""
+        live = np.flatnonzero(self.alive)
+        if len(live) <= self.cfg.candidate_videos:  # every video would be a candidate: exact, without faiss
+            return live
         if self._faiss is None:
             self._faiss = self._build_faiss()
         ivf = self._faiss

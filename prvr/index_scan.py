@@ -10,25 +10,28 @@ product with the row of j*. ``exact_scores`` does exactly this.
 
 Why it is fast. Scoring is memory-bound (a full scan reads every video's float32 units), so each query first
 reads an 8-bit SKETCH of the units, a quarter of the bytes, and computes an UPPER BOUND of every video's
-total; then videos are scored exactly in descending bound order until the next bound is below the k-th best
-exact total (``top_k``). The result is identical to scoring everything; only the bytes read change.
+total; the best-bounded few are scored exactly, their k-th best total tau rules out every video bounded
+below it, and only the others get the tighter frame bound and, where even that reaches tau, an exact score
+(``top_k``). The result is identical to scoring everything; only the bytes read change.
 The bounds (all rigorous):
 - clip: unit C_t is stored as 8-bit codes times one scale (C~_t), with |C_t - C~_t| and |C_t|. By
   Cauchy-Schwarz q.C_t <= q.C~_t + |q||C_t - C~_t|, and the float32 dot product q.C~_t is within
-  gamma |q||C~_t| of its exact value. A window's cosine is at most its sum of these unit bounds times the
-  stored 1 / (k |p|), divided by |q|; S_clip is at most the largest over its windows. One fused pass per
-  video (numba), nothing materialised.
-- frame: S_frame = q^.z_j* involves only the key clip j*. The same pass bounds every window's cosine from
-  below too; j* can only be a window whose upper bound reaches the largest lower bound (a handful, usually
-  neighbours in one scene). The video's normalised z rows are covered by a few balls with 8-bit centres c~,
-  each row j storing its ball and its distance d_j from c~, so q^.z_j* <= max over those candidate windows of
+  gamma |q||C~_t| of its exact value. A window's cosine is at most its sum of these unit bounds times
+  1 / (k |p|), stored as a 16-bit factor rounded up (``window_factors``: on a grid whose fixed-length rows
+  vectorise), divided by |q|; S_clip is at most the largest over its windows. One fused pass per video
+  (numba), nothing materialised.
+- frame: S_frame = q^.z_j* involves only the key clip j*. The window with the largest upper bound also has
+  a lower bound; j* can only be a window whose upper bound reaches it (a handful, usually neighbours in
+  one scene). The video's normalised z rows are covered by a few balls with 8-bit centres c~, each row j
+  storing its ball and its distance d_j from c~, so q^.z_j* <= max over those candidate windows of
   q^.c~_ball(j) + d_j: a few ball dot products, computed only for videos the clip bound cannot rule out.
-A relative ``SLACK`` and the absolute ``BOUND_EPS`` cover float rounding in the bounds and the exact scores.
+A relative ``SLACK`` and the absolute ``BOUND_EPS`` cover float rounding in the bounds and the exact scores;
+a factor rounded up makes a negative window sum more negative, by at most one step, which the kernels add.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numba
@@ -41,9 +44,10 @@ SLACK = 1e-6  # relative margin on float64 bound arithmetic (its rounding is ~1e
 UNIT_LEVELS = 127  # 8-bit codes of units and ball centres
 KEY_EPS = 1e-4  # the key clip candidates' margin (cosine units): the exact argmax's own float32 rounding
 MAX_BALLS = 255  # frame balls per video (ball ids are stored in 8 bits)
-SKETCH = ("codes", "scale", "err", "norm", "pinv", "ball_codes", "ball_scale", "ball_norm", "ball_of",
-          "ball_dist")
-FIRST_PASS = ("codes", "scale", "err", "norm", "pinv")  # what every query reads for every video
+FACTOR_LEVELS = 65534  # 16-bit window factors 1 / (k |p|), one level spare for rounding
+SKETCH = ("codes", "scale", "err", "norm", "pinv", "pinv_scale", "ball_codes", "ball_scale", "ball_norm",
+          "ball_of", "ball_dist")
+FIRST_PASS = ("codes", "scale", "err", "norm", "pinv", "pinv_scale")  # what every query reads for every video
 
 
 def _round_up(x: np.ndarray) -> np.ndarray:
@@ -97,6 +101,29 @@ def nearest_ball(rows: np.ndarray, centres: np.ndarray) -> tuple[np.ndarray, np.
     return assign.numpy(), near.numpy()
 
 
+def window_factors(pnorm: np.ndarray, windows: np.ndarray, M: int) -> tuple[np.ndarray, np.ndarray]:
+    """16-bit factors f and a per-video scale s with f * s >= 1 / (k |p|) (within one step) for proposal
+    norms (n, P) over unit windows (n, P, 2). With every window of M units stored (in window_table order)
+    the factors lie on a grid of (M + 1) // 2 rows of M + 1 cells: row r holds the windows of r units
+    (cell i: from unit i) and then those of M + 1 - r units (cell i: ending at unit i), so that every cell
+    is (c[i + r] - c[i]) with the prefix sums c repeated twice, negated in the row's second part: fixed-
+    length rows the kernels vectorise, no cell wasted. Else one factor per stored window."""
+    k = windows[..., 1] - windows[..., 0]
+    inv = 1.0 / (k * np.maximum(pnorm.astype(np.float64), NORM_EPS))
+    if windows.shape[1] == M * (M + 1) // 2:  # every window: the grid
+        rows, first = (M + 1) // 2, k <= (M + 1) // 2
+        row = np.where(first, k, M + 1 - k)
+        cell = (row - 1) * (M + 1) + np.where(first, windows[..., 0], windows[..., 1])
+        grid = np.zeros((len(inv), rows * (M + 1)))
+        np.put_along_axis(grid, cell.astype(np.int64), inv, axis=1)
+        inv = grid
+    scale = _round_up(inv.max(1) / FACTOR_LEVELS)
+    steps = scale.astype(np.float64)[:, None]
+    factors = np.ceil(inv / steps)
+    factors += factors * steps < inv  # division rounding: f * s never below 1 / (k |p|)
+    return factors.astype(np.uint16), scale
+
+
 def sketch(units: np.ndarray, pnorm: np.ndarray, windows: np.ndarray, zhat: np.ndarray, n_balls: int
            ) -> dict[str, np.ndarray]:
     """The bound arrays of a batch of videos: units (n, M, H), proposal norms (n, P), their unit windows
@@ -104,12 +131,12 @@ def sketch(units: np.ndarray, pnorm: np.ndarray, windows: np.ndarray, zhat: np.n
     if not 1 <= n_balls <= MAX_BALLS:
         raise ValueError(f"frame_balls must be in 1..{MAX_BALLS}, got {n_balls}")
     codes, scale, err, norm = quantize(units)
-    k = (windows[..., 1] - windows[..., 0]).astype(np.float64)
-    pinv = _round_up(1.0 / (k * np.maximum(pnorm.astype(np.float64), NORM_EPS)))
+    pinv, pinv_scale = window_factors(pnorm, windows, units.shape[1])
     ball_codes, ball_scale, _, ball_norm = quantize(cover_balls(zhat, n_balls))
     centres = ball_codes * ball_scale[..., None].astype(np.float64)  # exactly what the bound uses
     ball_of, dist = nearest_ball(zhat, centres)
-    return {"codes": codes, "scale": scale, "err": err, "norm": norm, "pinv": pinv, "ball_codes": ball_codes,
+    return {"codes": codes, "scale": scale, "err": err, "norm": norm, "pinv": pinv, "pinv_scale": pinv_scale,
+            "ball_codes": ball_codes,
             "ball_scale": ball_scale, "ball_norm": ball_norm, "ball_of": ball_of.astype(np.uint8),
             "ball_dist": _round_up(dist * (1 + SLACK) + 1e-7)}
 
@@ -163,36 +190,60 @@ def _row_dots(x, q, out):  # noqa: ANN001, ANN202  # pragma: no cover - compiled
 
 
 @numba.njit(inline="always", fastmath={"reassoc", "contract", "nsz"})
-def _window_values(c, pinv_row, pidx_row, table, out):  # noqa: ANN001, ANN202  # pragma: no cover - compiled
-    """out[j] = (c[end_j] - c[start_j]) * pinv_row[j] for a video's stored windows j, from prefix sums c: all
-    windows in window_table order (length-major) when ``table`` is empty, else rows pidx_row of ``table``."""
-    M = c.shape[0] - 1
-    if table.shape[0] == 0:
-        j = 0
-        for k in range(1, M + 1):  # each length is a contiguous slice: the loop vectorises
-            n = M + 1 - k
-            ends, starts, p, o = c[k:], c[:n], pinv_row[j:j + n], out[j:j + n]
-            for s in range(n):
-                o[s] = (ends[s] - starts[s]) * p[s]
-            j += n
-    else:
-        for j in range(out.shape[0]):
-            w = pidx_row[j]
-            out[j] = (c[table[w, 1]] - c[table[w, 0]]) * pinv_row[j]
+def _twice(c, cc):  # noqa: ANN001, ANN202  # pragma: no cover - compiled
+    """cc = the prefix sums c (M + 1) twice over: every grid cell reads cc[i + r] - cc[i]."""
+    W = c.shape[0]
+    for t in range(W):
+        cc[t] = c[t]
+        cc[W + t] = c[t]
+
+
+@numba.njit(inline="always", fastmath={"reassoc", "contract", "nsz"})
+def _grid_values(c, factors, step, cc, out, lanes, store):  # noqa: ANN001, ANN202  # pragma: no cover - compiled
+    """Every window's value (c[end] - c[start]) * factor * step over the factor grid (``window_factors``)
+    from prefix sums c, into out (when ``store``; empty cells -inf), and lanes[i] = the largest in
+    column i: fixed-length rows vectorise."""
+    W = c.shape[0]
+    M = W - 1
+    _twice(c, cc)
+    lanes[:] = -np.inf
+    for r in range(1, (M + 1) // 2 + 1):
+        row, o = factors[(r - 1) * W:r * W], out[(r - 1) * W:r * W]
+        for i in range(W):
+            x = (cc[i + r] - cc[i]) * (np.float64(row[i]) * step)
+            x = -x if i > M - r else x  # the row's second part: windows ending at unit i
+            x = x if row[i] > 0 else -np.inf
+            if store:
+                o[i] = x
+            lanes[i] = x if x > lanes[i] else lanes[i]
+
+
+@numba.njit(inline="always")
+def _grid_window(r, i, M):  # noqa: ANN001, ANN202  # pragma: no cover - compiled
+    """(start, end) units of the window in grid row r, cell i."""
+    return (i, i + r) if i <= M - r else (i - (M + 1 - r), i)
+
+
+@numba.njit(inline="always", fastmath={"reassoc", "contract", "nsz"})
+def _window_values(c, factors, step, pidx_row, table, out):  # noqa: ANN001, ANN202  # pragma: no cover
+    """out[j] = (c[end_j] - c[start_j]) * factors[j] * step for a video's stored windows pidx_row of
+    ``table``, from prefix sums c."""
+    for j in range(out.shape[0]):
+        w = pidx_row[j]
+        out[j] = (c[table[w, 1]] - c[table[w, 0]]) * (np.float64(factors[j]) * step)
 
 
 @numba.njit(inline="always")
 def _max(x):  # noqa: ANN001, ANN202  # pragma: no cover - compiled
     """max of a float array, as eight independent running maxima (numba leaves a max reduction scalar)."""
-    b = np.full(8, -np.inf)
+    b0 = b1 = b2 = b3 = b4 = b5 = b6 = b7 = -np.inf
     n = x.shape[0] - x.shape[0] % 8
     for j in range(0, n, 8):
-        for lane in range(8):
-            v = x[j + lane]
-            b[lane] = v if v > b[lane] else b[lane]
-    best = b.max()
+        b0, b1, b2, b3 = max(b0, x[j]), max(b1, x[j + 1]), max(b2, x[j + 2]), max(b3, x[j + 3])
+        b4, b5, b6, b7 = max(b4, x[j + 4]), max(b5, x[j + 5]), max(b6, x[j + 6]), max(b7, x[j + 7])
+    best = max(max(max(b0, b1), max(b2, b3)), max(max(b4, b5), max(b6, b7)))
     for j in range(n, x.shape[0]):
-        best = x[j] if x[j] > best else best
+        best = max(best, x[j])
     return best
 
 
@@ -202,12 +253,28 @@ def _margin(err, norm, qn, gamma):  # noqa: ANN001, ANN202  # pragma: no cover -
     return qn * (err + gamma * (norm + err))
 
 
+@numba.njit(inline="always")
+def _peak(c):  # noqa: ANN001, ANN202  # pragma: no cover - compiled
+    """max |c_t| of prefix sums: a window sum is at most twice it in size."""
+    peak = 0.0
+    for t in range(c.shape[0]):
+        peak = max(peak, abs(c[t]))
+    return peak
+
+
+@numba.njit(inline="always")
+def _negative(best, c, step):  # noqa: ANN001, ANN202  # pragma: no cover - compiled
+    """A bound from the largest window value ``best``: a factor rounded up by up to one ``step`` makes a
+    negative window sum more negative, so a negative maximum moves up by at most 2 max |c| step."""
+    return best if best >= 0 else min(0.0, best + 2.0 * _peak(c) * step)
+
+
 @numba.njit(**KERNEL)
-def _clip_pass(codes, scale, err, norm, pinv, pidx, table, rows, q, qn, gamma, out, hi):  # noqa: ANN001, ANN202  # pragma: no cover
+def _clip_pass(codes, scale, err, norm, pinv, pinv_scale, pidx, table, rows, q, qn, gamma, out, hi):  # noqa: ANN001, ANN202  # pragma: no cover
     """out[i] >= |q| max_j cos(q, p_j) for video v = rows[i], the largest window upper bound; hi[i] = the
     prefix sums of its unit upper bounds q.C~_t + margin_t (the frame pass starts from them)."""
     M, P = codes.shape[1], pinv.shape[1]
-    dots, hi_w = np.empty(M, dtype=np.float32), np.empty(P)
+    dots, values, cc, lanes = np.empty(M, dtype=np.float32), np.empty(P), np.empty(2 * M + 2), np.empty(M + 1)
     for i in range(rows.shape[0]):
         v = rows[i]
         _row_dots(codes[v], q, dots)
@@ -215,43 +282,82 @@ def _clip_pass(codes, scale, err, norm, pinv, pidx, table, rows, q, qn, gamma, o
         for t in range(M):
             d = np.float64(dots[t]) * np.float64(scale[v, t])
             hi[i, t + 1] = hi[i, t] + d + _margin(err[v, t], norm[v, t], qn, gamma)
-        _window_values(hi[i], pinv[v], pidx[v], table, hi_w)
-        out[i] = _max(hi_w)
+        step = np.float64(pinv_scale[v])
+        if table.shape[0] == 0:
+            _grid_values(hi[i], pinv[v], step, cc, values, lanes, False)
+            best = _max(lanes)
+        else:
+            _window_values(hi[i], pinv[v], step, pidx[v], table, values)
+            best = _max(values)
+        out[i] = _negative(best, hi[i], step)
 
 
 @numba.njit(**KERNEL)
-def _frame_pass(err, norm, pinv, ball_of, ball_dist, ball_codes, ball_scale, ball_norm, pidx, table, rows, hi,
-                q, qn, gamma, key_eps, out):  # noqa: ANN001, ANN202  # pragma: no cover - compiled
+def _frame_pass(err, norm, pinv, pinv_scale, ball_of, ball_dist, ball_codes, ball_scale, ball_norm,  # noqa: ANN001, ANN202
+                pidx, table, rows, hi, q, qn, gamma, key_eps, out):  # noqa: ANN001  # pragma: no cover - compiled
     """out[i] >= q^.z_j* for video v = rows[i], j* its key clip.
 
-    Every window's cosine lies in [lo_j, hi_j] (times |q|); the key clip (the exact argmax) has
-    hi_j* >= max lo, so only windows with hi_j >= max lo (less ``key_eps`` for the exact scores' own
-    rounding) can be it, and q^.z_j <= q^.c~_ball(j) + d_j bounds each of them.
+    Every window's cosine lies in [lo_j, hi_j] (times |q|). The key clip (the exact argmax) has
+    hi_j* >= lo_top, ``top`` the window with the largest upper bound, so only windows with hi_j >= lo_top
+    (less ``key_eps`` for the exact scores' own rounding) can be it, and q^.z_j <= q^.c~_ball(j) + d_j
+    bounds each of them. lo_top takes the factor rounded down (one step less); a window whose sum is
+    negative is compared with the cut lowered by the most its rounded-up factor can have lowered it.
     """
-    M, P, B, H = err.shape[1], pinv.shape[1], ball_codes.shape[1], ball_codes.shape[2]
-    lo, hi_w, lo_w, reach = np.empty(M + 1), np.empty(P), np.empty(P), np.empty(B)
+    M, B, H = err.shape[1], ball_codes.shape[1], ball_codes.shape[2]
+    grid, W = table.shape[0] == 0, M + 1
+    values, reach, cc, lanes = np.empty(pinv.shape[1]), np.empty(B), np.empty(2 * W), np.empty(W)
+    offset = np.zeros(M + 1, dtype=np.int64)  # the stored proposals of k units start at offset[k - 1]
+    for k in range(1, M + 1):
+        offset[k] = offset[k - 1] + M + 1 - k
     for i in range(rows.shape[0]):
         v = rows[i]
-        lo[0], twice = 0.0, 0.0  # lo = hi less twice the margins so far
-        for t in range(M):
-            twice += 2.0 * _margin(err[v, t], norm[v, t], qn, gamma)
-            lo[t + 1] = hi[i, t + 1] - twice
-        _window_values(hi[i], pinv[v], pidx[v], table, hi_w)
-        _window_values(lo, pinv[v], pidx[v], table, lo_w)
-        cut = _max(lo_w) - key_eps
+        step = np.float64(pinv_scale[v])
+        if grid:  # the largest upper bound: its column, then its row
+            _grid_values(hi[i], pinv[v], step, cc, values, lanes, True)
+            best = _max(lanes)
+            col = 0
+            while lanes[col] < best:
+                col += 1
+            r = 1
+            while values[(r - 1) * W + col] < best:
+                r += 1
+            top = (r - 1) * W + col
+            start, end = _grid_window(r, col, M)
+        else:
+            _window_values(hi[i], pinv[v], step, pidx[v], table, values)
+            best = _max(values)
+            top = 0
+            while values[top] < best:
+                top += 1
+            start, end = table[pidx[v, top], 0], table[pidx[v, top], 1]
+        low = hi[i, end] - hi[i, start]  # lo_top's window sum: hi_top's less twice the margins of its units
+        for t in range(start, end):
+            low -= 2.0 * _margin(err[v, t], norm[v, t], qn, gamma)
+        factor = np.float64(pinv[v, top]) - (1.0 if low >= 0 else 0.0)
+        cut = low * (factor * step) - key_eps
+        if cut < 0:
+            cut -= 2.0 * _peak(hi[i]) * step
         reach[:] = -np.inf  # per ball: the farthest candidate from its centre
-        for j in range(P):
-            if hi_w[j] >= cut:
-                b = ball_of[v, j]
-                reach[b] = max(reach[b], ball_dist[v, j])
+        if grid:
+            for col in range(W):
+                if lanes[col] >= cut:  # a candidate in this column
+                    for r in range(1, (M + 1) // 2 + 1):
+                        if values[(r - 1) * W + col] >= cut:
+                            first, last = _grid_window(r, col, M)
+                            p = offset[last - first - 1] + first  # its stored proposal
+                            reach[ball_of[v, p]] = max(reach[ball_of[v, p]], ball_dist[v, p])
+        else:
+            for j in range(values.shape[0]):
+                if values[j] >= cut:
+                    reach[ball_of[v, j]] = max(reach[ball_of[v, j]], ball_dist[v, j])
         best = -np.inf
         for b in range(B):
             if reach[b] == -np.inf:
                 continue
-            s = np.float32(0.0)
+            s32 = np.float32(0.0)
             for h in range(H):
-                s += np.float32(ball_codes[v, b, h]) * q[h]
-            dot = np.float64(s) * np.float64(ball_scale[v, b]) + qn * gamma * ball_norm[v, b]
+                s32 += np.float32(ball_codes[v, b, h]) * q[h]
+            dot = np.float64(s32) * np.float64(ball_scale[v, b]) + qn * gamma * ball_norm[v, b]
             best = max(best, dot / qn + reach[b])
         out[i] = best
 
@@ -297,7 +403,7 @@ def _exact(units, pnorm, zhat, pidx, table, rows, q, qn, u_out, cos_out, key_out
         frame_out[i] = f
 
 
-NO_TABLE = np.zeros((0, 2), dtype=np.int64)  # the kernels' "all windows in window_table order"
+NO_TABLE = np.zeros((0, 2), dtype=np.int64)  # the kernels' "every window": the factor grid
 
 
 def _layout(arrays: dict[str, np.ndarray], table: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
@@ -312,12 +418,14 @@ def _slack(x: np.ndarray) -> np.ndarray:
     return x + np.abs(x) * SLACK
 
 
-def clip_upper(arrays: dict[str, np.ndarray], rows: np.ndarray, q: BoundQuery, table: np.ndarray | None = None
+def clip_upper(arrays: dict[str, np.ndarray], rows: np.ndarray, q: BoundQuery,
+               table: np.ndarray | None = None, hi: np.ndarray | None = None
                ) -> tuple[np.ndarray, np.ndarray]:
     """(V,) upper bounds of S_clip for the videos ``rows`` of one segment's arrays, and (V, M+1) prefix sums
-    that ``frame_upper`` takes. ``table`` (W, 2): the stored windows are per video (``pidx``) rather than all
-    of them in window_table order."""
-    out, hi = np.empty(len(rows)), np.empty((len(rows), arrays["codes"].shape[1] + 1))
+    that ``frame_upper`` takes (written into ``hi`` when given). ``table`` (W, 2): the stored windows are per
+    video (``pidx``) rather than all of them in window_table order."""
+    out = np.empty(len(rows))
+    hi = np.empty((len(rows), arrays["codes"].shape[1] + 1)) if hi is None else hi
     pidx, table = _layout(arrays, table)
     _clip_pass(*(arrays[f] for f in FIRST_PASS), pidx, table, np.ascontiguousarray(rows, dtype=np.int64),
                q.vector, q.norm, q.gamma, out, hi)
@@ -330,7 +438,8 @@ def frame_upper(arrays: dict[str, np.ndarray], rows: np.ndarray, hi: np.ndarray,
     given their prefix sums ``hi`` from ``clip_upper``."""
     out = np.empty(len(rows))
     pidx, table = _layout(arrays, table)
-    names = ("err", "norm", "pinv", "ball_of", "ball_dist", "ball_codes", "ball_scale", "ball_norm")
+    names = ("err", "norm", "pinv", "pinv_scale", "ball_of", "ball_dist", "ball_codes", "ball_scale",
+             "ball_norm")
     _frame_pass(*(arrays[f] for f in names), pidx, table, np.ascontiguousarray(rows, dtype=np.int64),
                 np.ascontiguousarray(hi, dtype=np.float64), q.vector, q.norm, q.gamma, KEY_EPS * q.norm, out)
     return np.minimum(_slack(out), 1.0)
@@ -348,60 +457,75 @@ class Exact:
     u: np.ndarray  # (V, M) raw dot products q.C_t
 
 
-def exact_scores(arrays: dict[str, np.ndarray], rows: np.ndarray, q: np.ndarray, weights: tuple[float, float],
-                 table: np.ndarray | None = None) -> Exact:
+def exact_scores(arrays: dict[str, np.ndarray], rows: np.ndarray, q: np.ndarray | BoundQuery,
+                 weights: tuple[float, float], table: np.ndarray | None = None) -> Exact:
     """Exact scores of the videos ``rows`` of one segment's arrays (units, pnorm, zhat; pidx with ``table``).
 
     One video at a time with the same arithmetic, so a video's scores do not depend on which videos share
     the call: exact ties are broken by position, exactly as a full scan breaks them.
     """
-    bq = BoundQuery.of(q)
-    rows = np.ascontiguousarray(rows, dtype=np.int64)
-    V, M, P = len(rows), arrays["units"].shape[1], arrays["pnorm"].shape[1]
+    return exact_parts([(arrays, rows)], q, weights, table)
+
+
+def exact_parts(parts: Sequence[tuple[dict[str, np.ndarray], np.ndarray]], q: np.ndarray | BoundQuery,
+                weights: tuple[float, float], table: np.ndarray | None = None) -> Exact:
+    """``exact_scores`` of the videos of several segments, (arrays, rows) each, in that order."""
+    bq = q if isinstance(q, BoundQuery) else BoundQuery.of(q)
+    V = sum(len(rows) for _, rows in parts)
+    M, P = parts[0][0]["units"].shape[1], parts[0][0]["pnorm"].shape[1]
     u, cos = np.empty((V, M), dtype=np.float32), np.empty((V, P), dtype=np.float32)
     key, frame = np.empty(V, dtype=np.int64), np.empty(V, dtype=np.float32)
-    pidx, table = _layout(arrays, table)
-    _exact(arrays["units"], arrays["pnorm"], arrays["zhat"], pidx, table, rows, bq.vector, bq.norm, u, cos,
-           key, frame)
+    a = 0
+    for arrays, rows in parts:
+        b = a + len(rows)
+        pidx, windows = _layout(arrays, table)
+        _exact(arrays["units"], arrays["pnorm"], arrays["zhat"], pidx, windows,
+               np.ascontiguousarray(rows, dtype=np.int64), bq.vector, bq.norm, u[a:b], cos[a:b], key[a:b],
+               frame[a:b])
+        a = b
     clip = cos[np.arange(V), key].astype(np.float64)
     frame = frame.astype(np.float64) / bq.norm
     return Exact(weights[0] * clip + weights[1] * frame, clip, frame, key, cos, u.astype(np.float64))
 
 
 def top_k(bounds: np.ndarray, candidates: np.ndarray, score: Callable[[np.ndarray], np.ndarray], k: int,
-          refine: Callable[[np.ndarray], np.ndarray] | None = None, first_chunk: int = 16
+          sweep: Callable[[np.ndarray, float], np.ndarray] | None = None, first_chunk: int = 16
           ) -> tuple[np.ndarray, np.ndarray, int]:
-    """Exact top-k among ``candidates`` (positions) given their upper ``bounds``.
+    """Exact top-k among ``candidates`` (sorted positions) given their upper ``bounds``.
 
-    ``score(sorted positions) -> exact totals``; ``refine(sorted positions) -> tighter upper bounds``
-    (optional: dearer than ``bounds``, cheaper than ``score``). The best-bounded videos are scored first;
-    their k-th best total rules out every video bounded below it, the rest are refined (in one call) and
-    then scored in descending bound order, in growing chunks, until the next bound is below the k-th best
-    total. Returns (positions, totals) best first, ties broken by position (as a stable full scan would),
-    and how many videos were scored exactly.
+    ``score(sorted positions) -> exact totals``. The best-bounded videos are scored first; their k-th best
+    total tau rules out every video bounded below it. ``sweep(sorted positions, tau)``, when given, takes
+    all the others in one call and returns the exact totals of those a tighter bound cannot rule out
+    either, NaN for the rest. Without it the others are scored in descending bound order, in growing
+    chunks, until the next bound is below the k-th best total so far. Returns (positions, totals) best
+    first, ties broken by position (as a stable full scan would), and how many videos were scored exactly.
     """
     if len(candidates) == 0 or k <= 0:
         return np.zeros(0, dtype=np.int64), np.zeros(0), 0
-    order = np.argsort(-bounds, kind="stable")
-    first = np.sort(candidates[order[:max(first_chunk, 2 * k)]])
+    n_first = min(len(candidates), max(first_chunk, 2 * k))
+    top = np.argpartition(-bounds, n_first - 1)[:n_first]  # the best-bounded, in linear time
+    first = np.sort(candidates[top])
     done_pos, done_tot = [first], [score(first)]
     tau = _kth(done_tot[0], k)
-    rest = order[len(first):]
-    rest = rest[bounds[rest] >= tau]
-    positions, bounds = candidates[rest], bounds[rest]
-    if refine is not None and len(positions):
-        by_position = np.argsort(positions)
-        positions = positions[by_position]
-        bounds = np.minimum(bounds[by_position], refine(positions))
-    order = np.argsort(-bounds, kind="stable")
+    left = bounds >= tau
+    left[top] = False
+    rest = np.flatnonzero(left)  # in position order
+    if sweep is not None:
+        positions = candidates[rest]
+        totals = sweep(positions, tau) if len(positions) else np.zeros(0)
+        scored = ~np.isnan(totals)
+        done_pos.append(positions[scored])
+        done_tot.append(totals[scored])
+        rest = rest[:0]
+    rest = rest[np.argsort(-bounds[rest], kind="stable")]
     i, chunk = 0, max(first_chunk, 2 * k)
-    while i < len(order) and bounds[order[i]] >= tau:
-        if np.count_nonzero(bounds[order[i:]] >= tau) > (len(order) - i) // 2 and len(order) - i > chunk:
+    while i < len(rest) and bounds[rest[i]] >= tau:
+        if np.count_nonzero(bounds[rest[i:]] >= tau) > (len(rest) - i) // 2 and len(rest) - i > chunk:
             # the bounds prune little here: score everything left in one call rather than in ever
             # doubling chunks (each chunk gathers its rows anew)
-            chunk = len(order) - i
-        take = order[i:i + chunk]
-        pos = np.sort(positions[take[bounds[take] >= tau]])
+            chunk = len(rest) - i
+        take = rest[i:i + chunk]
+        pos = np.sort(candidates[take[bounds[take] >= tau]])
         done_pos.append(pos)
         done_tot.append(score(pos) if len(pos) else np.zeros(0))
         i, chunk = i + chunk, chunk * 2

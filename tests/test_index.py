@@ -9,6 +9,7 @@ import subprocess
 import sys
 import textwrap
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -18,7 +19,17 @@ import torch
 import prvr  # noqa: F401
 from prvr import index_store as store
 from prvr.index import GalleryError, GalleryVideo, IndexConfig, IndexMismatchError, VideoIndex
-from prvr.index_scan import BoundQuery, clip_upper, exact_scores, frame_upper, quantize, sketch, top_k
+from prvr.index_scan import (
+    BoundQuery,
+    _grid_values,
+    clip_upper,
+    exact_scores,
+    frame_upper,
+    quantize,
+    sketch,
+    top_k,
+    window_factors,
+)
 from prvr.model import MSSL, MSSLConfig
 from prvr.preprocess import window_table
 
@@ -95,6 +106,18 @@ def test_exact_on_random_gallery_of_1000(tmp_path: Path) -> None:
     index.add(videos[:600])
     index.add(videos[600:])  # two segments
     assert_matches_model(VideoIndex.open(tmp_path / "ix", model), model, videos, queries(4))
+    # approximate: faiss picks 100 candidates, whose returned scores are exact; a candidate budget that
+    # covers the gallery gives exactly the exact ranking
+    w = (model.cfg.clip_scale_w, model.cfg.frame_scale_w)
+    narrow = VideoIndex.open(tmp_path / "ix", model, IndexConfig(candidate_units=400, candidate_videos=100))
+    wide = VideoIndex.open(tmp_path / "ix", model, IndexConfig(candidate_videos=1000))
+    for q in model.encode_queries(queries(4, seed=5)).numpy():
+        positions, totals, scored = narrow.rank(q, 10, approximate=True)
+        assert len(positions) == 10 and scored <= 100 and narrow._faiss is not None
+        np.testing.assert_array_equal(totals, narrow.exact(np.sort(positions), q, w).total[
+            np.argsort(np.argsort(positions))])
+        exact = wide.rank(q, 10)
+        assert [x.tolist() for x in wide.rank(q, 10, approximate=True)[:2]] == [x.tolist() for x in exact[:2]]
 
 
 def test_compact_is_exact_for_msslpp(tmp_path: Path) -> None:
@@ -150,12 +173,17 @@ def test_pruned_top_k_equals_full_scan_with_ties(rank: int) -> None:
             assert np.median(clip - ex.clip) < 0.02
             full = ex.total
             loose = w[0] * clip + w[1] + 1e-4
-            refine = lambda pos, w=w, c=clip, f=frame: w[0] * c[pos] + w[1] * f[pos] + 1e-4  # noqa: E731
-            positions, totals, scored = top_k(loose, rows, score, 10, refine)
+            def sweep(pos: np.ndarray, tau: float, w: tuple = w, c: np.ndarray = clip, f: np.ndarray = frame,
+                      score: Callable = score) -> np.ndarray:
+                keep = w[0] * c[pos] + w[1] * f[pos] + 1e-4 >= tau
+                return np.where(keep, score(pos), np.nan)
+
             expected = np.lexsort((rows, -full))[:10]
-            assert positions.tolist() == expected.tolist()
-            np.testing.assert_array_equal(totals, full[expected])
-            assert scored < n // 4  # the bounds prune most videos
+            for refine in (None, sweep):
+                positions, totals, scored = top_k(loose, rows, score, 10, refine)
+                assert positions.tolist() == expected.tolist()
+                np.testing.assert_array_equal(totals, full[expected])
+                assert scored < n // 4  # the bounds prune most videos
 
 
 def test_frame_bound_uses_only_key_clip_candidates() -> None:
@@ -179,15 +207,17 @@ def test_frame_bound_uses_only_key_clip_candidates() -> None:
         assert np.median(bound) < np.median(every_row) - 0.02
 
 
-def test_quantized_bounds_hold_for_every_window() -> None:
+@pytest.mark.parametrize("M", [32, 7])
+def test_quantized_bounds_hold_for_every_window(M: int) -> None:
     """The clip bound is >= the exact max-over-windows cosine; the unit codes reconstruct within err."""
     rng = np.random.default_rng(3)
-    units = (rng.standard_normal((50, 32, 64)) * rng.uniform(0.01, 10, (50, 32, 1))).astype(np.float32)
+    units = (rng.standard_normal((50, M, 64)) * rng.uniform(0.01, 10, (50, M, 1))).astype(np.float32)
     units[0, 5] = 0.0  # an all-zero unit
+    units[1::2] += 30.0 * rng.standard_normal(64).astype(np.float32)  # -offset: every window's cosine < 0
     codes, scale, err, norm = quantize(units)
     recon = codes.astype(np.float64) * scale[..., None]
     assert (np.linalg.norm(units - recon, axis=-1) <= err).all() and codes.dtype == np.int8
-    table = window_table().numpy()
+    table = window_table(M).numpy()
     windows = np.broadcast_to(table, (50, len(table), 2))
     csum = np.concatenate([np.zeros((50, 1, 64)), units.astype(np.float64).cumsum(1)], 1)
     props = (csum[:, table[:, 1]] - csum[:, table[:, 0]]) / (table[:, 1] - table[:, 0])[:, None]
@@ -195,20 +225,47 @@ def test_quantized_bounds_hold_for_every_window() -> None:
     zhat = (props / np.maximum(np.linalg.norm(props, axis=-1, keepdims=True), 1e-12)).astype(np.float32)
     arrays = {"units": units, "pnorm": pnorm, "zhat": zhat, **sketch(units, pnorm, windows, zhat, n_balls=4)}
     rows = np.arange(50)
-    compact = np.sort(rng.permutation(len(table))[:32])  # the per-video windows path (compact mode)
-    per_window = ("pnorm", "zhat", "pinv", "ball_of", "ball_dist")  # the compact index keeps 32 of these
-    some = {**{k: v[:, compact] if k in per_window else v for k, v in arrays.items()},
-            "pidx": np.tile(compact, (50, 1)).astype(np.int16)}
-    for q in rng.standard_normal((5, 64)).astype(np.float32) * np.array([[1e-3], [1], [1], [50], [1]]):
+    compact = np.sort(rng.permutation(len(table))[:min(32, len(table) - 1)])  # per-video windows (compact)
+    some = {"units": units, "pnorm": pnorm[:, compact], "zhat": zhat[:, compact],
+            **sketch(units, pnorm[:, compact], windows[:, compact], zhat[:, compact], n_balls=4),
+            "pidx": np.tile(compact, (50, 1)).astype(np.int16)}  # the compact index keeps these windows
+    offset = units[1::2].mean((0, 1)) - units[0::2].mean((0, 1))
+    queries = rng.standard_normal((5, 64)).astype(np.float32) * np.array([[1e-3], [1], [1], [50], [1]])
+    for q in [*queries, -offset.astype(np.float32)]:
         qc = BoundQuery.of(q)
         for arr, tab in ((arrays, None), (some, table)):
             ex = exact_scores(arr, rows, q, (0.5, 0.5), tab)
             clip, prefix = clip_upper(arr, rows, qc, tab)
             assert (clip >= ex.clip - 1e-6).all()
+            if q is not queries[0] and not (q == queries).all(1).any():  # the negative path is exercised
+                assert (ex.clip[1::2] < 0).all() and (clip[1::2] < 0.05).all()
             assert (frame_upper(arr, rows, prefix, qc, tab) >= ex.frame - 1e-6).all()
         full = exact_scores(arrays, rows, q, (0.5, 0.5)).proposal_cos
         np.testing.assert_allclose(exact_scores(some, rows, q, (0.5, 0.5), table).proposal_cos,
                                    full[:, compact], atol=1e-6)
+
+
+@pytest.mark.parametrize("M", [1, 2, 7, 32])
+def test_window_factor_grid_holds_every_window_once(M: int) -> None:
+    """All M (M + 1) / 2 windows land on distinct grid cells, each within one step above 1 / (k |p|); the
+    grid kernel reads each cell as its window's sum."""
+    rng = np.random.default_rng(M)
+    table = window_table(M).numpy()
+    pnorm = rng.uniform(0.05, 3.0, (4, len(table))).astype(np.float32)
+    factors, scale = window_factors(pnorm, np.broadcast_to(table, (4, len(table), 2)), M)
+    assert factors.shape == (4, (M + 1) // 2 * (M + 1)) and (np.count_nonzero(factors, 1) == len(table)).all()
+    values = factors * scale[:, None].astype(np.float64)
+    inv = 1.0 / ((table[:, 1] - table[:, 0]) * pnorm.astype(np.float64))
+    got = np.sort(values[values > 0].reshape(4, -1), 1)
+    assert (got >= np.sort(inv, 1) - 1e-12).all() and (got <= np.sort(inv, 1) + scale[:, None]).all()
+    csum = np.concatenate([[0.0], np.cumsum(rng.standard_normal(M))])  # the kernel's cells: sums x factors
+    lanes, out, cc = np.empty(M + 1), np.empty(factors.shape[1]), np.empty(2 * M + 2)
+    _grid_values.py_func(csum, factors[0], np.float64(scale[0]), cc, out, lanes, True)
+    k, first = table[:, 1] - table[:, 0], table[:, 1] - table[:, 0] <= (M + 1) // 2  # the documented layout
+    cell = (np.where(first, k, M + 1 - k) - 1) * (M + 1) + np.where(first, table[:, 0], table[:, 1])
+    expected = (csum[table[:, 1]] - csum[table[:, 0]]) * values[0, cell]
+    np.testing.assert_allclose(out[cell], expected, rtol=1e-12, atol=1e-15)
+    assert np.isinf(np.delete(out, cell)).all()
 
 
 def test_persistence_add_remove_compact(tmp_path: Path) -> None:
