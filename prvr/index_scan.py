@@ -111,6 +111,10 @@ def window_factors(pnorm: np.ndarray, windows: np.ndarray, M: int) -> tuple[np.n
     k = windows[..., 1] - windows[..., 0]
     inv = 1.0 / (k * np.maximum(pnorm.astype(np.float64), NORM_EPS))
     if windows.shape[1] == M * (M + 1) // 2:  # every window: the grid
+        lengths = np.repeat(np.arange(1, M + 1), np.arange(M, 0, -1))
+        starts = np.concatenate([np.arange(M + 1 - length) for length in range(1, M + 1)])
+        if not ((k == lengths).all() and (windows[..., 0] == starts).all()):
+            raise ValueError("with every window stored, they must be in window_table order")
         rows, first = (M + 1) // 2, k <= (M + 1) // 2
         row = np.where(first, k, M + 1 - k)
         cell = (row - 1) * (M + 1) + np.where(first, windows[..., 0], windows[..., 1])
