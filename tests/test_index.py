@@ -12,6 +12,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+import numba
 import numpy as np
 import pytest
 import torch
@@ -22,6 +23,7 @@ from prvr.index import GalleryError, GalleryVideo, IndexConfig, IndexMismatchErr
 from prvr.index_scan import (
     BoundQuery,
     _grid_values,
+    _int_dot,
     clip_upper,
     exact_scores,
     frame_upper,
@@ -243,6 +245,20 @@ def test_quantized_bounds_hold_for_every_window(M: int) -> None:
         full = exact_scores(arrays, rows, q, (0.5, 0.5)).proposal_cos
         np.testing.assert_allclose(exact_scores(some, rows, q, (0.5, 0.5), table).proposal_cos,
                                    full[:, compact], atol=1e-6)
+
+
+@pytest.mark.parametrize("H", [7, 16, 40, 384, 1000])
+def test_integer_unit_dots_are_exact(H: int) -> None:
+    """The first pass's dot products of 8-bit codes with the query's 16-bit levels are exact integers, even
+    at the extremes of both, and the levels are within ``spread`` of the query."""
+    rng = np.random.default_rng(H)
+    q = rng.standard_normal(H).astype(np.float32) * 1e3
+    bq = BoundQuery.of(q)
+    assert np.linalg.norm(q.astype(np.float64) - bq.levels * bq.step) <= bq.spread
+    codes = rng.integers(-127, 128, (6, H)).astype(np.int8)
+    codes[0], codes[1] = 127 * np.sign(bq.levels), -127 * np.sign(bq.levels)  # the largest sums
+    dots = numba.njit(lambda c, lv: [_int_dot(c[i], lv) for i in range(c.shape[0])])(codes, bq.levels)
+    assert dots == (codes.astype(np.int64) @ bq.levels.astype(np.int64)).tolist()
 
 
 @pytest.mark.parametrize("M", [1, 2, 7, 32])
