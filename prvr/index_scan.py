@@ -15,11 +15,11 @@ below it, and only the others get the tighter frame bound and, where even that r
 (``top_k``). The result is identical to scoring everything; only the bytes read change.
 The bounds (all rigorous):
 - clip: unit C_t is stored as 8-bit codes times one scale (C~_t), with |C_t - C~_t| and |C_t|. By
-  Cauchy-Schwarz q.C_t <= q.C~_t + |q||C_t - C~_t|, and the float32 dot product q.C~_t is within
-  gamma |q||C~_t| of its exact value. A window's cosine is at most its sum of these unit bounds times
-  1 / (k |p|), stored as a 16-bit factor rounded up (``window_factors``: on a grid whose fixed-length rows
-  vectorise), divided by |q|; S_clip is at most the largest over its windows. One fused pass per video
-  (numba), nothing materialised.
+  Cauchy-Schwarz q.C_t <= q.C~_t + |q||C_t - C~_t|; q.C~_t is computed exactly, in integers, with a 16-bit
+  copy of the query q~ (``BoundQuery.levels``), which adds |q - q~||C~_t|. A window's cosine is at most
+  its sum of these unit bounds times 1 / (k |p|), stored as a 16-bit factor rounded up
+  (``window_factors``: on a grid whose fixed-length rows vectorise), divided by |q|; S_clip is at most
+  the largest over its windows. One fused pass per video (numba), nothing materialised.
 - frame: S_frame = q^.z_j* involves only the key clip j*. The window with the largest upper bound also has
   a lower bound; j* can only be a window whose upper bound reaches it (a handful, usually neighbours in
   one scene). The video's normalised z rows are covered by a few balls with 8-bit centres c~, each row j
