@@ -425,7 +425,7 @@ class VideoIndex:
                     out[keep] = exact_scores(seg, rows[keep], bq, w, windows).total
                 return out
 
-            return self._per_segment(positions, piece, True)
+            return self._per_segment(positions, piece)
 
         # CSA scores frames its own way (at most 1): the stored z do not bound it, so no frame bound
         use_balls = w[1] > 0 and not self._csa
@@ -433,7 +433,7 @@ class VideoIndex:
                      sweep if use_balls else None)
 
     def _scan(self, positions: np.ndarray, fn: Callable[[np.ndarray, slice], np.ndarray]) -> np.ndarray:
-        """fn(positions[where], where) -> (rows,) over sorted positions, in their order: a few equal tasks
+        """fn(positions[where], where) -> (rows,) over sorted positions, in their order, in a few equal tasks
         per thread (the kernels release the GIL; a thread slowed by another process leaves its later tasks
         to the others)."""
         out = np.empty(len(positions))
@@ -442,43 +442,34 @@ class VideoIndex:
             out[span[0]:span[1]] = fn(positions[span[0]:span[1]], slice(*span))
 
         threads = torch.get_num_threads() if len(positions) > TASK_ROWS else 1
-        tasks = min(SCAN_TASKS * threads, -(-len(positions) // TASK_ROWS))
-        cuts = np.linspace(0, len(positions), tasks + 1).astype(int)
-        self._run(run, list(zip(cuts[:-1], cuts[1:], strict=True)), threads)
-        return out
-
-    def _run(self, fn: Callable, tasks: list, threads: int) -> None:
-        """fn(task) for every task, on the index's threads when there are several."""
-        if threads == 1 or len(tasks) == 1:
-            for task in tasks:
-                fn(task)
-            return
+        cuts = np.linspace(0, len(positions), min(SCAN_TASKS * threads, -(-len(positions) // TASK_ROWS)) + 1)
+        spans = list(zip(cuts[:-1].astype(int), cuts[1:].astype(int), strict=True))
+        if threads == 1 or len(spans) == 1:
+            for span in spans:
+                run(span)
+            return out
         if self._pool is None:
             self._pool = ThreadPoolExecutor(threads, thread_name_prefix="prvr-index")
-        list(self._pool.map(fn, tasks))
+        list(self._pool.map(run, spans))
+        return out
 
-    def _per_segment(self, positions: np.ndarray, fn: Callable[[dict, np.ndarray, slice], np.ndarray],
-                     parallel: bool = False) -> np.ndarray:
+    def _per_segment(self, positions: np.ndarray, fn: Callable[[dict, np.ndarray, slice], np.ndarray]
+                     ) -> np.ndarray:
         """fn(segment arrays, local rows, their slice of positions) -> (rows,) for sorted positions, in their
-        order. With ``parallel``, the positions go to the index's threads in equal tasks, a few per thread:
-        the kernels release the GIL, and a thread slowed by another process leaves its later tasks to the
-        others."""
-        out = np.empty(len(positions))
+        order: ``_scan`` with each task cut where it crosses from one segment to the next."""
         segment = np.searchsorted(self.seg_start, positions, side="right") - 1
 
-        def run(span: tuple[int, int]) -> None:
-            a, b = span
-            while a < b:  # one piece per segment the span crosses
+        def pieces(rows: np.ndarray, where: slice) -> np.ndarray:
+            out, a = np.empty(len(rows)), where.start
+            while a < where.stop:
                 s = segment[a]
-                end = min(b, int(np.searchsorted(segment, s, side="right")))
-                out[a:end] = fn(self.segments[s], positions[a:end] - self.seg_start[s], slice(a, end))
+                end = min(where.stop, int(np.searchsorted(segment, s, side="right")))
+                local = positions[a:end] - self.seg_start[s]
+                out[a - where.start:end - where.start] = fn(self.segments[s], local, slice(a, end))
                 a = end
+            return out
 
-        threads = torch.get_num_threads() if parallel and len(positions) > TASK_ROWS else 1
-        tasks = threads * max(2, -(-len(positions) // (threads * TASK_ROWS)))
-        cuts = np.linspace(0, len(positions), tasks + 1).astype(int)
-        self._run(run, list(zip(cuts[:-1], cuts[1:], strict=True)), threads)
-        return out
+        return self._scan(positions, pieces)
 
     @property
     def _windows(self) -> np.ndarray | None:
