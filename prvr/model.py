@@ -148,8 +148,9 @@ def clip_scale_with_raw(queries: Tensor, proposals: Tensor) -> tuple[Tensor, Ten
     # find both argmaxes (raw and cosine, from ONE product), and only the winning (q, proposal) pairs are
     # recomputed with gradient: the backward of the largest matmul of a training step disappears
     Nq, (Nv, P, H) = len(queries), proposals.shape
+    p_norm = proposals.norm(dim=-1).clamp_min(1e-12)  # (Nv, P), F.normalize's eps
     with torch.no_grad():
-        inv_norm = 1.0 / proposals.norm(dim=-1).clamp_min(1e-12)  # (Nv, P); |q| does not move the argmax
+        inv_norm = 1.0 / p_norm  # |q| does not move the argmax
         per_chunk = _CHUNK_ELEMENTS // max(1, Nq * P)
         cos_arg, raw_arg = [], []
         for c in _chunks(Nv, per_chunk):
@@ -167,9 +168,8 @@ def clip_scale_with_raw(queries: Tensor, proposals: Tensor) -> tuple[Tensor, Ten
 
     raw, _ = picked_dots(raw_arg)
     cos_dots, rows = picked_dots(cos_arg)
-    p_norm = proposals.norm(dim=-1).clamp_min(1e-12).flatten().index_select(0, rows).view(Nq, Nv)
-    q_norm = queries.norm(dim=-1).clamp_min(1e-12)  # F.normalize's eps
-    return cos_dots / (q_norm[:, None] * p_norm), cos_arg, raw
+    q_norm = queries.norm(dim=-1).clamp_min(1e-12)
+    return cos_dots / (q_norm[:, None] * p_norm.flatten().index_select(0, rows).view(Nq, Nv)), cos_arg, raw
 
 
 def key_clip_attention(
