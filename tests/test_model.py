@@ -16,7 +16,7 @@ import torch.nn.functional as F
 import prvr  # noqa: F401  - applies the torchvision CPU fix first
 from prvr import losses
 from prvr import model as model_module
-from prvr.model import MSSL, MSSLConfig, clip_scale, key_clip_attention, window_proposals
+from prvr.model import MSSL, MSSLConfig, clip_scale, clip_scale_with_raw, key_clip_attention, window_proposals
 from prvr.preprocess import (
     clip_input,
     clip_unit_rows,
@@ -237,6 +237,26 @@ def test_loss_matches_official():
     out["total"].backward()
     grads = [p.grad for p in model.parameters()]
     assert all(g is not None and torch.isfinite(g).all() for g in grads)
+
+
+def test_clip_scale_with_raw_values_and_gradients_match_the_full_product():
+    """The argmax-then-recompute maxima give the full (Nq, Nv, P) product's values and gradients."""
+    g = torch.Generator().manual_seed(0)
+    q0, p0 = torch.randn(5, 16, generator=g), torch.randn(7, 21, 16, generator=g)
+    w1, w2 = torch.randn(5, 7, generator=g), torch.randn(5, 7, generator=g)
+    results = []
+    for full in (False, True):
+        q, p = q0.clone().requires_grad_(), p0.clone().requires_grad_()
+        if full:
+            dots = torch.einsum("qh,vph->qvp", q, p)
+            cos = dots / (q.norm(dim=-1)[:, None, None] * p.norm(dim=-1)[None])
+            best, arg, raw = cos.max(-1).values, cos.max(-1).indices, dots.max(-1).values
+        else:
+            best, arg, raw = clip_scale_with_raw(q, p)
+        ((w1 * best).sum() + (w2 * raw).sum()).backward()
+        results.append((best.detach(), arg, raw.detach(), q.grad, p.grad))
+    for ours, full in zip(*results, strict=True):
+        torch.testing.assert_close(ours, full, rtol=1e-5, atol=1e-6)
 
 
 def _clip_nce_loop(scores: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
