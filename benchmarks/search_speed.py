@@ -23,6 +23,7 @@ import logging
 import shutil
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -86,45 +87,41 @@ def synthetic_batch(sm: SceneModel, n: int, g: torch.Generator
     return out[0], out[1], concepts
 
 
-def build_index(root: Path, n: int, mode: str, model: MSSL, sm: SceneModel, seed: int, batch: int = 500
-                ) -> tuple[VideoIndex, torch.Tensor]:
-    """A synthetic index at the stored-array level; returns it and every video's scene concepts (an index
-    already at ``root`` with n videos for this model is reused: the generator is deterministic)."""
-    g = torch.Generator().manual_seed(seed)
-    all_concepts = []
-    if (root / "manifest.json").exists():
-        try:
-            index = VideoIndex.open(root, model, IndexConfig(verify_checksums=False))
-        except IndexStoreError:  # another schema (an older version of the code): rebuild
-            index = None
-        if index is not None and len(index) == n:
-            for a in range(0, n, batch):  # replay the generator for the concepts (queries come from them)
-                b = min(batch, n - a)
-                all_concepts.append(synthetic_batch(sm, b, g)[2])
-                if mode == "compact":
-                    torch.rand(b, len(TABLE), generator=g)
-            return index, torch.cat(all_concepts)
-        shutil.rmtree(root)
-    index = VideoIndex.create(root, model, IndexConfig(mode=mode, verify_checksums=False))
+def scene_batches(sm: SceneModel, n: int, mode: str, g: torch.Generator, batch: int
+                  ) -> Iterator[tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]]:
+    """n synthetic videos in batches of (units, frames, scene concepts, stored windows (b, P)): the same
+    draws, in the same order, on every run with the same generator."""
     for a in range(0, n, batch):
         b = min(batch, n - a)
         units, frames, concepts = synthetic_batch(sm, b, g)
         if mode == "compact":  # 32 random windows stand in for the medoids (speed does not depend on which)
             pidx = torch.sort(torch.rand(b, len(TABLE), generator=g).argsort(1)[:, :32], 1).values
-            csum = torch.nn.functional.pad(units.double().cumsum(1), (0, 0, 1, 0))  # (b, M+1, H)
-            win = TABLE[pidx]  # (b, 32, 2)
-            start, end = (win[..., i, None].expand(-1, -1, H) for i in (0, 1))
-            props = ((csum.gather(1, end) - csum.gather(1, start)) / (end - start)).float()  # the 32 only
-            enc = EncodedVideos(units, props, pidx, frames, torch.ones(b, L))
-            z, _ = model.attend(enc, torch.arange(32).expand(b, -1))
-            chosen = props
         else:
-            props = window_proposals(units)
-            pidx = torch.arange(props.shape[1]).expand(b, -1)
-            enc = EncodedVideos(units, props, pidx, frames, torch.ones(b, L))
-            z, _ = model.attend(enc, pidx)
-            chosen = props
-        arrays = {"units": units.numpy(), "pnorm": chosen.double().norm(dim=-1).float().numpy(),
+            pidx = torch.arange(len(TABLE)).expand(b, -1)
+        yield units, frames, concepts, pidx
+
+
+def build_index(root: Path, n: int, mode: str, model: MSSL, sm: SceneModel, seed: int, batch: int = 500
+                ) -> tuple[VideoIndex, torch.Tensor]:
+    """A synthetic index at the stored-array level; returns it and every video's scene concepts (an index
+    already at ``root`` with n videos for this model is reused: the generator is deterministic)."""
+    batches = scene_batches(sm, n, mode, torch.Generator().manual_seed(seed), batch)
+    if (root / "manifest.json").exists():
+        try:
+            index = VideoIndex.open(root, model, IndexConfig(verify_checksums=False))
+        except IndexStoreError:  # another schema (an older version of the code): rebuild
+            index = None
+        if index is not None and len(index) == n:  # replay the generator for the concepts (queries use them)
+            return index, torch.cat([concepts for _, _, concepts, _ in batches])
+        shutil.rmtree(root)
+    index = VideoIndex.create(root, model, IndexConfig(mode=mode, verify_checksums=False))
+    all_concepts = []
+    for a, (units, frames, concepts, pidx) in zip(range(0, n, batch), batches, strict=True):
+        b = len(units)
+        props = window_proposals(units).gather(1, pidx[..., None].expand(-1, -1, H))  # the stored windows
+        enc = EncodedVideos(units, props, pidx, frames, torch.ones(b, L))
+        z, _ = model.attend(enc, torch.arange(props.shape[1]).expand(b, -1))
+        arrays = {"units": units.numpy(), "pnorm": props.double().norm(dim=-1).float().numpy(),
                   "pidx": pidx.numpy().astype(np.int16),
                   "zhat": torch.nn.functional.normalize(z, dim=-1).numpy()}
         t = np.arange(64, dtype=np.float32)
