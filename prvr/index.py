@@ -68,8 +68,9 @@ log = logging.getLogger(__name__)
 MAPPED = ("units", "pnorm", "zhat", "frames", "scenes", *(f for f in SKETCH if f not in FIRST_PASS))
 RESIDENT = (*FIRST_PASS, "pidx")  # what the first pass reads: kept in memory, all segments in one array each
 SCENES = 4  # per-video unit-cluster centres that approximate search indexes with faiss
-TASK_ROWS = 256  # fewest videos per task handed to a thread
-SCAN_TASKS = 4  # tasks per thread of the first pass
+PARALLEL_ROWS = 256  # fewest videos worth spreading over the threads
+TASK_ROWS = 2048  # fewest videos per task when a thread's share is split into several
+SCAN_TASKS = 4  # most tasks per thread
 
 
 class IndexMismatchError(store.IndexStoreError):
@@ -340,13 +341,14 @@ class VideoIndex:
         a, b = seg["row_offset"][r], seg["row_offset"][r + 1]
         return seg["row_start"][a:b], seg["row_end"][a:b]
 
-    def exact(self, positions: np.ndarray, q: np.ndarray, weights: tuple[float, float]) -> Exact:
+    def exact(self, positions: np.ndarray, q: np.ndarray | BoundQuery, weights: tuple[float, float]) -> Exact:
         """index_scan.Exact for sorted positions: reads their units, norms and one z row each."""
         ex = exact_parts([(self.segments[s], rows) for s, rows, _ in self._locate(positions)], q, weights,
                          self._windows)
         if not self._csa:
             return ex
-        frame = self._csa_frame(positions, q)  # CSA replaces the key-clip-attention frame score
+        # CSA replaces the key-clip-attention frame score
+        frame = self._csa_frame(positions, q.vector if isinstance(q, BoundQuery) else q)
         return dataclasses.replace(ex, frame=frame, total=weights[0] * ex.clip + weights[1] * frame)
 
     def _csa_frame(self, positions: np.ndarray, q: np.ndarray) -> np.ndarray:
@@ -419,7 +421,8 @@ class VideoIndex:
 
             def piece(seg: dict, rows: np.ndarray, where: slice) -> np.ndarray:
                 i = at[where]
-                keep = clip[i] + w[1] * frame_upper(seg, rows, prefix[i], bq, windows) + eps >= tau
+                enough = (tau - eps - clip[i]) / w[1]  # a frame bound below this rules the video out
+                keep = clip[i] + w[1] * frame_upper(seg, rows, prefix[i], bq, windows, enough) + eps >= tau
                 out = np.full(len(rows), np.nan)
                 if keep.any():
                     out[keep] = exact_scores(seg, rows[keep], bq, w, windows).total
@@ -429,20 +432,21 @@ class VideoIndex:
 
         # CSA scores frames its own way (at most 1): the stored z do not bound it, so no frame bound
         use_balls = w[1] > 0 and not self._csa
-        return top_k(clip + w[1] + eps, candidates, lambda pos: self.exact(pos, q, w).total, k,
+        return top_k(clip + w[1] + eps, candidates, lambda pos: self.exact(pos, bq, w).total, k,
                      sweep if use_balls else None)
 
     def _scan(self, positions: np.ndarray, fn: Callable[[np.ndarray, slice], np.ndarray]) -> np.ndarray:
-        """fn(positions[where], where) -> (rows,) over sorted positions, in their order, in a few equal tasks
-        per thread (the kernels release the GIL; a thread slowed by another process leaves its later tasks
-        to the others)."""
+        """fn(positions[where], where) -> (rows,) over sorted positions, in their order, in equal tasks: one
+        per thread, a few per thread for big scans (the kernels release the GIL; a thread slowed by another
+        process leaves its later tasks to the others, and each task costs some Python)."""
         out = np.empty(len(positions))
 
         def run(span: tuple[int, int]) -> None:
             out[span[0]:span[1]] = fn(positions[span[0]:span[1]], slice(*span))
 
-        threads = torch.get_num_threads() if len(positions) > TASK_ROWS else 1
-        cuts = np.linspace(0, len(positions), min(SCAN_TASKS * threads, -(-len(positions) // TASK_ROWS)) + 1)
+        threads = torch.get_num_threads() if len(positions) >= PARALLEL_ROWS else 1
+        per_thread = max(1, min(SCAN_TASKS, len(positions) // (threads * TASK_ROWS)))
+        cuts = np.linspace(0, len(positions), threads * per_thread + 1)
         spans = list(zip(cuts[:-1].astype(int), cuts[1:].astype(int), strict=True))
         if threads == 1 or len(spans) == 1:
             for span in spans:

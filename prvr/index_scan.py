@@ -20,11 +20,13 @@ The bounds (all rigorous):
   its sum of these unit bounds times 1 / (k |p|), stored as a 16-bit factor rounded up
   (``window_factors``: on a grid whose fixed-length rows vectorise), divided by |q|; S_clip is at most
   the largest over its windows. One fused pass per video (numba), nothing materialised.
-- frame: S_frame = q^.z_j* involves only the key clip j*. The window with the largest upper bound also has
-  a lower bound; j* can only be a window whose upper bound reaches it (a handful, usually neighbours in
-  one scene). The video's normalised z rows are covered by a few balls with 8-bit centres c~, each row j
-  storing its ball and its distance d_j from c~, so q^.z_j* <= max over those candidate windows of
-  q^.c~_ball(j) + d_j: a few ball dot products, computed only for videos the clip bound cannot rule out.
+- frame: computed only for videos the clip bound cannot rule out. The video's normalised z rows are
+  covered by a few balls with 8-bit centres c~ (each row j stores its ball and its distance d_j from c~,
+  each ball its radius), so S_frame <= max over balls of q^.c~ + radius: a few integer dot products.
+  Where that is not low enough, the key clip tightens it: S_frame = q^.z_j* involves only j*, and the
+  window with the largest upper bound also has a lower bound; j* can only be a window whose upper bound
+  reaches it (a handful, usually neighbours in one scene), so S_frame <= max over those candidate
+  windows of q^.c~_ball(j) + d_j.
 A relative ``SLACK`` and the absolute ``BOUND_EPS`` cover float rounding in the bounds and the exact scores;
 a factor rounded up makes a negative window sum more negative, by at most one step, which the kernels add.
 """
@@ -50,7 +52,7 @@ KEY_EPS = 1e-4  # the key clip candidates' margin (cosine units): the exact argm
 MAX_BALLS = 255  # frame balls per video (ball ids are stored in 8 bits)
 FACTOR_LEVELS = 65534  # 16-bit window factors 1 / (k |p|), one level spare for rounding
 SKETCH = ("codes", "scale", "err", "norm", "pinv", "pinv_scale", "ball_codes", "ball_scale", "ball_norm",
-          "ball_of", "ball_dist")
+          "ball_radius", "ball_of", "ball_dist")
 FIRST_PASS = ("codes", "scale", "err", "norm", "pinv", "pinv_scale")  # what every query reads for every video
 
 
@@ -140,13 +142,16 @@ def sketch(units: np.ndarray, pnorm: np.ndarray, windows: np.ndarray, zhat: np.n
         raise ValueError(f"frame_balls must be in 1..{MAX_BALLS}, got {n_balls}")
     codes, scale, err, norm = quantize(units)
     pinv, pinv_scale = window_factors(pnorm, windows, units.shape[1])
-    ball_codes, ball_scale, _, ball_norm = quantize(cover_balls(zhat, n_balls))
-    centres = ball_codes * ball_scale[..., None].astype(np.float64)  # exactly what the bound uses
+    ball_codes, ball_scale, _, _ = quantize(cover_balls(zhat, n_balls))
+    centres = ball_codes * ball_scale[..., None].astype(np.float64)  # exactly what the bounds use
     ball_of, dist = nearest_ball(zhat, centres)
+    ball_dist = _round_up(dist * (1 + SLACK) + 1e-7)
+    radius = np.full(ball_codes.shape[:2], -np.inf, dtype=np.float32)  # -inf: a ball no row is nearest to
+    np.maximum.at(radius, (np.arange(len(radius))[:, None], ball_of), ball_dist)
     return {"codes": codes, "scale": scale, "err": err, "norm": norm, "pinv": pinv, "pinv_scale": pinv_scale,
-            "ball_codes": ball_codes,
-            "ball_scale": ball_scale, "ball_norm": ball_norm, "ball_of": ball_of.astype(np.uint8),
-            "ball_dist": _round_up(dist * (1 + SLACK) + 1e-7)}
+            "ball_codes": ball_codes, "ball_scale": ball_scale,
+            "ball_norm": _round_up(np.linalg.norm(centres, axis=-1) * (1 + SLACK) + 1e-30),
+            "ball_radius": radius, "ball_of": ball_of.astype(np.uint8), "ball_dist": ball_dist}
 
 
 @dataclass
@@ -155,7 +160,6 @@ class BoundQuery:
 
     vector: np.ndarray  # (H,) float32, contiguous
     norm: float  # |q| (float64)
-    gamma: float  # relative error bound of a float32 dot product of length H, in any summation order
     levels: np.ndarray  # (H,) int16: q ~ levels * step, so that dot products with 8-bit codes are integers
     step: float
     spread: float  # >= |q - levels * step|
@@ -164,21 +168,18 @@ class BoundQuery:
     def of(cls, q: np.ndarray) -> BoundQuery:
         """The kernels' view of query vector q (H,)."""
         vector = np.ascontiguousarray(q, dtype=np.float32)
-        n = len(vector) + 2  # H products and sums, one more for the final scaling (FMA or not)
-        gamma = 1.01 * n * 2.0**-24 / (1 - n * 2.0**-24)
         q64 = vector.astype(np.float64)
         top = min(2**15 - 1, (2**31 - 1) // (UNIT_LEVELS * len(vector)))  # int32 sums cannot overflow
         step = max(float(np.abs(q64).max(initial=0.0)), NORM_EPS) / top
         levels = np.clip(np.rint(q64 / step), -top, top)
         spread = float(np.linalg.norm(q64 - levels * step)) * (1 + SLACK) + 1e-300
-        return cls(vector, max(float(np.linalg.norm(q64)), NORM_EPS), gamma, levels.astype(np.int16), step,
-                   spread)
+        return cls(vector, max(float(np.linalg.norm(q64)), NORM_EPS), levels.astype(np.int16), step, spread)
 
 
 # The kernels run serially and release the GIL (the index spreads pieces of a scan over threads).
-# Reassociation lets the float32 dot products vectorise; their rounding, in any order, is within
-# gamma |q| |x| (Cauchy-Schwarz on the absolute values), which the bounds add. No other fast-math
-# liberties: the bounds use infinities.
+# Reassociation lets the float32 dot products of the exact scores vectorise (the bounds' dot products are
+# exact integers, their float64 arithmetic is covered by SLACK). No other fast-math liberties: the bounds
+# use infinities.
 KERNEL = {"nogil": True, "cache": True, "fastmath": {"reassoc", "contract", "nsz"}}
 
 
@@ -353,27 +354,38 @@ def _clip_pass(codes, scale, err, norm, pinv, pinv_scale, pidx, table, rows, lev
 
 
 @numba.njit(**KERNEL)
-def _frame_pass(err, norm, pinv, pinv_scale, ball_of, ball_dist, ball_codes, ball_scale, ball_norm,  # noqa: ANN001, ANN202
-                pidx, table, rows, hi, q, qn, gamma, spread, key_eps, out):  # noqa: ANN001  # pragma: no cover
+def _frame_pass(err, norm, pinv, pinv_scale, ball_codes, ball_scale, ball_norm, ball_radius, ball_of,  # noqa: ANN001, ANN202
+                ball_dist, pidx, table, rows, hi, levels, step, qn, spread, key_eps, enough, out):  # noqa: ANN001  # pragma: no cover
     """out[i] >= q^.z_j* for video v = rows[i], j* its key clip.
 
-    Every window's cosine lies in [lo_j, hi_j] (times |q|). The key clip (the exact argmax) has
+    First every z row: each lies within its ball's radius of the ball's centre c~, so q^.z_j <= the largest
+    q^.c~_b + radius_b (exact integer dot products). Where that is not below ``enough[i]``, only the key
+    clip: every window's cosine lies in [lo_j, hi_j] (times |q|) and the key clip (the exact argmax) has
     hi_j* >= lo_top, ``top`` the window with the largest upper bound, so only windows with hi_j >= lo_top
     (less ``key_eps`` for the exact scores' own rounding) can be it, and q^.z_j <= q^.c~_ball(j) + d_j
     bounds each of them. lo_top takes the factor rounded down (one step less); a window whose sum is
     negative is compared with the cut lowered by the most its rounded-up factor can have lowered it.
     """
-    M, B, H = err.shape[1], ball_codes.shape[1], ball_codes.shape[2]
+    M, B = err.shape[1], ball_codes.shape[1]
     grid, W = table.shape[0] == 0, M + 1
-    values, reach, cc, lanes = np.empty(pinv.shape[1]), np.empty(B), np.empty(2 * W), np.empty(W)
+    values, dots, reach = np.empty(pinv.shape[1]), np.empty(B), np.empty(B)
+    cc, lanes = np.empty(2 * W), np.empty(W)
     offset = np.zeros(M + 1, dtype=np.int64)  # the stored proposals of k units start at offset[k - 1]
     for k in range(1, M + 1):
         offset[k] = offset[k - 1] + M + 1 - k
     for i in range(rows.shape[0]):
         v = rows[i]
-        step = np.float64(pinv_scale[v])
+        every = -np.inf  # the bound over every z row
+        for b in range(B):  # dots[b] >= q^.c~_b (the query's rounding: spread |c~_b|)
+            dot = np.float64(_int_dot(ball_codes[v, b], levels)) * np.float64(ball_scale[v, b]) * step
+            dots[b] = (dot + spread * ball_norm[v, b]) / qn
+            every = max(every, dots[b] + ball_radius[v, b])
+        out[i] = every
+        if every < enough[i]:
+            continue
+        fstep = np.float64(pinv_scale[v])
         if grid:  # the largest upper bound: its column, then its row
-            _grid_values(hi[i], pinv[v], step, cc, values, lanes, True)
+            _grid_values(hi[i], pinv[v], fstep, cc, values, lanes, True)
             best = _max(lanes)
             col = 0
             while lanes[col] < best:
@@ -384,7 +396,7 @@ def _frame_pass(err, norm, pinv, pinv_scale, ball_of, ball_dist, ball_codes, bal
             top = (r - 1) * W + col
             start, end = _grid_window(r, col, M)
         else:
-            _window_values(hi[i], pinv[v], step, pidx[v], table, values)
+            _window_values(hi[i], pinv[v], fstep, pidx[v], table, values)
             best = _max(values)
             top = 0
             while values[top] < best:
@@ -394,9 +406,9 @@ def _frame_pass(err, norm, pinv, pinv_scale, ball_of, ball_dist, ball_codes, bal
         for t in range(start, end):
             low -= 2.0 * _margin(err[v, t], norm[v, t], qn, spread)
         factor = np.float64(pinv[v, top]) - (1.0 if low >= 0 else 0.0)
-        cut = low * (factor * step) - key_eps
+        cut = low * (factor * fstep) - key_eps
         if cut < 0:
-            cut -= 2.0 * _peak(hi[i]) * step
+            cut -= 2.0 * _peak(hi[i]) * fstep
         reach[:] = -np.inf  # per ball: the farthest candidate from its centre
         if grid:
             for col in range(W):
@@ -410,16 +422,10 @@ def _frame_pass(err, norm, pinv, pinv_scale, ball_of, ball_dist, ball_codes, bal
             for j in range(values.shape[0]):
                 if values[j] >= cut:
                     reach[ball_of[v, j]] = max(reach[ball_of[v, j]], ball_dist[v, j])
-        best = -np.inf
+        key = -np.inf
         for b in range(B):
-            if reach[b] == -np.inf:
-                continue
-            s32 = np.float32(0.0)
-            for h in range(H):
-                s32 += np.float32(ball_codes[v, b, h]) * q[h]
-            dot = np.float64(s32) * np.float64(ball_scale[v, b]) + qn * gamma * ball_norm[v, b]
-            best = max(best, dot / qn + reach[b])
-        out[i] = best
+            key = max(key, dots[b] + reach[b])
+        out[i] = min(every, key)
 
 
 @numba.njit(**KERNEL)
@@ -493,16 +499,18 @@ def clip_upper(arrays: dict[str, np.ndarray], rows: np.ndarray, q: BoundQuery,
 
 
 def frame_upper(arrays: dict[str, np.ndarray], rows: np.ndarray, hi: np.ndarray, q: BoundQuery,
-                table: np.ndarray | None = None) -> np.ndarray:
+                table: np.ndarray | None = None, enough: np.ndarray | None = None) -> np.ndarray:
     """(V,) upper bounds of S_frame (key-clip attention) for the videos ``rows`` of one segment's arrays,
-    given their prefix sums ``hi`` from ``clip_upper``."""
+    given their prefix sums ``hi`` from ``clip_upper``. A video whose bound over every z row is already
+    below ``enough`` (V,) gets that bound; the others, the tighter key-clip bound too."""
     out = np.empty(len(rows))
     pidx, table = _layout(arrays, table)
-    names = ("err", "norm", "pinv", "pinv_scale", "ball_of", "ball_dist", "ball_codes", "ball_scale",
-             "ball_norm")
+    enough = np.full(len(rows), -np.inf) if enough is None else np.ascontiguousarray(enough, dtype=np.float64)
+    names = ("err", "norm", "pinv", "pinv_scale", "ball_codes", "ball_scale", "ball_norm", "ball_radius",
+             "ball_of", "ball_dist")
     _frame_pass(*(arrays[f] for f in names), pidx, table, np.ascontiguousarray(rows, dtype=np.int64),
-                np.ascontiguousarray(hi, dtype=np.float64), q.vector, q.norm, q.gamma, q.spread,
-                KEY_EPS * q.norm, out)
+                np.ascontiguousarray(hi, dtype=np.float64), q.levels, q.step, q.norm, q.spread,
+                KEY_EPS * q.norm, enough, out)
     return np.minimum(_slack(out), 1.0)
 
 

@@ -37,7 +37,7 @@ import numpy as np
 log = logging.getLogger(__name__)
 
 # 4: 16-bit window factors on a grid; 3: key clip candidates' frame balls; 2: all balls; 1: a basis
-FORMAT, SCHEMA_VERSION = "prvr-index", 4
+FORMAT, SCHEMA_VERSION = "prvr-index", 5
 MANIFEST, LOCK = "manifest.json", "lock"
 # seconds to pause after every durable write: lets the crash-safety test kill a writer mid-update
 WRITE_DELAY_ENV = "PRVR_INDEX_TEST_WRITE_DELAY"

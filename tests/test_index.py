@@ -189,14 +189,18 @@ def test_pruned_top_k_equals_full_scan_with_ties(rank: int) -> None:
 
 
 def test_frame_bound_uses_only_key_clip_candidates() -> None:
-    """The frame bound looks only at the balls of windows that can be the key clip (the exact key among
-    them): tighter than covering every z row by its ball, never below the exact frame score."""
+    """The frame bound over every z row (each within its ball's radius of the ball's centre) is what a video
+    gets when it is already low enough; the others get the key-clip bound: only the balls of windows that
+    can be the key clip (the exact key among them), tighter, and never below the exact frame score."""
     units, pnorm, windows, zhat, qs = _scan_data(200, 8, seed=11)
     arrays = {"units": units, "pnorm": pnorm, "zhat": zhat, **sketch(units, pnorm, windows, zhat, n_balls=16)}
     rows = np.arange(len(units))
     centres = arrays["ball_codes"] * arrays["ball_scale"][..., None].astype(np.float64)
-    radius = np.zeros((len(units), 16))
+    radius = np.full((len(units), 16), -np.inf)
     np.maximum.at(radius, (rows[:, None], arrays["ball_of"].astype(np.int64)), arrays["ball_dist"])
+    np.testing.assert_array_equal(arrays["ball_radius"], radius)
+    assert np.isfinite(radius).any(1).all()
+    assert (arrays["ball_norm"] >= np.linalg.norm(centres, axis=-1)).all()
     dist = np.linalg.norm(zhat[:, :, None] - centres[:, None].astype(np.float32), axis=-1)  # (n, P, B)
     np.testing.assert_array_equal(arrays["ball_of"], dist.argmin(-1))
     assert (arrays["ball_dist"] >= dist.min(-1)).all()
@@ -204,9 +208,16 @@ def test_frame_bound_uses_only_key_clip_candidates() -> None:
         qc = BoundQuery.of(q)
         ex = exact_scores(arrays, rows, q, (0.5, 0.5))
         every_row = (centres @ (q.astype(np.float64) / qc.norm) + radius).max(1)
-        bound = frame_upper(arrays, rows, clip_upper(arrays, rows, qc)[1], qc)
-        assert (bound >= ex.frame - 1e-6).all() and (bound <= every_row + 1e-5).all()
-        assert np.median(bound) < np.median(every_row) - 0.02
+        hi = clip_upper(arrays, rows, qc)[1]
+        coarse = frame_upper(arrays, rows, hi, qc, enough=np.full(len(rows), np.inf))
+        # the query's 16-bit copy adds at most |q - q~| |c~| / |q| to each ball's dot product
+        assert (coarse >= np.minimum(every_row, 1.0)).all() and (coarse <= every_row + 1e-4).all()
+        bound = frame_upper(arrays, rows, hi, qc)
+        assert (bound >= ex.frame - 1e-6).all() and (bound <= coarse).all()
+        assert np.median(bound) < np.median(coarse) - 0.02
+        enough = np.median(coarse)  # only the videos at or above it are refined
+        mixed = frame_upper(arrays, rows, hi, qc, enough=np.full(len(rows), enough))
+        np.testing.assert_array_equal(mixed, np.where(coarse < enough, coarse, bound))
 
 
 @pytest.mark.parametrize("M", [32, 7])
