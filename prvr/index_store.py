@@ -36,7 +36,8 @@ import numpy as np
 
 log = logging.getLogger(__name__)
 
-# 4: 16-bit window factors on a grid; 3: key clip candidates' frame balls; 2: all balls; 1: a basis
+# 5: frame balls store their radii; 4: 16-bit window factors on a grid; 3: key clip candidates' frame
+# balls; 2: all balls; 1: a basis
 FORMAT, SCHEMA_VERSION = "prvr-index", 5
 MANIFEST, LOCK = "manifest.json", "lock"
 # seconds to pause after every durable write: lets the crash-safety test kill a writer mid-update
