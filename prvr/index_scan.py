@@ -226,8 +226,8 @@ def _int_dot(x, q):  # noqa: ANN001, ANN202  # pragma: no cover - compiled
 
 @numba.njit(inline="always", fastmath={"reassoc", "contract", "nsz"})
 def _row_dots(x, q, out):  # noqa: ANN001, ANN202  # pragma: no cover - compiled
-    """out[t] = x[t] . q in float32 for the rows of x (M, H) (8-bit codes or float32), four rows at a time:
-    four independent sums keep the vector units busy, and each q element is loaded once for four rows."""
+    """out[t] = x[t] . q in float32 for the rows of x (M, H) (cast to float32), four rows at a time: four
+    independent sums keep the vector units busy, and each q element is loaded once for four rows."""
     M, H = x.shape
     t = 0
     while t + 4 <= M:
@@ -433,16 +433,15 @@ def _exact(units, pnorm, zhat, pidx, table, rows, q, qn, u_out, cos_out, key_out
     """Exact scores of videos rows[i]: u_out[i] = q.C_t, cos_out[i] = every stored proposal's clip-scale
     cosine, key_out[i] = its first argmax, frame_out[i] = q.z_key (float32, one video at a time)."""
     M, P = units.shape[1], pnorm.shape[1]
-    dots, csum = np.empty(M, dtype=np.float32), np.empty(M + 1, dtype=np.float32)
+    csum = np.empty(M + 1, dtype=np.float32)
     qn32 = np.float32(qn)
     for i in range(rows.shape[0]):
         v = rows[i]
-        _row_dots(units[v], q, dots)
+        _row_dots(units[v], q, u_out[i])
         acc = 0.0
         csum[0] = 0.0
         for t in range(M):
-            u_out[i, t] = dots[t]
-            acc += np.float64(dots[t])
+            acc += np.float64(u_out[i, t])
             csum[t + 1] = np.float32(acc)
         eps = np.float32(NORM_EPS)
         if table.shape[0] == 0:  # all windows, length-major
