@@ -26,7 +26,8 @@ The bounds (all rigorous):
   Where that is not low enough, the key clip tightens it: S_frame = q^.z_j* involves only j*, and the
   window with the largest upper bound also has a lower bound; j* can only be a window whose upper bound
   reaches it (a handful, usually neighbours in one scene), so S_frame <= max over those candidate
-  windows of q^.c~_ball(j) + d_j.
+  windows of q^.c~_ball(j) + d_j. Where even that cannot rule the video out, the candidates' stored z
+  rows give q^.z_j itself: a few rows read instead of the video's whole exact score.
 A relative ``SLACK`` and the absolute ``BOUND_EPS`` cover float rounding in the bounds and the exact scores;
 a factor rounded up makes a negative window sum more negative, by at most one step, which the kernels add.
 """
@@ -355,20 +356,26 @@ def _clip_pass(codes, scale, err, norm, pinv, pinv_scale, pidx, table, rows, lev
 
 @numba.njit(**KERNEL)
 def _frame_pass(err, norm, pinv, pinv_scale, ball_codes, ball_scale, ball_norm, ball_radius, ball_of,  # noqa: ANN001, ANN202
-                ball_dist, pidx, table, rows, hi, levels, step, qn, spread, key_eps, enough, out):  # noqa: ANN001  # pragma: no cover
-    """out[i] >= q^.z_j* for video v = rows[i], j* its key clip.
+                ball_dist, zhat, pidx, table, rows, hi, levels, step, q, qn, spread, key_eps, enough, out):  # noqa: ANN001  # pragma: no cover
+    """out[i] >= q^.z_j* for video v = rows[i], j* its key clip; below ``enough[i]`` where these bounds can
+    show it, in three tiers, each only where the one before is not below ``enough[i]``.
 
-    First every z row: each lies within its ball's radius of the ball's centre c~, so q^.z_j <= the largest
-    q^.c~_b + radius_b (exact integer dot products). Where that is not below ``enough[i]``, only the key
-    clip: every window's cosine lies in [lo_j, hi_j] (times |q|) and the key clip (the exact argmax) has
-    hi_j* >= lo_top, ``top`` the window with the largest upper bound, so only windows with hi_j >= lo_top
-    (less ``key_eps`` for the exact scores' own rounding) can be it, and q^.z_j <= q^.c~_ball(j) + d_j
-    bounds each of them. lo_top takes the factor rounded down (one step less); a window whose sum is
-    negative is compared with the cut lowered by the most its rounded-up factor can have lowered it.
+    1. Every z row: each lies within its ball's radius of the ball's centre c~, so q^.z_j <= the largest
+       q^.c~_b + radius_b (exact integer dot products).
+    2. Only the key clip: every window's cosine lies in [lo_j, hi_j] (times |q|) and the key clip (the
+       exact argmax) has hi_j* >= lo_top, ``top`` the window with the largest upper bound, so only windows
+       with hi_j >= lo_top (less ``key_eps`` for the exact scores' own rounding) can be it, and
+       q^.z_j <= q^.c~_ball(j) + d_j bounds each of them. lo_top takes the factor rounded down (one step
+       less); a window whose sum is negative is compared with the cut lowered by the most its rounded-up
+       factor can have lowered it.
+    3. The stored z rows of the candidates whose tier-2 bound is not below ``enough[i]``: q^.z_j itself
+       (float64 sums of the float32 rows), until one reaches ``enough[i]`` (then the video keeps its
+       tier-2 bound: it must be scored anyway).
     """
-    M, B = err.shape[1], ball_codes.shape[1]
+    M, B, H = err.shape[1], ball_codes.shape[1], q.shape[0]
     grid, W = table.shape[0] == 0, M + 1
     values, dots, reach = np.empty(pinv.shape[1]), np.empty(B), np.empty(B)
+    cand = np.empty(pinv.shape[1], dtype=np.int64)  # the stored proposals that can be the key clip
     cc, lanes = np.empty(2 * W), np.empty(W)
     offset = np.zeros(M + 1, dtype=np.int64)  # the stored proposals of k units start at offset[k - 1]
     for k in range(1, M + 1):
@@ -409,23 +416,43 @@ def _frame_pass(err, norm, pinv, pinv_scale, ball_codes, ball_scale, ball_norm, 
         cut = low * (factor * fstep) - key_eps
         if cut < 0:
             cut -= 2.0 * _peak(hi[i]) * fstep
-        reach[:] = -np.inf  # per ball: the farthest candidate from its centre
+        n = 0
         if grid:
             for col in range(W):
                 if lanes[col] >= cut:  # a candidate in this column
                     for r in range(1, (M + 1) // 2 + 1):
                         if values[(r - 1) * W + col] >= cut:
                             first, last = _grid_window(r, col, M)
-                            p = offset[last - first - 1] + first  # its stored proposal
-                            reach[ball_of[v, p]] = max(reach[ball_of[v, p]], ball_dist[v, p])
+                            cand[n] = offset[last - first - 1] + first  # its stored proposal
+                            n += 1
         else:
             for j in range(values.shape[0]):
                 if values[j] >= cut:
-                    reach[ball_of[v, j]] = max(reach[ball_of[v, j]], ball_dist[v, j])
+                    cand[n] = j
+                    n += 1
+        reach[:] = -np.inf  # per ball: the farthest candidate from its centre
+        for c in range(n):
+            p = cand[c]
+            reach[ball_of[v, p]] = max(reach[ball_of[v, p]], ball_dist[v, p])
         key = -np.inf
         for b in range(B):
             key = max(key, dots[b] + reach[b])
         out[i] = min(every, key)
+        if out[i] < enough[i]:
+            continue
+        tight = -np.inf  # the candidates' z rows
+        for c in range(n):
+            p = cand[c]
+            near = dots[ball_of[v, p]] + ball_dist[v, p]
+            if near >= enough[i]:
+                dot = 0.0
+                for h in range(H):
+                    dot += np.float64(zhat[v, p, h]) * np.float64(q[h])
+                near = dot / qn
+            tight = max(tight, near)
+            if tight >= enough[i]:
+                break
+        out[i] = min(out[i], tight) if tight < enough[i] else out[i]
 
 
 @numba.njit(**KERNEL)
@@ -501,14 +528,15 @@ def frame_upper(arrays: dict[str, np.ndarray], rows: np.ndarray, hi: np.ndarray,
                 table: np.ndarray | None = None, enough: np.ndarray | None = None) -> np.ndarray:
     """(V,) upper bounds of S_frame (key-clip attention) for the videos ``rows`` of one segment's arrays,
     given their prefix sums ``hi`` from ``clip_upper``. A video whose bound over every z row is already
-    below ``enough`` (V,) gets that bound; the others, the tighter key-clip bound too."""
+    below ``enough`` (V,) gets that bound; the others, the tighter key-clip bound too, and where even that
+    is not below ``enough``, the key-clip candidates' own z rows (see ``_frame_pass``)."""
     out = np.empty(len(rows))
     pidx, table = _layout(arrays, table)
     enough = np.full(len(rows), -np.inf) if enough is None else np.ascontiguousarray(enough, dtype=np.float64)
     names = ("err", "norm", "pinv", "pinv_scale", "ball_codes", "ball_scale", "ball_norm", "ball_radius",
-             "ball_of", "ball_dist")
+             "ball_of", "ball_dist", "zhat")
     _frame_pass(*(arrays[f] for f in names), pidx, table, np.ascontiguousarray(rows, dtype=np.int64),
-                np.ascontiguousarray(hi, dtype=np.float64), q.levels, q.step, q.norm, q.spread,
+                np.ascontiguousarray(hi, dtype=np.float64), q.levels, q.step, q.vector, q.norm, q.spread,
                 KEY_EPS * q.norm, enough, out)
     return np.minimum(_slack(out), 1.0)
 

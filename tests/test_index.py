@@ -191,7 +191,8 @@ def test_pruned_top_k_equals_full_scan_with_ties(rank: int) -> None:
 def test_frame_bound_uses_only_key_clip_candidates() -> None:
     """The frame bound over every z row (each within its ball's radius of the ball's centre) is what a video
     gets when it is already low enough; the others get the key-clip bound: only the balls of windows that
-    can be the key clip (the exact key among them), tighter, and never below the exact frame score."""
+    can be the key clip (the exact key among them), tighter, and never below the exact frame score; where
+    that is still not low enough, the candidates' own z rows."""
     units, pnorm, windows, zhat, qs = _scan_data(200, 8, seed=11)
     arrays = {"units": units, "pnorm": pnorm, "zhat": zhat, **sketch(units, pnorm, windows, zhat, n_balls=16)}
     rows = np.arange(len(units))
@@ -217,7 +218,15 @@ def test_frame_bound_uses_only_key_clip_candidates() -> None:
         assert np.median(bound) < np.median(coarse) - 0.02
         enough = np.median(coarse)  # only the videos at or above it are refined
         mixed = frame_upper(arrays, rows, hi, qc, enough=np.full(len(rows), enough))
-        np.testing.assert_array_equal(mixed, np.where(coarse < enough, coarse, bound))
+        low, refined = coarse < enough, bound < enough
+        np.testing.assert_array_equal(mixed[low], coarse[low])
+        np.testing.assert_array_equal(mixed[~low & refined], bound[~low & refined])
+        # the candidates' z rows: still a bound, changed only to go below the threshold, and more often so
+        tight = ~low & ~refined
+        assert (mixed >= ex.frame - 1e-6).all()
+        assert ((mixed[tight] == bound[tight]) | (mixed[tight] < enough)).all()
+        # (of the videos whose exact frame score is below the threshold, the key-clip bound ruled out none)
+        assert (mixed[tight] < enough).sum() >= 0.6 * (ex.frame[tight] < enough).sum() > 0
 
 
 @pytest.mark.parametrize("M", [32, 7])
