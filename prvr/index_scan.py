@@ -452,7 +452,8 @@ def _frame_pass(err, norm, pinv, pinv_scale, ball_codes, ball_scale, ball_norm, 
             tight = max(tight, near)
             if tight >= enough[i]:
                 break
-        out[i] = min(out[i], tight) if tight < enough[i] else out[i]
+        if tight < enough[i]:  # every candidate bounded, the exact dot or its ball
+            out[i] = tight
 
 
 @numba.njit(**KERNEL)
