@@ -368,9 +368,9 @@ def _frame_pass(err, norm, pinv, pinv_scale, ball_codes, ball_scale, ball_norm, 
        q^.z_j <= q^.c~_ball(j) + d_j bounds each of them. lo_top takes the factor rounded down (one step
        less); a window whose sum is negative is compared with the cut lowered by the most its rounded-up
        factor can have lowered it.
-    3. The stored z rows of the candidates whose tier-2 bound is not below ``enough[i]``: q^.z_j itself
-       (float64 sums of the float32 rows), until one reaches ``enough[i]`` (then the video keeps its
-       tier-2 bound: it must be scored anyway).
+    3. The stored z rows of the candidates whose own ball bound q^.c~_ball(j) + d_j is not below
+       ``enough[i]``: q^.z_j itself (float64 sums of the float32 rows), until one reaches ``enough[i]``
+       (then the video keeps its tier-2 bound: it must be scored anyway). Not without a threshold.
     """
     M, B, H = err.shape[1], ball_codes.shape[1], q.shape[0]
     grid, W = table.shape[0] == 0, M + 1
@@ -438,7 +438,7 @@ def _frame_pass(err, norm, pinv, pinv_scale, ball_codes, ball_scale, ball_norm, 
         for b in range(B):
             key = max(key, dots[b] + reach[b])
         out[i] = min(every, key)
-        if out[i] < enough[i]:
+        if out[i] < enough[i] or enough[i] == -np.inf:
             continue
         tight = -np.inf  # the candidates' z rows
         for c in range(n):
