@@ -282,7 +282,7 @@ class VideoIndex:
             manifest["segments"] = [dict(s, removed=list(s["removed"])) for s in manifest["segments"]]
             for i in ids:
                 pos = self.position[i]
-                seg = int(np.searchsorted(self.seg_start, pos, side="right")) - 1
+                seg = int(self._segment_of(pos))
                 manifest["segments"][seg]["removed"].append(int(pos - self.seg_start[seg]))
             manifest["segments"] = [s for s in manifest["segments"] if len(s["removed"]) < s["count"]]
             return manifest
@@ -306,9 +306,13 @@ class VideoIndex:
         self._commit(change)
 
     # ------------------------------------------------------------------ reading per video
+    def _segment_of(self, positions: np.ndarray | int) -> np.ndarray:
+        """The segment holding each global position."""
+        return np.searchsorted(self.seg_start, positions, side="right") - 1
+
     def _locate(self, positions: np.ndarray) -> list[tuple[int, np.ndarray, np.ndarray]]:
         """Group sorted global positions by segment: (segment, local rows, indices into positions)."""
-        seg = np.searchsorted(self.seg_start, positions, side="right") - 1
+        seg = self._segment_of(positions)
         return [(int(s), positions[seg == s] - self.seg_start[s], np.flatnonzero(seg == s))
                 for s in np.unique(seg)]
 
@@ -330,13 +334,13 @@ class VideoIndex:
 
     def _ragged(self, position: int) -> np.ndarray:
         """The stored encoded frames (L, H) of one video."""
-        s = int(np.searchsorted(self.seg_start, position, side="right")) - 1
+        s = int(self._segment_of(position))
         seg, r = self.segments[s], position - self.seg_start[s]
         return np.asarray(seg["frames"][seg["frame_offset"][r]:seg["frame_offset"][r + 1]])
 
     def _rows(self, position: int) -> tuple[np.ndarray, np.ndarray]:
         """Raw row start / end seconds of one video."""
-        s = int(np.searchsorted(self.seg_start, position, side="right")) - 1
+        s = int(self._segment_of(position))
         seg, r = self.segments[s], position - self.seg_start[s]
         a, b = seg["row_offset"][r], seg["row_offset"][r + 1]
         return seg["row_start"][a:b], seg["row_end"][a:b]
@@ -461,7 +465,7 @@ class VideoIndex:
                      ) -> np.ndarray:
         """fn(segment arrays, local rows, their slice of positions) -> (rows,) for sorted positions, in their
         order: ``_scan`` with each task cut where it crosses from one segment to the next."""
-        segment = np.searchsorted(self.seg_start, positions, side="right") - 1
+        segment = self._segment_of(positions)
 
         def pieces(rows: np.ndarray, where: slice) -> np.ndarray:
             out, a = np.empty(len(rows)), where.start

@@ -225,6 +225,13 @@ def _int_dot(x, q):  # noqa: ANN001, ANN202  # pragma: no cover - compiled
     return total
 
 
+@numba.njit(inline="always")
+def _code_dot(codes, scale, levels, step):  # noqa: ANN001, ANN202  # pragma: no cover - compiled
+    """step (levels . codes) scale: the query's 16-bit copy dotted with a row stored as 8-bit codes times
+    ``scale``, the integer product exact."""
+    return np.float64(_int_dot(codes, levels)) * np.float64(scale) * step
+
+
 @numba.njit(inline="always", fastmath={"reassoc", "contract", "nsz"})
 def _row_dots(x, q, out):  # noqa: ANN001, ANN202  # pragma: no cover - compiled
     """out[t] = x[t] . q in float32 for the rows of x (M, H) (cast to float32), four rows at a time: four
@@ -342,7 +349,7 @@ def _clip_pass(codes, scale, err, norm, pinv, pinv_scale, pidx, table, rows, lev
         v = rows[i]
         hi[i, 0] = 0.0
         for t in range(M):
-            d = np.float64(_int_dot(codes[v, t], levels)) * np.float64(scale[v, t]) * step
+            d = _code_dot(codes[v, t], scale[v, t], levels, step)
             hi[i, t + 1] = hi[i, t] + d + _margin(err[v, t], norm[v, t], qn, spread)
         unit = np.float64(pinv_scale[v])  # of the window factors
         if table.shape[0] == 0:
@@ -384,7 +391,7 @@ def _frame_pass(err, norm, pinv, pinv_scale, ball_codes, ball_scale, ball_norm, 
         v = rows[i]
         every = -np.inf  # the bound over every z row
         for b in range(B):  # dots[b] >= q^.c~_b (the query's rounding: spread |c~_b|)
-            dot = np.float64(_int_dot(ball_codes[v, b], levels)) * np.float64(ball_scale[v, b]) * step
+            dot = _code_dot(ball_codes[v, b], ball_scale[v, b], levels, step)
             dots[b] = (dot + spread * ball_norm[v, b]) / qn
             every = max(every, dots[b] + ball_radius[v, b])
         out[i] = every
