@@ -25,7 +25,6 @@ import logging
 import math
 import time
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -41,11 +40,11 @@ from prvr.index_scan import (
     SKETCH,
     BoundQuery,
     Exact,
+    Stored,
     clip_upper,
     cover_balls,
-    exact_parts,
-    exact_scores,
-    frame_upper,
+    exact_rows,
+    frame_bounds,
     sketch,
     top_k,
 )
@@ -100,7 +99,6 @@ class VideoIndex:
         self.root, self.model, self.cfg = Path(root), model, cfg
         self._text_encoder = text_encoder
         self._faiss = None
-        self._pool: ThreadPoolExecutor | None = None  # first-pass threads, started by the first big query
         # a CSA model's frame score needs the query's frame-branch tokens, not only q: encode_query keeps
         # them here, keyed by q's bytes, for the exact scoring of that q (the last few queries only)
         self._csa = bool(getattr(model.cfg, "csa", False))
@@ -179,6 +177,15 @@ class VideoIndex:
         self.alive = np.concatenate(alive) if alive else np.zeros(0, dtype=bool)
         self.position = {v["id"]: i for i, v in enumerate(self.videos) if self.alive[i]}
         self._faiss = None
+        self._stored: Stored | None = None
+
+    @property
+    def stored(self) -> Stored:
+        """The segments' per-video arrays as the frame-bound and exact kernels read them (built when first
+        needed)."""
+        if self._stored is None:
+            self._stored = Stored.of(self.segments)
+        return self._stored
 
     def refresh(self) -> None:
         """Re-read the manifest if another writer changed it."""
@@ -347,8 +354,9 @@ class VideoIndex:
 
     def exact(self, positions: np.ndarray, q: np.ndarray | BoundQuery, weights: tuple[float, float]) -> Exact:
         """index_scan.Exact for sorted positions: reads their units, norms and one z row each."""
-        ex = exact_parts([(self.segments[s], rows) for s, rows, _ in self._locate(positions)], q, weights,
-                         self._windows)
+        seg = self._segment_of(positions)
+        threads = torch.get_num_threads() if len(positions) > 1 else 1
+        ex = exact_rows(self.stored, seg, positions - self.seg_start[seg], q, weights, self._windows, threads)
         if not self._csa:
             return ex
         # CSA replaces the key-clip-attention frame score
@@ -416,68 +424,33 @@ class VideoIndex:
         bq, eps = BoundQuery.of(q), BOUND_EPS * (1 + w[0] + w[1])
         windows = self._windows
         prefix = np.empty((len(candidates), self.segments[0]["codes"].shape[1] + 1))  # for the frame pass
-        clip = w[0] * self._scan(candidates, lambda rows, where: clip_upper(
-            self.first, rows, bq, windows, prefix[where])[0])
+        clip = w[0] * clip_upper(self.first, candidates, bq, windows, prefix,
+                                 *self._parallel(len(candidates)))[0]
 
         def sweep(positions: np.ndarray, tau: float) -> np.ndarray:
             """The frame bound of each video that can still reach tau; exact totals where it still can."""
             at = np.searchsorted(candidates, positions)
-
-            def piece(seg: dict, rows: np.ndarray, where: slice) -> np.ndarray:
-                i = at[where]
-                enough = (tau - eps - clip[i]) / w[1]  # a frame bound below this rules the video out
-                keep = clip[i] + w[1] * frame_upper(seg, rows, prefix[i], bq, windows, enough) + eps >= tau
-                out = np.full(len(rows), np.nan)
-                if keep.any():
-                    out[keep] = exact_scores(seg, rows[keep], bq, w, windows).total
-                return out
-
-            return self._per_segment(positions, piece)
+            enough = (tau - eps - clip[at]) / w[1]  # a frame bound below this rules the video out
+            seg = self._segment_of(positions)
+            frame = frame_bounds(self.stored, seg, positions - self.seg_start[seg], prefix, at, bq, windows,
+                                 enough, *self._parallel(len(positions)))
+            keep = clip[at] + w[1] * frame + eps >= tau
+            out = np.full(len(positions), np.nan)
+            if keep.any():
+                out[keep] = self.exact(positions[keep], bq, w).total
+            return out
 
         # CSA scores frames its own way (at most 1): the stored z do not bound it, so no frame bound
         use_balls = w[1] > 0 and not self._csa
         return top_k(clip + w[1] + eps, candidates, lambda pos: self.exact(pos, bq, w).total, k,
                      sweep if use_balls else None)
 
-    def _scan(self, positions: np.ndarray, fn: Callable[[np.ndarray, slice], np.ndarray]) -> np.ndarray:
-        """fn(positions[where], where) -> (rows,) over sorted positions, in their order, in equal tasks: one
-        per thread, a few per thread for big scans (the kernels release the GIL; a thread slowed by another
-        process leaves its later tasks to the others, and each task costs some Python)."""
-        out = np.empty(len(positions))
-
-        def run(span: tuple[int, int]) -> None:
-            out[span[0]:span[1]] = fn(positions[span[0]:span[1]], slice(*span))
-
-        threads = torch.get_num_threads() if len(positions) >= PARALLEL_ROWS else 1
-        per_thread = max(1, min(SCAN_TASKS, len(positions) // (threads * TASK_ROWS)))
-        cuts = np.linspace(0, len(positions), threads * per_thread + 1)
-        spans = list(zip(cuts[:-1].astype(int), cuts[1:].astype(int), strict=True))
-        if threads == 1 or len(spans) == 1:
-            for span in spans:
-                run(span)
-            return out
-        if self._pool is None:
-            self._pool = ThreadPoolExecutor(threads, thread_name_prefix="prvr-index")
-        list(self._pool.map(run, spans))
-        return out
-
-    def _per_segment(self, positions: np.ndarray, fn: Callable[[dict, np.ndarray, slice], np.ndarray]
-                     ) -> np.ndarray:
-        """fn(segment arrays, local rows, their slice of positions) -> (rows,) for sorted positions, in their
-        order: ``_scan`` with each task cut where it crosses from one segment to the next."""
-        segment = self._segment_of(positions)
-
-        def pieces(rows: np.ndarray, where: slice) -> np.ndarray:
-            out, a = np.empty(len(rows)), where.start
-            while a < where.stop:
-                s = segment[a]
-                end = min(where.stop, int(np.searchsorted(segment, s, side="right")))
-                local = positions[a:end] - self.seg_start[s]
-                out[a - where.start:end - where.start] = fn(self.segments[s], local, slice(a, end))
-                a = end
-            return out
-
-        return self._scan(positions, pieces)
+    @staticmethod
+    def _parallel(n: int) -> tuple[int, int]:
+        """(threads, tasks) for a pass over n videos: one task per thread, a few per thread for big passes
+        (a thread slowed by another process leaves its later tasks to the others); one thread for small."""
+        threads = torch.get_num_threads() if n >= PARALLEL_ROWS else 1
+        return threads, threads * max(1, min(SCAN_TASKS, n // (threads * TASK_ROWS)))
 
     @property
     def _windows(self) -> np.ndarray | None:

@@ -34,8 +34,11 @@ a factor rounded up makes a negative window sum more negative, by at most one st
 
 from __future__ import annotations
 
+import contextlib
+import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import numba
 import numpy as np
@@ -44,6 +47,7 @@ from llvmlite import ir
 from numba import types
 from numba.core import cgutils
 from numba.extending import intrinsic
+from numba.typed import List
 
 BOUND_EPS = 1e-4  # added to every upper bound: covers float32 rounding in the exact scores
 NORM_EPS = 1e-12  # F.normalize's eps, as the model's cosine uses
@@ -177,7 +181,7 @@ class BoundQuery:
         return cls(vector, max(float(np.linalg.norm(q64)), NORM_EPS), levels.astype(np.int16), step, spread)
 
 
-# The kernels run serially and release the GIL (the index spreads pieces of a scan over threads).
+# The serial kernels release the GIL; the parallel drivers (below) run them on numba's threads, in parts.
 # Reassociation lets the float32 dot products of the exact scores vectorise (the bounds' dot products are
 # exact integers, their float64 arithmetic is covered by SLACK). No other fast-math liberties: the bounds
 # use infinities.
@@ -363,9 +367,11 @@ def _clip_pass(codes, scale, err, norm, pinv, pinv_scale, pidx, table, rows, lev
 
 @numba.njit(**KERNEL)
 def _frame_pass(err, norm, pinv, pinv_scale, ball_codes, ball_scale, ball_norm, ball_radius, ball_of,  # noqa: ANN001, ANN202
-                ball_dist, zhat, pidx, table, rows, hi, levels, step, q, qn, spread, key_eps, enough, out):  # noqa: ANN001  # pragma: no cover
-    """out[i] >= q^.z_j* for video v = rows[i], j* its key clip; below ``enough[i]`` where these bounds can
-    show it, in three tiers, each only where the one before is not below ``enough[i]``.
+                ball_dist, zhat, pidx, table, rows, hi, at, levels, step, q, qn, spread, key_eps, enough,  # noqa: ANN001
+                out):  # noqa: ANN001  # pragma: no cover - compiled
+    """out[i] >= q^.z_j* for video v = rows[i], j* its key clip, given hi[at[i]], the prefix sums of its unit
+    upper bounds; below ``enough[i]`` where these bounds can show it, in three tiers, each only where the
+    one before is not below ``enough[i]``.
 
     1. Every z row: each lies within its ball's radius of the ball's centre c~, so q^.z_j <= the largest
        q^.c~_b + radius_b (exact integer dot products).
@@ -388,7 +394,7 @@ def _frame_pass(err, norm, pinv, pinv_scale, ball_codes, ball_scale, ball_norm, 
     for k in range(1, M + 1):
         offset[k] = offset[k - 1] + M + 1 - k
     for i in range(rows.shape[0]):
-        v = rows[i]
+        v, h = rows[i], hi[at[i]]
         every = -np.inf  # the bound over every z row
         for b in range(B):  # dots[b] >= q^.c~_b (the query's rounding: spread |c~_b|)
             dot = _code_dot(ball_codes[v, b], ball_scale[v, b], levels, step)
@@ -399,7 +405,7 @@ def _frame_pass(err, norm, pinv, pinv_scale, ball_codes, ball_scale, ball_norm, 
             continue
         fstep = np.float64(pinv_scale[v])
         if grid:  # the largest upper bound: its column, then its row
-            _grid_values(hi[i], pinv[v], fstep, cc, values, lanes, True)
+            _grid_values(h, pinv[v], fstep, cc, values, lanes, True)
             best = _max(lanes)
             col = 0
             while lanes[col] < best:
@@ -410,19 +416,19 @@ def _frame_pass(err, norm, pinv, pinv_scale, ball_codes, ball_scale, ball_norm, 
             top = (r - 1) * W + col
             start, end = _grid_window(r, col, M)
         else:
-            _window_values(hi[i], pinv[v], fstep, pidx[v], table, values)
+            _window_values(h, pinv[v], fstep, pidx[v], table, values)
             best = _max(values)
             top = 0
             while values[top] < best:
                 top += 1
             start, end = table[pidx[v, top], 0], table[pidx[v, top], 1]
-        low = hi[i, end] - hi[i, start]  # lo_top's window sum: hi_top's less twice the margins of its units
+        low = h[end] - h[start]  # lo_top's window sum: hi_top's less twice the margins of its units
         for t in range(start, end):
             low -= 2.0 * _margin(err[v, t], norm[v, t], qn, spread)
         factor = np.float64(pinv[v, top]) - (1.0 if low >= 0 else 0.0)
         cut = low * (factor * fstep) - key_eps
         if cut < 0:
-            cut -= 2.0 * _peak(hi[i]) * fstep
+            cut -= 2.0 * _peak(h) * fstep
         n = 0
         if grid:
             for col in range(W):
@@ -503,14 +509,137 @@ def _exact(units, pnorm, zhat, pidx, table, rows, q, qn, u_out, cos_out, key_out
         frame_out[i] = f
 
 
+# Parallel drivers: each cuts its videos into ``tasks`` equal parts and runs the serial kernel on each part,
+# on numba's threads (OpenMP where available: a launch costs tens of microseconds, where waking Python
+# threads costs hundreds). A video's result does not depend on the part it falls in.
+PARALLEL = {"parallel": True, "nogil": True, "cache": True}
+
+
+@numba.njit(**PARALLEL)
+def _clip_scan(codes, scale, err, norm, pinv, pinv_scale, pidx, table, rows, levels, step, qn, spread, out,  # noqa: ANN001, ANN202
+               hi, tasks):  # noqa: ANN001  # pragma: no cover - compiled
+    """``_clip_pass`` in parts."""
+    n = rows.shape[0]
+    for c in numba.prange(tasks):
+        a, b = c * n // tasks, (c + 1) * n // tasks
+        _clip_pass(codes, scale, err, norm, pinv, pinv_scale, pidx, table, rows[a:b], levels, step, qn,
+                   spread, out[a:b], hi[a:b])
+
+
+@numba.njit(**KERNEL)
+def _frame_runs(err, norm, pinv, pinv_scale, ball_codes, ball_scale, ball_norm, ball_radius, ball_of,  # noqa: ANN001, ANN202
+                ball_dist, zhat, pidx, table, seg, local, hi, at, levels, step, q, qn, spread, key_eps,  # noqa: ANN001
+                enough, out):  # noqa: ANN001  # pragma: no cover - compiled
+    """``_frame_pass`` of videos (seg[i], local[i]), seg sorted, the arrays typed Lists over segments (as
+    ``Stored``): one call per segment."""
+    a = 0
+    while a < seg.shape[0]:
+        s, b = seg[a], a + 1
+        while b < seg.shape[0] and seg[b] == s:
+            b += 1
+        _frame_pass(err[s], norm[s], pinv[s], pinv_scale[s], ball_codes[s], ball_scale[s], ball_norm[s],
+                    ball_radius[s], ball_of[s], ball_dist[s], zhat[s], pidx[s], table, local[a:b], hi,
+                    at[a:b], levels, step, q, qn, spread, key_eps, enough[a:b], out[a:b])
+        a = b
+
+
+@numba.njit(**KERNEL)
+def _exact_runs(units, pnorm, zhat, pidx, table, seg, local, q, qn, u_out, cos_out, key_out,  # noqa: ANN001, ANN202
+                frame_out):  # noqa: ANN001  # pragma: no cover - compiled
+    """``_exact`` of videos (seg[i], local[i]), seg sorted, the arrays typed Lists over segments (as
+    ``Stored``): one call per segment."""
+    a = 0
+    while a < seg.shape[0]:
+        s, b = seg[a], a + 1
+        while b < seg.shape[0] and seg[b] == s:
+            b += 1
+        _exact(units[s], pnorm[s], zhat[s], pidx[s], table, local[a:b], q, qn, u_out[a:b],
+               cos_out[a:b], key_out[a:b], frame_out[a:b])
+        a = b
+
+
+@numba.njit(**PARALLEL)
+def _frame_scan(err, norm, pinv, pinv_scale, ball_codes, ball_scale, ball_norm, ball_radius, ball_of,  # noqa: ANN001, ANN202
+                ball_dist, zhat, pidx, table, seg, local, hi, at, levels, step, q, qn, spread, key_eps,  # noqa: ANN001
+                enough, out, tasks):  # noqa: ANN001  # pragma: no cover - compiled
+    """``_frame_runs`` in parts."""
+    n = seg.shape[0]
+    for c in numba.prange(tasks):
+        a, b = c * n // tasks, (c + 1) * n // tasks
+        _frame_runs(err, norm, pinv, pinv_scale, ball_codes, ball_scale, ball_norm, ball_radius, ball_of,
+                    ball_dist, zhat, pidx, table, seg[a:b], local[a:b], hi, at[a:b], levels, step, q, qn,
+                    spread, key_eps, enough[a:b], out[a:b])
+
+
+@numba.njit(**PARALLEL)
+def _exact_scan(units, pnorm, zhat, pidx, table, seg, local, q, qn, u_out, cos_out, key_out, frame_out,  # noqa: ANN001, ANN202
+                tasks):  # noqa: ANN001  # pragma: no cover - compiled
+    """``_exact_runs`` in parts."""
+    n = seg.shape[0]
+    for c in numba.prange(tasks):
+        a, b = c * n // tasks, (c + 1) * n // tasks
+        _exact_runs(units, pnorm, zhat, pidx, table, seg[a:b], local[a:b], q, qn, u_out[a:b], cos_out[a:b],
+                    key_out[a:b], frame_out[a:b])
+
+
+_ONE_CALLER = threading.Lock()  # numba's fallback threading layer (workqueue) takes one caller at a time
+
+
+def _launch(kernel: Callable, threads: int, *args: object) -> None:
+    """Run a parallel driver on up to ``threads`` of numba's threads, parts handed out one at a time (a
+    thread slowed by another process leaves its later parts to the others). The thread count and the
+    hand-out are the calling thread's own settings in numba: concurrent searches do not share them."""
+    numba.set_num_threads(max(1, min(threads, numba.config.NUMBA_NUM_THREADS)))
+    try:
+        safe = numba.threading_layer() != "workqueue"
+    except ValueError:  # no parallel run yet: the layer is chosen by the first
+        safe = False
+    with numba.parallel_chunksize(1), contextlib.nullcontext() if safe else _ONE_CALLER:
+        kernel(*args)
+
+
 NO_TABLE = np.zeros((0, 2), dtype=np.int64)  # the kernels' "every window": the factor grid
 
 
-def _layout(arrays: dict[str, np.ndarray], table: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
-    """(pidx, table) as the kernels take them: per-video window ids into ``table``, or all windows."""
-    if table is None:
-        return np.zeros((1, 1), dtype=np.int16), NO_TABLE
-    return arrays["pidx"], np.ascontiguousarray(table, dtype=np.int64)
+def _table(table: np.ndarray | None) -> np.ndarray:
+    """The window table as the kernels take it: per-video window ids (``pidx``) into it, or every window."""
+    return NO_TABLE if table is None else np.ascontiguousarray(table, dtype=np.int64)
+
+
+class Stored(NamedTuple):
+    """The per-video arrays the frame bound and the exact scores read in place, one numba typed List per
+    array with one entry per segment: video (s, v) is row v of segment s. The kernels take the Lists one
+    by one (``FRAME``, ``EXACT``): numba types a tuple of them far slower than each alone."""
+
+    err: List
+    norm: List
+    pinv: List
+    pinv_scale: List
+    pidx: List
+    ball_codes: List
+    ball_scale: List
+    ball_norm: List
+    ball_radius: List
+    ball_of: List
+    ball_dist: List
+    units: List
+    pnorm: List
+    zhat: List
+
+    @classmethod
+    def of(cls, segments: Sequence[dict[str, np.ndarray]]) -> Stored:
+        """The typed Lists over segments' arrays (no copies; every window stored: no ``pidx`` needed)."""
+        def array(seg: dict[str, np.ndarray], name: str) -> np.ndarray:
+            if name == "pidx" and name not in seg:
+                return np.zeros((len(seg["units"]), 1), dtype=np.int16)
+            return seg[name]
+
+        return cls(*(List([array(seg, name) for seg in segments]) for name in cls._fields))
+
+
+FRAME = ("err", "norm", "pinv", "pinv_scale", "ball_codes", "ball_scale", "ball_norm", "ball_radius",
+         "ball_of", "ball_dist", "zhat", "pidx")  # the Lists ``_frame_runs`` takes, in order
+EXACT = ("units", "pnorm", "zhat", "pidx")  # the Lists ``_exact_runs`` takes, in order
 
 
 def _slack(x: np.ndarray) -> np.ndarray:
@@ -519,34 +648,49 @@ def _slack(x: np.ndarray) -> np.ndarray:
 
 
 def clip_upper(arrays: dict[str, np.ndarray], rows: np.ndarray, q: BoundQuery,
-               table: np.ndarray | None = None, hi: np.ndarray | None = None
+               table: np.ndarray | None = None, hi: np.ndarray | None = None, threads: int = 1, tasks: int = 1
                ) -> tuple[np.ndarray, np.ndarray]:
-    """(V,) upper bounds of S_clip for the videos ``rows`` of one segment's arrays, and (V, M+1) prefix sums
-    that ``frame_upper`` takes (written into ``hi`` when given). ``table`` (W, 2): the stored windows are per
-    video (``pidx``) rather than all of them in window_table order."""
+    """(V,) upper bounds of S_clip for the videos ``rows`` of the first-pass arrays, and (V, M+1) prefix sums
+    that ``frame_upper`` takes (written into ``hi`` when given), in ``tasks`` parts on ``threads``.
+    ``table`` (W, 2): the stored windows are per video (``pidx``) rather than all of them in window_table
+    order."""
     out = np.empty(len(rows))
     hi = np.empty((len(rows), arrays["codes"].shape[1] + 1)) if hi is None else hi
-    pidx, table = _layout(arrays, table)
-    _clip_pass(*(arrays[f] for f in FIRST_PASS), pidx, table, np.ascontiguousarray(rows, dtype=np.int64),
-               q.levels, q.step, q.norm, q.spread, out, hi)
+    pidx = arrays["pidx"] if table is not None else np.zeros((1, 1), dtype=np.int16)
+    args = (*(arrays[f] for f in FIRST_PASS), pidx, _table(table), np.ascontiguousarray(rows, dtype=np.int64),
+            q.levels, q.step, q.norm, q.spread, out, hi)
+    if tasks > 1:
+        _launch(_clip_scan, threads, *args, tasks)
+    else:
+        _clip_pass(*args)
     return np.minimum(_slack(out) / q.norm, 1.0), hi
+
+
+def frame_bounds(stored: Stored, seg: np.ndarray, local: np.ndarray, hi: np.ndarray, at: np.ndarray,
+                 q: BoundQuery, table: np.ndarray | None = None, enough: np.ndarray | None = None,
+                 threads: int = 1, tasks: int = 1) -> np.ndarray:
+    """(V,) upper bounds of S_frame (key-clip attention) of videos (seg, local) of ``stored``, given hi[at],
+    their prefix sums from ``clip_upper``. A video whose bound over every z row is already below
+    ``enough`` (V,) gets that bound; the others, the tighter key-clip bound too, and where even that is not
+    below ``enough``, the key-clip candidates' own z rows (see ``_frame_pass``)."""
+    out = np.empty(len(seg))
+    enough = np.full(len(seg), -np.inf) if enough is None else np.ascontiguousarray(enough, dtype=np.float64)
+    args = (*(getattr(stored, f) for f in FRAME), _table(table), np.ascontiguousarray(seg, dtype=np.int64),
+            np.ascontiguousarray(local, dtype=np.int64), np.ascontiguousarray(hi, dtype=np.float64),
+            np.ascontiguousarray(at, dtype=np.int64),
+            q.levels, q.step, q.vector, q.norm, q.spread, KEY_EPS * q.norm, enough, out)
+    if tasks > 1:
+        _launch(_frame_scan, threads, *args, tasks)
+    else:
+        _frame_runs(*args)
+    return np.minimum(_slack(out), 1.0)
 
 
 def frame_upper(arrays: dict[str, np.ndarray], rows: np.ndarray, hi: np.ndarray, q: BoundQuery,
                 table: np.ndarray | None = None, enough: np.ndarray | None = None) -> np.ndarray:
-    """(V,) upper bounds of S_frame (key-clip attention) for the videos ``rows`` of one segment's arrays,
-    given their prefix sums ``hi`` from ``clip_upper``. A video whose bound over every z row is already
-    below ``enough`` (V,) gets that bound; the others, the tighter key-clip bound too, and where even that
-    is not below ``enough``, the key-clip candidates' own z rows (see ``_frame_pass``)."""
-    out = np.empty(len(rows))
-    pidx, table = _layout(arrays, table)
-    enough = np.full(len(rows), -np.inf) if enough is None else np.ascontiguousarray(enough, dtype=np.float64)
-    names = ("err", "norm", "pinv", "pinv_scale", "ball_codes", "ball_scale", "ball_norm", "ball_radius",
-             "ball_of", "ball_dist", "zhat")
-    _frame_pass(*(arrays[f] for f in names), pidx, table, np.ascontiguousarray(rows, dtype=np.int64),
-                np.ascontiguousarray(hi, dtype=np.float64), q.levels, q.step, q.vector, q.norm, q.spread,
-                KEY_EPS * q.norm, enough, out)
-    return np.minimum(_slack(out), 1.0)
+    """``frame_bounds`` of the videos ``rows`` of one segment's arrays, hi (V, M+1) theirs."""
+    return frame_bounds(Stored.of([arrays]), np.zeros(len(rows), dtype=np.int64), rows, hi,
+                        np.arange(len(rows)), q, table, enough)
 
 
 @dataclass
@@ -561,35 +705,30 @@ class Exact:
     u: np.ndarray  # (V, M) raw dot products q.C_t
 
 
-def exact_scores(arrays: dict[str, np.ndarray], rows: np.ndarray, q: np.ndarray | BoundQuery,
-                 weights: tuple[float, float], table: np.ndarray | None = None) -> Exact:
-    """Exact scores of the videos ``rows`` of one segment's arrays (units, pnorm, zhat; pidx with ``table``).
+def exact_rows(stored: Stored, seg: np.ndarray, local: np.ndarray, q: np.ndarray | BoundQuery,
+               weights: tuple[float, float], table: np.ndarray | None = None, threads: int = 1) -> Exact:
+    """Exact scores of videos (seg, local) of ``stored`` (units, pnorm, zhat; pidx with ``table``).
 
-    One video at a time with the same arithmetic, so a video's scores do not depend on which videos share
-    the call: exact ties are broken by position, exactly as a full scan breaks them.
+    One video at a time with the same arithmetic, always by the same compiled driver (in one part per
+    thread), so a video's scores do not depend on which videos share the call: exact ties are broken by
+    position, exactly as a full scan breaks them.
     """
-    return exact_parts([(arrays, rows)], q, weights, table)
-
-
-def exact_parts(parts: Sequence[tuple[dict[str, np.ndarray], np.ndarray]], q: np.ndarray | BoundQuery,
-                weights: tuple[float, float], table: np.ndarray | None = None) -> Exact:
-    """``exact_scores`` of the videos of several segments, (arrays, rows) each, in that order."""
     bq = q if isinstance(q, BoundQuery) else BoundQuery.of(q)
-    V = sum(len(rows) for _, rows in parts)
-    M, P = parts[0][0]["units"].shape[1], parts[0][0]["pnorm"].shape[1]
+    V, M, P = len(seg), stored.units[0].shape[1], stored.pnorm[0].shape[1]
     u, cos = np.empty((V, M), dtype=np.float32), np.empty((V, P), dtype=np.float32)
     key, frame = np.empty(V, dtype=np.int64), np.empty(V, dtype=np.float32)
-    a = 0
-    for arrays, rows in parts:
-        b = a + len(rows)
-        pidx, windows = _layout(arrays, table)
-        _exact(arrays["units"], arrays["pnorm"], arrays["zhat"], pidx, windows,
-               np.ascontiguousarray(rows, dtype=np.int64), bq.vector, bq.norm, u[a:b], cos[a:b], key[a:b],
-               frame[a:b])
-        a = b
+    _launch(_exact_scan, threads, *(getattr(stored, f) for f in EXACT), _table(table),
+            np.ascontiguousarray(seg, dtype=np.int64), np.ascontiguousarray(local, dtype=np.int64), bq.vector,
+            bq.norm, u, cos, key, frame, max(1, min(threads, V)))
     clip = cos[np.arange(V), key].astype(np.float64)
     frame = frame.astype(np.float64) / bq.norm
     return Exact(weights[0] * clip + weights[1] * frame, clip, frame, key, cos, u.astype(np.float64))
+
+
+def exact_scores(arrays: dict[str, np.ndarray], rows: np.ndarray, q: np.ndarray | BoundQuery,
+                 weights: tuple[float, float], table: np.ndarray | None = None) -> Exact:
+    """``exact_rows`` of the videos ``rows`` of one segment's arrays."""
+    return exact_rows(Stored.of([arrays]), np.zeros(len(rows), dtype=np.int64), rows, q, weights, table)
 
 
 def top_k(bounds: np.ndarray, candidates: np.ndarray, score: Callable[[np.ndarray], np.ndarray], k: int,

@@ -10,6 +10,7 @@ import sys
 import textwrap
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numba
@@ -120,6 +121,23 @@ def test_exact_on_random_gallery_of_1000(tmp_path: Path) -> None:
             np.argsort(np.argsort(positions))])
         exact = wide.rank(q, 10)
         assert [x.tolist() for x in wide.rank(q, 10, approximate=True)[:2]] == [x.tolist() for x in exact[:2]]
+
+
+def test_concurrent_searches_return_what_each_returns_alone(tmp_path: Path) -> None:
+    """The app serves several users at once: ranks from 4 threads together (each scan itself spread over
+    numba's threads, over two segments) equal the same ranks run one at a time."""
+    model = small_model()
+    index = VideoIndex.create(tmp_path / "ix", model)
+    videos = gallery(600, seed=8, max_rows=24)
+    index.add(videos[:250])
+    index.add(videos[250:])
+    qs = model.encode_queries(queries(12, seed=9)).numpy()
+    alone = [index.rank(q, 10) for q in qs]
+    with ThreadPoolExecutor(4) as pool:
+        together = list(pool.map(lambda q: index.rank(q, 10), [*qs, *qs[::-1]]))
+    for (pos, tot, n), (pos2, tot2, n2) in zip(alone + alone[::-1], together, strict=True):
+        assert pos.tolist() == pos2.tolist() and n == n2
+        np.testing.assert_array_equal(tot, tot2)
 
 
 def test_compact_is_exact_for_msslpp(tmp_path: Path) -> None:
