@@ -628,7 +628,8 @@ class Stored(NamedTuple):
 
     @classmethod
     def of(cls, segments: Sequence[dict[str, np.ndarray]]) -> Stored:
-        """The typed Lists over segments' arrays (no copies; every window stored: no ``pidx`` needed)."""
+        """The typed Lists over the segments' arrays, without copies (a segment storing every window in
+        window_table order may lack ``pidx``: the kernels do not read it then, a placeholder stands in)."""
         def array(seg: dict[str, np.ndarray], name: str) -> np.ndarray:
             if name == "pidx" and name not in seg:
                 return np.zeros((len(seg["units"]), 1), dtype=np.int16)
