@@ -572,30 +572,33 @@ def _frame_scan(err, norm, pinv, pinv_scale, ball_codes, ball_scale, ball_norm, 
 
 
 @numba.njit(**PARALLEL)
-def _exact_scan(units, pnorm, zhat, pidx, table, seg, local, q, qn, u_out, cos_out, key_out, frame_out,  # noqa: ANN001, ANN202
-                tasks):  # noqa: ANN001  # pragma: no cover - compiled
-    """``_exact_runs`` in parts."""
-    n = seg.shape[0]
+def _exact_scan(units, pnorm, zhat, pidx, table, seg, local, q, qn, tasks):  # noqa: ANN001, ANN202  # pragma: no cover
+    """``_exact_runs`` in parts: (u, cos, key, frame) as ``_exact`` writes them."""
+    n, M, P = seg.shape[0], units[0].shape[1], pnorm[0].shape[1]
+    u_out, cos_out = np.empty((n, M), np.float32), np.empty((n, P), np.float32)
+    key_out, frame_out = np.empty(n, np.int64), np.empty(n, np.float32)
     for c in numba.prange(tasks):
         a, b = c * n // tasks, (c + 1) * n // tasks
         _exact_runs(units, pnorm, zhat, pidx, table, seg[a:b], local[a:b], q, qn, u_out[a:b], cos_out[a:b],
                     key_out[a:b], frame_out[a:b])
+    return u_out, cos_out, key_out, frame_out
 
 
 _ONE_CALLER = threading.Lock()  # numba's fallback threading layer (workqueue) takes one caller at a time
 
 
-def _launch(kernel: Callable, threads: int, *args: object) -> None:
+def _launch(kernel: Callable, threads: int, *args: object) -> object:
     """Run a parallel driver on up to ``threads`` of numba's threads, parts handed out one at a time (a
-    thread slowed by another process leaves its later parts to the others). The thread count and the
-    hand-out are the calling thread's own settings in numba: concurrent searches do not share them."""
+    thread slowed by another process leaves its later parts to the others); returns what it returns. The
+    thread count and the hand-out are the calling thread's own settings in numba: concurrent searches do
+    not share them."""
     numba.set_num_threads(max(1, min(threads, numba.config.NUMBA_NUM_THREADS)))
     try:
         safe = numba.threading_layer() != "workqueue"
     except ValueError:  # no parallel run yet: the layer is chosen by the first
         safe = False
     with numba.parallel_chunksize(1), contextlib.nullcontext() if safe else _ONE_CALLER:
-        kernel(*args)
+        return kernel(*args)
 
 
 NO_TABLE = np.zeros((0, 2), dtype=np.int64)  # the kernels' "every window": the factor grid
@@ -714,13 +717,10 @@ def exact_rows(stored: Stored, seg: np.ndarray, local: np.ndarray, q: np.ndarray
     thread), so a video's scores do not depend on which videos share the call: exact ties are broken by
     position, exactly as a full scan breaks them.
     """
-    bq = q if isinstance(q, BoundQuery) else BoundQuery.of(q)
-    V, M, P = len(seg), stored.units[0].shape[1], stored.pnorm[0].shape[1]
-    u, cos = np.empty((V, M), dtype=np.float32), np.empty((V, P), dtype=np.float32)
-    key, frame = np.empty(V, dtype=np.int64), np.empty(V, dtype=np.float32)
-    _launch(_exact_scan, threads, *(getattr(stored, f) for f in EXACT), _table(table),
-            np.ascontiguousarray(seg, dtype=np.int64), np.ascontiguousarray(local, dtype=np.int64), bq.vector,
-            bq.norm, u, cos, key, frame, max(1, min(threads, V)))
+    bq, V = q if isinstance(q, BoundQuery) else BoundQuery.of(q), len(seg)
+    seg, local = np.ascontiguousarray(seg, dtype=np.int64), np.ascontiguousarray(local, dtype=np.int64)
+    u, cos, key, frame = _launch(_exact_scan, threads, *(getattr(stored, f) for f in EXACT), _table(table),
+                                 seg, local, bq.vector, bq.norm, max(1, min(threads, V)))
     clip = cos[np.arange(V), key].astype(np.float64)
     frame = frame.astype(np.float64) / bq.norm
     return Exact(weights[0] * clip + weights[1] * frame, clip, frame, key, cos, u.astype(np.float64))
