@@ -44,8 +44,9 @@ from prvr.index_scan import (
     clip_upper,
     cover_balls,
     exact_rows,
-    frame_bounds,
     sketch,
+    swept_top_k,
+    tasks_for,
     top_k,
 )
 from prvr.model import EncodedQueries, EncodedVideos
@@ -67,9 +68,6 @@ log = logging.getLogger(__name__)
 MAPPED = ("units", "pnorm", "zhat", "frames", "scenes", *(f for f in SKETCH if f not in FIRST_PASS))
 RESIDENT = (*FIRST_PASS, "pidx")  # what the first pass reads: kept in memory, all segments in one array each
 SCENES = 4  # per-video unit-cluster centres that approximate search indexes with faiss
-PARALLEL_ROWS = 256  # fewest videos worth spreading over the threads
-TASK_ROWS = 2048  # fewest videos per task when a thread's share is split into several
-SCAN_TASKS = 4  # most tasks per thread
 
 
 class IndexMismatchError(store.IndexStoreError):
@@ -423,34 +421,15 @@ class VideoIndex:
         candidates = self._approximate_candidates(q) if approximate else np.flatnonzero(self.alive)
         bq, eps = BoundQuery.of(q), BOUND_EPS * (1 + w[0] + w[1])
         windows = self._windows
-        prefix = np.empty((len(candidates), self.segments[0]["codes"].shape[1] + 1))  # for the frame pass
-        clip = w[0] * clip_upper(self.first, candidates, bq, windows, prefix,
-                                 *self._parallel(len(candidates)))[0]
-
-        def sweep(positions: np.ndarray, tau: float) -> np.ndarray:
-            """The frame bound of each video that can still reach tau; exact totals where it still can."""
-            at = np.searchsorted(candidates, positions)
-            enough = (tau - eps - clip[at]) / w[1]  # a frame bound below this rules the video out
-            seg = self._segment_of(positions)
-            frame = frame_bounds(self.stored, seg, positions - self.seg_start[seg], prefix, at, bq, windows,
-                                 enough, *self._parallel(len(positions)))
-            keep = clip[at] + w[1] * frame + eps >= tau
-            out = np.full(len(positions), np.nan)
-            if keep.any():
-                out[keep] = self.exact(positions[keep], bq, w).total
-            return out
-
+        prefix = np.empty((len(candidates), self.segments[0]["codes"].shape[1] + 1))  # for the frame bound
+        threads = torch.get_num_threads()
+        clip = w[0] * clip_upper(self.first, candidates, bq, windows, prefix, threads,
+                                 tasks_for(len(candidates), threads))[0]
+        if w[1] > 0 and not self._csa:
+            return swept_top_k(self.stored, self.seg_start, candidates, clip, prefix, bq, w, k, windows,
+                               threads)
         # CSA scores frames its own way (at most 1): the stored z do not bound it, so no frame bound
-        use_balls = w[1] > 0 and not self._csa
-        return top_k(clip + w[1] + eps, candidates, lambda pos: self.exact(pos, bq, w).total, k,
-                     sweep if use_balls else None)
-
-    @staticmethod
-    def _parallel(n: int) -> tuple[int, int]:
-        """(threads, tasks) for a pass over n videos: one task per thread, a few per thread for big passes
-        (a thread slowed by another process leaves its later tasks to the others); one thread for small."""
-        threads = torch.get_num_threads() if n >= PARALLEL_ROWS else 1
-        return threads, threads * max(1, min(SCAN_TASKS, n // (threads * TASK_ROWS)))
+        return top_k(clip + w[1] + eps, candidates, lambda pos: self.exact(pos, bq, w).total, k)
 
     @property
     def _windows(self) -> np.ndarray | None:

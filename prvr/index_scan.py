@@ -53,6 +53,10 @@ BOUND_EPS = 1e-4  # added to every upper bound: covers float32 rounding in the e
 NORM_EPS = 1e-12  # F.normalize's eps, as the model's cosine uses
 SLACK = 1e-6  # relative margin on float64 bound arithmetic (its rounding is ~1e-15)
 UNIT_LEVELS = 127  # 8-bit codes of units and ball centres
+FIRST_CHUNK = 16  # the fewest videos scored exactly first (at least 2k)
+PARALLEL_ROWS = 256  # fewest videos worth spreading over the threads
+TASK_ROWS = 2048  # fewest videos per task when a thread's share is split into several
+SCAN_TASKS = 4  # most tasks per thread
 KEY_EPS = 1e-4  # the key clip candidates' margin (cosine units): the exact argmax's own float32 rounding
 MAX_BALLS = 255  # frame balls per video (ball ids are stored in 8 bits)
 FACTOR_LEVELS = 65534  # 16-bit window factors 1 / (k |p|), one level spare for rounding
@@ -584,6 +588,82 @@ def _exact_scan(units, pnorm, zhat, pidx, table, seg, local, q, qn, tasks):  # n
     return u_out, cos_out, key_out, frame_out
 
 
+@numba.njit(nogil=True, cache=True)
+def _best_bounded(bounds, n):  # noqa: ANN001, ANN202  # pragma: no cover - compiled
+    """Sorted indices of the n largest bounds (any of equal ones): a sorted buffer of n, one pass."""
+    idx, val, m = np.empty(n, np.int64), np.empty(n), 0
+    for j in range(bounds.shape[0]):
+        if m < n:
+            p, m = m, m + 1
+        elif bounds[j] > val[m - 1]:
+            p = m - 1
+        else:
+            continue
+        while p > 0 and val[p - 1] < bounds[j]:
+            val[p], idx[p] = val[p - 1], idx[p - 1]
+            p -= 1
+        val[p], idx[p] = bounds[j], j
+    return np.sort(idx[:m])
+
+
+@numba.njit(nogil=True, cache=True)
+def _kth_largest(x, k):  # noqa: ANN001, ANN202  # pragma: no cover - compiled
+    """The k-th largest of x (-inf when there are fewer than k)."""
+    return -np.inf if x.shape[0] < k else np.sort(x)[x.shape[0] - k]
+
+
+@numba.njit(nogil=True, cache=True)
+def _scored(units, pnorm, zhat, pidx, table, seg_start, positions, q, qn, w0, w1, threads):  # noqa: ANN001, ANN202  # pragma: no cover
+    """Exact totals of sorted global positions, by ``_exact_scan``; the float64 arithmetic of
+    ``exact_rows`` (no fast-math here: the same totals to the last bit, so ties rank the same)."""
+    seg = np.searchsorted(seg_start, positions, side="right") - 1
+    _, cos, key, frame = _exact_scan(units, pnorm, zhat, pidx, table, seg, positions - seg_start[seg], q, qn,
+                                     max(1, min(threads, positions.shape[0])))
+    totals = np.empty(key.shape[0])
+    for i in range(key.shape[0]):
+        totals[i] = w0 * np.float64(cos[i, key[i]]) + w1 * (np.float64(frame[i]) / qn)
+    return totals
+
+
+@numba.njit(nogil=True, cache=True)
+def _swept(candidates, clip, prefix, seg_start, err, norm, pinv, pinv_scale, ball_codes, ball_scale,  # noqa: ANN001, ANN202
+           ball_norm, ball_radius, ball_of, ball_dist, zhat, pidx, units, pnorm, table, levels, step, q, qn,  # noqa: ANN001
+           spread, key_eps, w0, w1, eps, k, n_first, threads):  # noqa: ANN001  # pragma: no cover - compiled
+    """``top_k`` with the frame bound, in one compiled call (see ``swept_top_k``): the positions scored
+    exactly and their totals."""
+    n = candidates.shape[0]
+    first = _best_bounded(clip, min(n, n_first))  # the best bounds: clip + w1 + eps, the same order
+    positions = candidates[first]
+    totals = _scored(units, pnorm, zhat, pidx, table, seg_start, positions, q, qn, w0, w1, threads)
+    tau = _kth_largest(totals, k)
+    rest = np.ones(n, np.bool_)
+    rest[first] = False
+    at = np.flatnonzero(rest & (clip + w1 + eps >= tau))  # the others that can still reach tau
+    if at.shape[0] == 0:
+        return positions, totals
+    pos = candidates[at]
+    seg = np.searchsorted(seg_start, pos, side="right") - 1
+    frame = np.empty(at.shape[0])
+    _frame_scan(err, norm, pinv, pinv_scale, ball_codes, ball_scale, ball_norm, ball_radius, ball_of,
+                ball_dist, zhat, pidx, table, seg, pos - seg_start[seg], prefix, at, levels, step, q, qn,
+                spread, key_eps, (tau - eps - clip[at]) / w1, frame, tasks_for(at.shape[0], threads))
+    frame = np.minimum(frame + np.abs(frame) * SLACK, 1.0)  # as frame_bounds returns it
+    keep = pos[clip[at] + w1 * frame + eps >= tau]
+    if keep.shape[0] == 0:
+        return positions, totals
+    more = _scored(units, pnorm, zhat, pidx, table, seg_start, keep, q, qn, w0, w1, threads)
+    return np.concatenate((positions, keep)), np.concatenate((totals, more))
+
+
+@numba.njit(nogil=True, cache=True)
+def tasks_for(n: int, threads: int) -> int:  # pragma: no cover - compiled
+    """Parts of a pass over n videos on ``threads``: one per thread, a few per thread for big passes (a
+    thread slowed by another process leaves its later parts to the others); one for a small pass."""
+    if threads <= 1 or n < PARALLEL_ROWS:
+        return 1
+    return threads * max(1, min(SCAN_TASKS, n // (threads * TASK_ROWS)))
+
+
 _ONE_CALLER = threading.Lock()  # numba's fallback threading layer (workqueue) takes one caller at a time
 
 
@@ -733,16 +813,14 @@ def exact_scores(arrays: dict[str, np.ndarray], rows: np.ndarray, q: np.ndarray 
 
 
 def top_k(bounds: np.ndarray, candidates: np.ndarray, score: Callable[[np.ndarray], np.ndarray], k: int,
-          sweep: Callable[[np.ndarray, float], np.ndarray] | None = None, first_chunk: int = 16
-          ) -> tuple[np.ndarray, np.ndarray, int]:
+          first_chunk: int = FIRST_CHUNK) -> tuple[np.ndarray, np.ndarray, int]:
     """Exact top-k among ``candidates`` (sorted positions) given their upper ``bounds``.
 
     ``score(sorted positions) -> exact totals``. The best-bounded videos are scored first; their k-th best
-    total tau rules out every video bounded below it. ``sweep(sorted positions, tau)``, when given, takes
-    all the others in one call and returns the exact totals of those a tighter bound cannot rule out
-    either, NaN for the rest. Without it the others are scored in descending bound order, in growing
-    chunks, until the next bound is below the k-th best total so far. Returns (positions, totals) best
-    first, ties broken by position (as a stable full scan would), and how many videos were scored exactly.
+    total tau rules out every video bounded below it. The others are scored in descending bound order, in
+    growing chunks, until the next bound is below the k-th best total so far. Returns (positions, totals)
+    best first, ties broken by position (as a stable full scan would), and how many videos were scored
+    exactly.
     """
     if len(candidates) == 0 or k <= 0:
         return np.zeros(0, dtype=np.int64), np.zeros(0), 0
@@ -754,13 +832,6 @@ def top_k(bounds: np.ndarray, candidates: np.ndarray, score: Callable[[np.ndarra
     left = bounds >= tau
     left[top] = False
     rest = np.flatnonzero(left)  # in position order
-    if sweep is not None:
-        positions = candidates[rest]
-        totals = sweep(positions, tau) if len(positions) else np.zeros(0)
-        scored = ~np.isnan(totals)
-        done_pos.append(positions[scored])
-        done_tot.append(totals[scored])
-        rest = rest[:0]
     rest = rest[np.argsort(-bounds[rest], kind="stable")]
     i, chunk = 0, max(first_chunk, 2 * k)
     while i < len(rest) and bounds[rest[i]] >= tau:
@@ -774,7 +845,34 @@ def top_k(bounds: np.ndarray, candidates: np.ndarray, score: Callable[[np.ndarra
         done_tot.append(score(pos) if len(pos) else np.zeros(0))
         i, chunk = i + chunk, chunk * 2
         tau = _kth(np.concatenate(done_tot), k)
-    positions, totals = np.concatenate(done_pos), np.concatenate(done_tot)
+    return _best(np.concatenate(done_pos), np.concatenate(done_tot), k)
+
+
+def swept_top_k(stored: Stored, seg_start: np.ndarray, candidates: np.ndarray, clip: np.ndarray,
+                prefix: np.ndarray, q: BoundQuery, weights: tuple[float, float], k: int,
+                table: np.ndarray | None = None, threads: int = 1) -> tuple[np.ndarray, np.ndarray, int]:
+    """``top_k`` with the frame bound, as one compiled call: the exact top-k of ``candidates`` (sorted
+    global positions; segment s of ``stored`` starts at seg_start[s]) given clip[i] = weights[0] times
+    their clip bound and prefix[i] their prefix sums, both from ``clip_upper``; weights[1] > 0.
+
+    The best-bounded videos (clip + weights[1], the frame score taken as 1) are scored first, and their
+    k-th best total tau rules out every video bounded below it. Each other video that can still reach tau
+    gets the frame bound (``frame_bounds``), and only those whose bound still reaches tau are scored
+    exactly. Returns what ``top_k`` returns.
+    """
+    if len(candidates) == 0 or k <= 0:
+        return np.zeros(0, dtype=np.int64), np.zeros(0), 0
+    eps = BOUND_EPS * (1 + weights[0] + weights[1])
+    positions, totals = _launch(
+        _swept, threads, np.ascontiguousarray(candidates, dtype=np.int64), np.ascontiguousarray(clip),
+        prefix, np.ascontiguousarray(seg_start, dtype=np.int64), *(getattr(stored, f) for f in FRAME),
+        stored.units, stored.pnorm, _table(table), q.levels, q.step, q.vector, q.norm, q.spread,
+        KEY_EPS * q.norm, float(weights[0]), float(weights[1]), eps, k, max(FIRST_CHUNK, 2 * k), threads)
+    return _best(positions, totals, k)
+
+
+def _best(positions: np.ndarray, totals: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray, int]:
+    """The k best (positions, totals), ties broken by position, and how many were scored."""
     best = np.lexsort((positions, -totals))[:k]
     return positions[best], totals[best], len(positions)
 

@@ -9,7 +9,6 @@ import subprocess
 import sys
 import textwrap
 import time
-from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -23,6 +22,7 @@ from prvr import index_store as store
 from prvr.index import GalleryError, GalleryVideo, IndexConfig, IndexMismatchError, VideoIndex
 from prvr.index_scan import (
     BoundQuery,
+    Stored,
     _grid_values,
     _int_dot,
     clip_upper,
@@ -30,6 +30,7 @@ from prvr.index_scan import (
     frame_upper,
     quantize,
     sketch,
+    swept_top_k,
     top_k,
     window_factors,
 )
@@ -193,16 +194,15 @@ def test_pruned_top_k_equals_full_scan_with_ties(rank: int) -> None:
             assert np.median(clip - ex.clip) < 0.02
             full = ex.total
             loose = w[0] * clip + w[1] + 1e-4
-            def sweep(pos: np.ndarray, tau: float, w: tuple = w, c: np.ndarray = clip, f: np.ndarray = frame,
-                      score: Callable = score) -> np.ndarray:
-                keep = w[0] * c[pos] + w[1] * f[pos] + 1e-4 >= tau
-                return np.where(keep, score(pos), np.nan)
-
             expected = np.lexsort((rows, -full))[:10]
-            for refine in (None, sweep):
-                positions, totals, scored = top_k(loose, rows, score, 10, refine)
+            ranked = [top_k(loose, rows, score, 10)]
+            if w[1] > 0:  # with the frame bound, in one compiled call (over two "segments" of the arrays)
+                halves = [{f: a[cut] for f, a in arrays.items()} for cut in (slice(n // 2), slice(n // 2, n))]
+                ranked.append(swept_top_k(Stored.of(halves), np.array([0, n // 2, n]), rows, w[0] * clip,
+                                          prefix, qc, w, 10, threads=2))
+            for positions, totals, scored in ranked:
                 assert positions.tolist() == expected.tolist()
-                np.testing.assert_array_equal(totals, full[expected])
+                np.testing.assert_array_equal(totals, full[expected])  # the same totals, to the last bit
                 assert scored < n // 4  # the bounds prune most videos
 
 
