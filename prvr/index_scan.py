@@ -12,7 +12,8 @@ Why it is fast. Scoring is memory-bound (a full scan reads every video's float32
 reads an 8-bit SKETCH of the units, a quarter of the bytes, and computes an UPPER BOUND of every video's
 total; the best-bounded few are scored exactly, their k-th best total tau rules out every video bounded
 below it, and only the others get the tighter frame bound and, where even that reaches tau, an exact score
-(``top_k``). The result is identical to scoring everything; only the bytes read change.
+(``swept_top_k``, one compiled call; ``top_k`` where there is no frame bound). The result is identical to
+scoring everything; only the bytes read change. The passes run on numba's threads (``_launch``).
 The bounds (all rigorous):
 - clip: unit C_t is stored as 8-bit codes times one scale (C~_t), with |C_t - C~_t| and |C_t|. By
   Cauchy-Schwarz q.C_t <= q.C~_t + |q||C_t - C~_t|; q.C~_t is computed exactly, in integers, with a 16-bit
