@@ -690,6 +690,29 @@ def _table(table: np.ndarray | None) -> np.ndarray:
     return NO_TABLE if table is None else np.ascontiguousarray(table, dtype=np.int64)
 
 
+@numba.njit(cache=True)
+def _list_of(array):  # noqa: ANN001, ANN202  # pragma: no cover - compiled
+    """A typed List holding ``array``. Built in compiled, cached code: a List built from Python compiles its
+    methods for each element type in every process (4 s for an index's 14 Lists here)."""
+    out = List()
+    out.append(array)
+    return out
+
+
+@numba.njit(cache=True)
+def _append(out, array):  # noqa: ANN001, ANN202  # pragma: no cover - compiled
+    """out.append(array), compiled and cached (see ``_list_of``)."""
+    out.append(array)
+
+
+def _typed_list(arrays: Sequence[np.ndarray]) -> List:
+    """A typed List of arrays of one type."""
+    out = _list_of(arrays[0])
+    for array in arrays[1:]:
+        _append(out, array)
+    return out
+
+
 class Stored(NamedTuple):
     """The per-video arrays the frame bound and the exact scores read in place, one numba typed List per
     array with one entry per segment: video (s, v) is row v of segment s. The kernels take the Lists one
@@ -719,7 +742,7 @@ class Stored(NamedTuple):
                 return np.zeros((len(seg["units"]), 1), dtype=np.int16)
             return seg[name]
 
-        return cls(*(List([array(seg, name) for seg in segments]) for name in cls._fields))
+        return cls(*(_typed_list([array(seg, name) for seg in segments]) for name in cls._fields))
 
 
 FRAME = ("err", "norm", "pinv", "pinv_scale", "ball_codes", "ball_scale", "ball_norm", "ball_radius",
