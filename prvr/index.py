@@ -352,9 +352,8 @@ class VideoIndex:
 
     def exact(self, positions: np.ndarray, q: np.ndarray | BoundQuery, weights: tuple[float, float]) -> Exact:
         """index_scan.Exact for sorted positions: reads their units, norms and one z row each."""
-        seg = self._segment_of(positions)
         threads = torch.get_num_threads() if len(positions) > 1 else 1
-        ex = exact_rows(self.stored, seg, positions - self.seg_start[seg], q, weights, self._windows, threads)
+        ex = exact_rows(self.stored, self.seg_start, positions, q, weights, self._windows, threads)
         if not self._csa:
             return ex
         # CSA replaces the key-clip-attention frame score

@@ -531,61 +531,66 @@ def _clip_scan(codes, scale, err, norm, pinv, pinv_scale, pidx, table, rows, lev
                    spread, out[a:b], hi[a:b])
 
 
+@numba.njit(inline="always")
+def _segment_run(seg_start, positions, a):  # noqa: ANN001, ANN202  # pragma: no cover - compiled
+    """(s, b): the segment s holding sorted global positions[a] (segment s holds seg_start[s] up to
+    seg_start[s + 1]) and the end b of the run positions[a:b] inside it."""
+    s = np.searchsorted(seg_start, positions[a], side="right") - 1
+    return s, np.searchsorted(positions, seg_start[s + 1])
+
+
 @numba.njit(**KERNEL)
 def _frame_runs(err, norm, pinv, pinv_scale, ball_codes, ball_scale, ball_norm, ball_radius, ball_of,  # noqa: ANN001, ANN202
-                ball_dist, zhat, pidx, table, seg, local, hi, at, levels, step, q, qn, spread, key_eps,  # noqa: ANN001
-                enough, out):  # noqa: ANN001  # pragma: no cover - compiled
-    """``_frame_pass`` of videos (seg[i], local[i]), seg sorted, the arrays typed Lists over segments (as
-    ``Stored``): one call per segment."""
+                ball_dist, zhat, pidx, table, seg_start, positions, hi, at, levels, step, q, qn, spread,  # noqa: ANN001
+                key_eps, enough, out):  # noqa: ANN001  # pragma: no cover - compiled
+    """``_frame_pass`` of sorted global positions, the arrays typed Lists over segments (as ``Stored``):
+    one call per segment."""
     a = 0
-    while a < seg.shape[0]:
-        s, b = seg[a], a + 1
-        while b < seg.shape[0] and seg[b] == s:
-            b += 1
+    while a < positions.shape[0]:
+        s, b = _segment_run(seg_start, positions, a)
         _frame_pass(err[s], norm[s], pinv[s], pinv_scale[s], ball_codes[s], ball_scale[s], ball_norm[s],
-                    ball_radius[s], ball_of[s], ball_dist[s], zhat[s], pidx[s], table, local[a:b], hi,
-                    at[a:b], levels, step, q, qn, spread, key_eps, enough[a:b], out[a:b])
+                    ball_radius[s], ball_of[s], ball_dist[s], zhat[s], pidx[s], table,
+                    positions[a:b] - seg_start[s], hi, at[a:b], levels, step, q, qn, spread, key_eps,
+                    enough[a:b], out[a:b])
         a = b
 
 
 @numba.njit(**KERNEL)
-def _exact_runs(units, pnorm, zhat, pidx, table, seg, local, q, qn, u_out, cos_out, key_out,  # noqa: ANN001, ANN202
+def _exact_runs(units, pnorm, zhat, pidx, table, seg_start, positions, q, qn, u_out, cos_out, key_out,  # noqa: ANN001, ANN202
                 frame_out):  # noqa: ANN001  # pragma: no cover - compiled
-    """``_exact`` of videos (seg[i], local[i]), seg sorted, the arrays typed Lists over segments (as
-    ``Stored``): one call per segment."""
+    """``_exact`` of sorted global positions, the arrays typed Lists over segments (as ``Stored``): one
+    call per segment."""
     a = 0
-    while a < seg.shape[0]:
-        s, b = seg[a], a + 1
-        while b < seg.shape[0] and seg[b] == s:
-            b += 1
-        _exact(units[s], pnorm[s], zhat[s], pidx[s], table, local[a:b], q, qn, u_out[a:b],
+    while a < positions.shape[0]:
+        s, b = _segment_run(seg_start, positions, a)
+        _exact(units[s], pnorm[s], zhat[s], pidx[s], table, positions[a:b] - seg_start[s], q, qn, u_out[a:b],
                cos_out[a:b], key_out[a:b], frame_out[a:b])
         a = b
 
 
 @numba.njit(**PARALLEL)
 def _frame_scan(err, norm, pinv, pinv_scale, ball_codes, ball_scale, ball_norm, ball_radius, ball_of,  # noqa: ANN001, ANN202
-                ball_dist, zhat, pidx, table, seg, local, hi, at, levels, step, q, qn, spread, key_eps,  # noqa: ANN001
-                enough, out, tasks):  # noqa: ANN001  # pragma: no cover - compiled
+                ball_dist, zhat, pidx, table, seg_start, positions, hi, at, levels, step, q, qn, spread,  # noqa: ANN001
+                key_eps, enough, out, tasks):  # noqa: ANN001  # pragma: no cover - compiled
     """``_frame_runs`` in parts."""
-    n = seg.shape[0]
+    n = positions.shape[0]
     for c in numba.prange(tasks):
         a, b = c * n // tasks, (c + 1) * n // tasks
         _frame_runs(err, norm, pinv, pinv_scale, ball_codes, ball_scale, ball_norm, ball_radius, ball_of,
-                    ball_dist, zhat, pidx, table, seg[a:b], local[a:b], hi, at[a:b], levels, step, q, qn,
-                    spread, key_eps, enough[a:b], out[a:b])
+                    ball_dist, zhat, pidx, table, seg_start, positions[a:b], hi, at[a:b], levels, step, q,
+                    qn, spread, key_eps, enough[a:b], out[a:b])
 
 
 @numba.njit(**PARALLEL)
-def _exact_scan(units, pnorm, zhat, pidx, table, seg, local, q, qn, tasks):  # noqa: ANN001, ANN202  # pragma: no cover
+def _exact_scan(units, pnorm, zhat, pidx, table, seg_start, positions, q, qn, tasks):  # noqa: ANN001, ANN202  # pragma: no cover
     """``_exact_runs`` in parts: (u, cos, key, frame) as ``_exact`` writes them."""
-    n, M, P = seg.shape[0], units[0].shape[1], pnorm[0].shape[1]
+    n, M, P = positions.shape[0], units[0].shape[1], pnorm[0].shape[1]
     u_out, cos_out = np.empty((n, M), np.float32), np.empty((n, P), np.float32)
     key_out, frame_out = np.empty(n, np.int64), np.empty(n, np.float32)
     for c in numba.prange(tasks):
         a, b = c * n // tasks, (c + 1) * n // tasks
-        _exact_runs(units, pnorm, zhat, pidx, table, seg[a:b], local[a:b], q, qn, u_out[a:b], cos_out[a:b],
-                    key_out[a:b], frame_out[a:b])
+        _exact_runs(units, pnorm, zhat, pidx, table, seg_start, positions[a:b], q, qn, u_out[a:b],
+                    cos_out[a:b], key_out[a:b], frame_out[a:b])
     return u_out, cos_out, key_out, frame_out
 
 
@@ -617,8 +622,7 @@ def _kth_largest(x, k):  # noqa: ANN001, ANN202  # pragma: no cover - compiled
 def _scored(units, pnorm, zhat, pidx, table, seg_start, positions, q, qn, w0, w1, threads):  # noqa: ANN001, ANN202  # pragma: no cover
     """Exact totals of sorted global positions, by ``_exact_scan``; the float64 arithmetic of
     ``exact_rows`` (no fast-math here: the same totals to the last bit, so ties rank the same)."""
-    seg = np.searchsorted(seg_start, positions, side="right") - 1
-    _, cos, key, frame = _exact_scan(units, pnorm, zhat, pidx, table, seg, positions - seg_start[seg], q, qn,
+    _, cos, key, frame = _exact_scan(units, pnorm, zhat, pidx, table, seg_start, positions, q, qn,
                                      max(1, min(threads, positions.shape[0])))
     totals = np.empty(key.shape[0])
     for i in range(key.shape[0]):
@@ -643,10 +647,9 @@ def _swept(candidates, clip, prefix, seg_start, err, norm, pinv, pinv_scale, bal
     if at.shape[0] == 0:
         return positions, totals
     pos = candidates[at]
-    seg = np.searchsorted(seg_start, pos, side="right") - 1
     frame = np.empty(at.shape[0])
     _frame_scan(err, norm, pinv, pinv_scale, ball_codes, ball_scale, ball_norm, ball_radius, ball_of,
-                ball_dist, zhat, pidx, table, seg, pos - seg_start[seg], prefix, at, levels, step, q, qn,
+                ball_dist, zhat, pidx, table, seg_start, pos, prefix, at, levels, step, q, qn,
                 spread, key_eps, (tau - eps - clip[at]) / w1, frame, tasks_for(at.shape[0], threads))
     frame = np.minimum(frame + np.abs(frame) * SLACK, 1.0)  # as frame_bounds returns it
     keep = pos[clip[at] + w1 * frame + eps >= tau]
@@ -774,17 +777,19 @@ def clip_upper(arrays: dict[str, np.ndarray], rows: np.ndarray, q: BoundQuery,
     return np.minimum(_slack(out) / q.norm, 1.0), hi
 
 
-def frame_bounds(stored: Stored, seg: np.ndarray, local: np.ndarray, hi: np.ndarray, at: np.ndarray,
-                 q: BoundQuery, table: np.ndarray | None = None, enough: np.ndarray | None = None,
-                 threads: int = 1, tasks: int = 1) -> np.ndarray:
-    """(V,) upper bounds of S_frame (key-clip attention) of videos (seg, local) of ``stored``, given hi[at],
-    their prefix sums from ``clip_upper``. A video whose bound over every z row is already below
-    ``enough`` (V,) gets that bound; the others, the tighter key-clip bound too, and where even that is not
-    below ``enough``, the key-clip candidates' own z rows (see ``_frame_pass``)."""
-    out = np.empty(len(seg))
-    enough = np.full(len(seg), -np.inf) if enough is None else np.ascontiguousarray(enough, dtype=np.float64)
-    args = (*(getattr(stored, f) for f in FRAME), _table(table), np.ascontiguousarray(seg, dtype=np.int64),
-            np.ascontiguousarray(local, dtype=np.int64), np.ascontiguousarray(hi, dtype=np.float64),
+def frame_bounds(stored: Stored, seg_start: np.ndarray, positions: np.ndarray, hi: np.ndarray,
+                 at: np.ndarray, q: BoundQuery, table: np.ndarray | None = None,
+                 enough: np.ndarray | None = None, threads: int = 1, tasks: int = 1) -> np.ndarray:
+    """(V,) upper bounds of S_frame (key-clip attention) of sorted global positions of ``stored`` (segment s
+    starts at seg_start[s]), given hi[at], their prefix sums from ``clip_upper``. A video whose bound over
+    every z row is already below ``enough`` (V,) gets that bound; the others, the tighter key-clip bound
+    too, and where even that is not below ``enough``, the key-clip candidates' own z rows (see
+    ``_frame_pass``)."""
+    out = np.empty(len(positions))
+    enough = np.full(len(out), -np.inf) if enough is None else np.ascontiguousarray(enough, dtype=np.float64)
+    args = (*(getattr(stored, f) for f in FRAME), _table(table),
+            np.ascontiguousarray(seg_start, dtype=np.int64), np.ascontiguousarray(positions, dtype=np.int64),
+            np.ascontiguousarray(hi, dtype=np.float64),
             np.ascontiguousarray(at, dtype=np.int64),
             q.levels, q.step, q.vector, q.norm, q.spread, KEY_EPS * q.norm, enough, out)
     if tasks > 1:
@@ -797,8 +802,13 @@ def frame_bounds(stored: Stored, seg: np.ndarray, local: np.ndarray, hi: np.ndar
 def frame_upper(arrays: dict[str, np.ndarray], rows: np.ndarray, hi: np.ndarray, q: BoundQuery,
                 table: np.ndarray | None = None, enough: np.ndarray | None = None) -> np.ndarray:
     """``frame_bounds`` of the videos ``rows`` of one segment's arrays, hi (V, M+1) theirs."""
-    return frame_bounds(Stored.of([arrays]), np.zeros(len(rows), dtype=np.int64), rows, hi,
-                        np.arange(len(rows)), q, table, enough)
+    return frame_bounds(Stored.of([arrays]), _one_segment(arrays), rows, hi, np.arange(len(rows)), q, table,
+                        enough)
+
+
+def _one_segment(arrays: dict[str, np.ndarray]) -> np.ndarray:
+    """seg_start of one segment's arrays alone."""
+    return np.array([0, len(arrays["units"])])
 
 
 @dataclass
@@ -813,18 +823,20 @@ class Exact:
     u: np.ndarray  # (V, M) raw dot products q.C_t
 
 
-def exact_rows(stored: Stored, seg: np.ndarray, local: np.ndarray, q: np.ndarray | BoundQuery,
+def exact_rows(stored: Stored, seg_start: np.ndarray, positions: np.ndarray, q: np.ndarray | BoundQuery,
                weights: tuple[float, float], table: np.ndarray | None = None, threads: int = 1) -> Exact:
-    """Exact scores of videos (seg, local) of ``stored`` (units, pnorm, zhat; pidx with ``table``).
+    """Exact scores of sorted global positions of ``stored`` (segment s starts at seg_start[s]; units, pnorm,
+    zhat; pidx with ``table``).
 
     One video at a time with the same arithmetic, always by the same compiled driver (in one part per
     thread), so a video's scores do not depend on which videos share the call: exact ties are broken by
     position, exactly as a full scan breaks them.
     """
-    bq, V = q if isinstance(q, BoundQuery) else BoundQuery.of(q), len(seg)
-    seg, local = np.ascontiguousarray(seg, dtype=np.int64), np.ascontiguousarray(local, dtype=np.int64)
+    bq, V = q if isinstance(q, BoundQuery) else BoundQuery.of(q), len(positions)
     u, cos, key, frame = _launch(_exact_scan, threads, *(getattr(stored, f) for f in EXACT), _table(table),
-                                 seg, local, bq.vector, bq.norm, max(1, min(threads, V)))
+                                 np.ascontiguousarray(seg_start, dtype=np.int64),
+                                 np.ascontiguousarray(positions, dtype=np.int64), bq.vector, bq.norm,
+                                 max(1, min(threads, V)))
     clip = cos[np.arange(V), key].astype(np.float64)
     frame = frame.astype(np.float64) / bq.norm
     return Exact(weights[0] * clip + weights[1] * frame, clip, frame, key, cos, u.astype(np.float64))
@@ -833,7 +845,7 @@ def exact_rows(stored: Stored, seg: np.ndarray, local: np.ndarray, q: np.ndarray
 def exact_scores(arrays: dict[str, np.ndarray], rows: np.ndarray, q: np.ndarray | BoundQuery,
                  weights: tuple[float, float], table: np.ndarray | None = None) -> Exact:
     """``exact_rows`` of the videos ``rows`` of one segment's arrays."""
-    return exact_rows(Stored.of([arrays]), np.zeros(len(rows), dtype=np.int64), rows, q, weights, table)
+    return exact_rows(Stored.of([arrays]), _one_segment(arrays), rows, q, weights, table)
 
 
 def top_k(bounds: np.ndarray, candidates: np.ndarray, score: Callable[[np.ndarray], np.ndarray], k: int,
