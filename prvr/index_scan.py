@@ -651,7 +651,7 @@ def _swept(candidates, clip, prefix, seg_start, err, norm, pinv, pinv_scale, bal
     _frame_scan(err, norm, pinv, pinv_scale, ball_codes, ball_scale, ball_norm, ball_radius, ball_of,
                 ball_dist, zhat, pidx, table, seg_start, pos, prefix, at, levels, step, q, qn,
                 spread, key_eps, (tau - eps - clip[at]) / w1, frame, tasks_for(at.shape[0], threads))
-    frame = np.minimum(frame + np.abs(frame) * SLACK, 1.0)  # as frame_bounds returns it
+    frame = np.minimum(_slack(frame), 1.0)  # as frame_upper returns it
     keep = pos[clip[at] + w1 * frame + eps >= tau]
     if keep.shape[0] == 0:
         return positions, totals
@@ -753,7 +753,8 @@ FRAME = ("err", "norm", "pinv", "pinv_scale", "ball_codes", "ball_scale", "ball_
 EXACT = ("units", "pnorm", "zhat", "pidx")  # the Lists ``_exact_runs`` takes, in order
 
 
-def _slack(x: np.ndarray) -> np.ndarray:
+@numba.njit(cache=True)
+def _slack(x: np.ndarray) -> np.ndarray:  # pragma: no cover - compiled
     """x plus a relative margin, monotone in x (so it commutes with max)."""
     return x + np.abs(x) * SLACK
 
@@ -777,33 +778,21 @@ def clip_upper(arrays: dict[str, np.ndarray], rows: np.ndarray, q: BoundQuery,
     return np.minimum(_slack(out) / q.norm, 1.0), hi
 
 
-def frame_bounds(stored: Stored, seg_start: np.ndarray, positions: np.ndarray, hi: np.ndarray,
-                 at: np.ndarray, q: BoundQuery, table: np.ndarray | None = None,
-                 enough: np.ndarray | None = None, threads: int = 1, tasks: int = 1) -> np.ndarray:
-    """(V,) upper bounds of S_frame (key-clip attention) of sorted global positions of ``stored`` (segment s
-    starts at seg_start[s]), given hi[at], their prefix sums from ``clip_upper``. A video whose bound over
-    every z row is already below ``enough`` (V,) gets that bound; the others, the tighter key-clip bound
-    too, and where even that is not below ``enough``, the key-clip candidates' own z rows (see
-    ``_frame_pass``)."""
-    out = np.empty(len(positions))
-    enough = np.full(len(out), -np.inf) if enough is None else np.ascontiguousarray(enough, dtype=np.float64)
-    args = (*(getattr(stored, f) for f in FRAME), _table(table),
-            np.ascontiguousarray(seg_start, dtype=np.int64), np.ascontiguousarray(positions, dtype=np.int64),
-            np.ascontiguousarray(hi, dtype=np.float64),
-            np.ascontiguousarray(at, dtype=np.int64),
-            q.levels, q.step, q.vector, q.norm, q.spread, KEY_EPS * q.norm, enough, out)
-    if tasks > 1:
-        _launch(_frame_scan, threads, *args, tasks)
-    else:
-        _frame_runs(*args)
-    return np.minimum(_slack(out), 1.0)
-
-
 def frame_upper(arrays: dict[str, np.ndarray], rows: np.ndarray, hi: np.ndarray, q: BoundQuery,
                 table: np.ndarray | None = None, enough: np.ndarray | None = None) -> np.ndarray:
-    """``frame_bounds`` of the videos ``rows`` of one segment's arrays, hi (V, M+1) theirs."""
-    return frame_bounds(Stored.of([arrays]), _one_segment(arrays), rows, hi, np.arange(len(rows)), q, table,
-                        enough)
+    """(V,) upper bounds of S_frame (key-clip attention) for the videos ``rows`` of one segment's arrays,
+    given their prefix sums ``hi`` (V, M+1) from ``clip_upper``: the frame bound ``swept_top_k`` applies. A
+    video whose bound over every z row is already below ``enough`` (V,) gets that bound; the others, the
+    tighter key-clip bound too, and where even that is not below ``enough``, the key-clip candidates' own z
+    rows (see ``_frame_pass``)."""
+    out = np.empty(len(rows))
+    enough = np.full(len(out), -np.inf) if enough is None else np.ascontiguousarray(enough, dtype=np.float64)
+    stored = Stored.of([arrays])
+    _frame_runs(*(getattr(stored, f) for f in FRAME), _table(table), _one_segment(arrays),
+                np.ascontiguousarray(rows, dtype=np.int64), np.ascontiguousarray(hi, dtype=np.float64),
+                np.arange(len(rows)), q.levels, q.step, q.vector, q.norm, q.spread, KEY_EPS * q.norm, enough,
+                out)
+    return np.minimum(_slack(out), 1.0)
 
 
 def _one_segment(arrays: dict[str, np.ndarray]) -> np.ndarray:
@@ -893,7 +882,7 @@ def swept_top_k(stored: Stored, seg_start: np.ndarray, candidates: np.ndarray, c
 
     The best-bounded videos (clip + weights[1], the frame score taken as 1) are scored first, and their
     k-th best total tau rules out every video bounded below it. Each other video that can still reach tau
-    gets the frame bound (``frame_bounds``), and only those whose bound still reaches tau are scored
+    gets the frame bound (``frame_upper``), and only those whose bound still reaches tau are scored
     exactly. Returns what ``top_k`` returns.
     """
     if len(candidates) == 0 or k <= 0:
