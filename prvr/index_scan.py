@@ -141,7 +141,7 @@ def window_factors(pnorm: np.ndarray, windows: np.ndarray, M: int) -> tuple[np.n
     steps = scale.astype(np.float64)[:, None]
     factors = np.ceil(inv / steps)
     factors += factors * steps < inv  # division rounding: f * s never below 1 / (k |p|)
-    return factors.astype(np.uint16), scale
+    return np.ascontiguousarray(factors, dtype=np.uint16), scale  # rows contiguous: the kernels' vector loads
 
 
 def sketch(units: np.ndarray, pnorm: np.ndarray, windows: np.ndarray, zhat: np.ndarray, n_balls: int
@@ -178,12 +178,27 @@ class BoundQuery:
     def of(cls, q: np.ndarray) -> BoundQuery:
         """The kernels' view of query vector q (H,)."""
         vector = np.ascontiguousarray(q, dtype=np.float32)
-        q64 = vector.astype(np.float64)
         top = min(2**15 - 1, (2**31 - 1) // (UNIT_LEVELS * len(vector)))  # int32 sums cannot overflow
-        step = max(float(np.abs(q64).max(initial=0.0)), NORM_EPS) / top
-        levels = np.clip(np.rint(q64 / step), -top, top)
-        spread = float(np.linalg.norm(q64 - levels * step)) * (1 + SLACK) + 1e-300
-        return cls(vector, max(float(np.linalg.norm(q64)), NORM_EPS), levels.astype(np.int16), step, spread)
+        levels, step, spread, norm = _query_levels(vector, top)
+        return cls(vector, norm, levels, step, spread)
+
+
+@numba.njit(nogil=True, cache=True)
+def _query_levels(q, top):  # noqa: ANN001, ANN202  # pragma: no cover - compiled
+    """(levels, step, spread, |q|) of ``BoundQuery`` for q (H,) float32: levels in -top..top, the largest
+    |q_h| at top. Compiled: a dozen numpy calls on a short vector cost more than the first pass saves."""
+    peak, square = 0.0, 0.0
+    for h in range(q.shape[0]):
+        x = np.float64(q[h])
+        peak, square = max(peak, abs(x)), square + x * x
+    step = max(peak, NORM_EPS) / top
+    levels, rest = np.empty(q.shape[0], np.int16), 0.0
+    for h in range(q.shape[0]):
+        x = np.float64(q[h])
+        level = min(max(np.rint(x / step), -top), top)
+        levels[h] = np.int16(level)
+        rest += (x - level * step) ** 2
+    return levels, step, np.sqrt(rest) * (1 + SLACK) + 1e-300, max(np.sqrt(square), NORM_EPS)
 
 
 # The serial kernels release the GIL; the parallel drivers (below) run them on numba's threads, in parts.
@@ -193,52 +208,103 @@ class BoundQuery:
 KERNEL = {"nogil": True, "cache": True, "fastmath": {"reassoc", "contract", "nsz"}}
 
 
+DOT_LANES = 32  # int8 x int16 products per vector step: one 512-bit register of int16 pairs
+GRID_LANES = 8  # float64 grid cells per vector step
+
+
+def _shuffle(builder: ir.IRBuilder, a: ir.Value, b: ir.Value, lanes: list[int]) -> ir.Value:
+    """Lanes of a ++ b, as LLVM's shufflevector."""
+    return builder.shuffle_vector(a, b, ir.Constant(ir.VectorType(ir.IntType(32), len(lanes)), lanes))
+
+
+def _load(builder: ir.IRBuilder, array: ir.Value, at: ir.Value, vector: ir.VectorType) -> ir.Value:
+    """A vector of ``array``'s elements from element ``at`` on (unaligned)."""
+    return builder.load(builder.bitcast(builder.gep(array.data, [at]), vector.as_pointer()), align=1)
+
+
+def _fold(builder: ir.IRBuilder, a: ir.Value, b: ir.Value, groups: int) -> ir.Value:
+    """Two vectors of ``groups`` rows' partial sums each (equal runs of lanes) -> one vector of twice the
+    rows, each row's lanes halved by adding its two halves: a transposing reduction step."""
+    n = a.type.count
+    size = n // groups
+    halves = [[offset + j * size + part * size // 2 + lane for offset in (0, n) for j in range(groups)
+               for lane in range(size // 2)] for part in (0, 1)]
+    return builder.add(_shuffle(builder, a, b, halves[0]), _shuffle(builder, a, b, halves[1]))
+
+
 @intrinsic
-def _int_dot_blocks(typingctx, x, q):  # noqa: ANN001, ANN202  # pragma: no cover - compiled
-    """int32 x . q over the first 16 (H // 16) elements of x (H,) int8 and q (H,) int16, written as LLVM
-    vector code: 16 products, summed in even/odd pairs, which x86 compiles to vpmaddwd (or AVX-VNNI's
-    vpdpwssd): a third of the instructions of float32 products. Plain vector code elsewhere."""
+def _int_dot_rows(typingctx, x, q, out):  # noqa: ANN001, ANN202  # pragma: no cover - compiled
+    """out[t] = int32 x[t, :n] . q[:n] for the rows t of x (R, H) int8, q (H,) int16, n = H - H % 32, as
+    LLVM vector code: four rows at a time (each block of q loaded once, four independent sums), each
+    block's 32 products summed in even/odd pairs, which x86 compiles to vpmaddwd (or VNNI's vpdpwssd), and
+    the four rows' sums reduced together. Plain vector code elsewhere."""
     def codegen(context, builder, signature, args):  # noqa: ANN001, ANN202
-        xa = context.make_array(signature.args[0])(context, builder, args[0])
-        qa = context.make_array(signature.args[1])(context, builder, args[1])
-        n = builder.extract_value(xa.shape, 0)
+        xa, qa, oa = (context.make_array(t)(context, builder, a) for t, a in zip(signature.args, args,
+                                                                                  strict=True))
+        rows, H = (builder.extract_value(xa.shape, d) for d in (0, 1))
         i32 = ir.IntType(32)
-        wide, pairs = ir.VectorType(i32, 16), ir.VectorType(i32, 8)
-        acc = cgutils.alloca_once_value(builder, ir.Constant(pairs, [0] * 8))
-        even, odd = (ir.Constant(pairs, list(range(first, 16, 2))) for first in (0, 1))
-        with cgutils.for_range(builder, builder.udiv(n, ir.Constant(n.type, 16))) as loop:
-            at = builder.mul(loop.index, ir.Constant(n.type, 16))
-            products = builder.mul(*(
-                builder.sext(builder.load(builder.bitcast(builder.gep(a.data, [at]), ir.VectorType(
-                    ir.IntType(bits), 16).as_pointer()), align=1), wide) for a, bits in ((xa, 8), (qa, 16))))
-            pair = builder.add(builder.shuffle_vector(products, products, even),
-                               builder.shuffle_vector(products, products, odd))
-            builder.store(builder.add(builder.load(acc), pair), acc)
-        total, lanes = ir.Constant(i32, 0), builder.load(acc)
-        for lane in range(8):
-            total = builder.add(total, builder.extract_element(lanes, ir.Constant(i32, lane)))
-        return total
+        wide, pairs = ir.VectorType(i32, DOT_LANES), ir.VectorType(i32, DOT_LANES // 2)
+        even, odd = (list(range(first, DOT_LANES, 2)) for first in (0, 1))
+        blocks = builder.udiv(H, ir.Constant(H.type, DOT_LANES))
 
-    if not (isinstance(x, types.Array) and x.dtype == types.int8 and isinstance(q, types.Array)
-            and q.dtype == types.int16 and x.layout == q.layout == "C" and x.ndim == q.ndim == 1):
+        def load(a, at, bits):  # noqa: ANN001, ANN202
+            return builder.sext(_load(builder, a, at, ir.VectorType(ir.IntType(bits), DOT_LANES)), wide)
+
+        def sums(first, n):  # noqa: ANN001, ANN202  # rows first..first+n-1: their sums, n lanes each
+            accs = [cgutils.alloca_once_value(builder, ir.Constant(pairs, [0] * (DOT_LANES // 2)))
+                    for _ in range(n)]
+            with cgutils.for_range(builder, blocks) as loop:
+                at = builder.mul(loop.index, ir.Constant(H.type, DOT_LANES))
+                qv = load(qa, at, 16)
+                for r, acc in enumerate(accs):
+                    row = builder.add(builder.mul(builder.add(first, ir.Constant(H.type, r)), H), at)
+                    p = builder.mul(load(xa, row, 8), qv)
+                    pair = builder.add(_shuffle(builder, p, p, even), _shuffle(builder, p, p, odd))
+                    builder.store(builder.add(builder.load(acc), pair), acc)
+            return [builder.load(acc) for acc in accs]
+
+        def store(first, n, v):  # noqa: ANN001, ANN202  # v (n,) -> out[first:first + n]
+            ptr = builder.bitcast(builder.gep(oa.data, [first]), ir.VectorType(i32, n).as_pointer())
+            builder.store(v, ptr, align=4)
+
+        fours = builder.udiv(rows, ir.Constant(rows.type, 4))
+        with cgutils.for_range(builder, fours) as g:
+            first = builder.mul(g.index, ir.Constant(rows.type, 4))
+            a0, a1, a2, a3 = sums(first, 4)
+            v = _fold(builder, _fold(builder, a0, a1, 1), _fold(builder, a2, a3, 1), 2)  # 4 rows x 4 lanes
+            v = builder.add(_shuffle(builder, v, v, [j * 4 + k for j in range(4) for k in (0, 1)]),
+                            _shuffle(builder, v, v, [j * 4 + k for j in range(4) for k in (2, 3)]))
+            store(first, 4, builder.add(_shuffle(builder, v, v, [0, 2, 4, 6]),
+                                        _shuffle(builder, v, v, [1, 3, 5, 7])))
+        done = builder.mul(fours, ir.Constant(rows.type, 4))
+        with cgutils.for_range(builder, builder.sub(rows, done)) as loop:
+            first = builder.add(done, loop.index)
+            reduce = cgutils.get_or_insert_function(builder.module, ir.FunctionType(i32, [pairs]),
+                                                    f"llvm.vector.reduce.add.v{DOT_LANES // 2}i32")
+            total = builder.call(reduce, sums(first, 1))
+            store(first, 1, builder.insert_element(ir.Constant(ir.VectorType(i32, 1), [0]), total,
+                                                   ir.Constant(i32, 0)))
+        return context.get_dummy_value()
+
+    def ok(a: types.Type, dtype: types.Type, ndim: int) -> bool:
+        return isinstance(a, types.Array) and a.dtype == dtype and a.ndim == ndim and a.layout == "C"
+
+    if not (ok(x, types.int8, 2) and ok(q, types.int16, 1) and ok(out, types.int32, 1)):
         return None
-    return types.int32(x, q), codegen
+    return types.void(x, q, out), codegen
 
 
 @numba.njit(inline="always")
-def _int_dot(x, q):  # noqa: ANN001, ANN202  # pragma: no cover - compiled
-    """x . q for x (H,) int8 and q (H,) int16, exact in int32 (``BoundQuery`` keeps the sum in range)."""
-    total = _int_dot_blocks(x, q)
-    for h in range(x.shape[0] - x.shape[0] % 16, x.shape[0]):
-        total += np.int32(x[h]) * np.int32(q[h])
-    return total
-
-
-@numba.njit(inline="always")
-def _code_dot(codes, scale, levels, step):  # noqa: ANN001, ANN202  # pragma: no cover - compiled
-    """step (levels . codes) scale: the query's 16-bit copy dotted with a row stored as 8-bit codes times
-    ``scale``, the integer product exact."""
-    return np.float64(_int_dot(codes, levels)) * np.float64(scale) * step
+def _int_dots(x, q, out):  # noqa: ANN001, ANN202  # pragma: no cover - compiled
+    """out[t] = x[t] . q for the rows of x (R, H) int8 and q (H,) int16, exact in int32 (``BoundQuery`` keeps
+    the sums in range)."""
+    _int_dot_rows(x, q, out)
+    R, H = x.shape
+    for t in range(R):
+        total = out[t]
+        for h in range(H - H % DOT_LANES, H):
+            total += np.int32(x[t, h]) * np.int32(q[h])
+        out[t] = total
 
 
 @numba.njit(inline="always", fastmath={"reassoc", "contract", "nsz"})
@@ -275,10 +341,10 @@ def _twice(c, cc):  # noqa: ANN001, ANN202  # pragma: no cover - compiled
 
 
 @numba.njit(inline="always", fastmath={"reassoc", "contract", "nsz"})
-def _grid_values(c, factors, step, cc, out, lanes, store):  # noqa: ANN001, ANN202  # pragma: no cover - compiled
+def _grid_values(c, factors, step, cc, out, lanes):  # noqa: ANN001, ANN202  # pragma: no cover - compiled
     """Every window's value (c[end] - c[start]) * factor * step over the factor grid (``window_factors``)
-    from prefix sums c, into out (when ``store``; empty cells -inf), and lanes[i] = the largest in
-    column i: fixed-length rows vectorise."""
+    from prefix sums c, into out (empty cells -inf), and lanes[i] = the largest in column i: fixed-length
+    rows vectorise."""
     W = c.shape[0]
     M = W - 1
     _twice(c, cc)
@@ -288,10 +354,72 @@ def _grid_values(c, factors, step, cc, out, lanes, store):  # noqa: ANN001, ANN2
         for i in range(W):
             x = (cc[i + r] - cc[i]) * (np.float64(row[i]) * step)
             x = -x if i > M - r else x  # the row's second part: windows ending at unit i
-            x = x if row[i] > 0 else -np.inf
-            if store:
-                o[i] = x
-            lanes[i] = x if x > lanes[i] else lanes[i]
+            o[i] = x if row[i] > 0 else -np.inf
+            lanes[i] = o[i] if o[i] > lanes[i] else lanes[i]
+
+
+@intrinsic
+def _grid_top(typingctx, cc, factors):  # noqa: ANN001, ANN202  # pragma: no cover - compiled
+    """The largest (cc[i + r] - cc[i]) * f over the grid cells (r, i) of the first W - W % 8 columns
+    (negated in a row's second part, -inf where f is 0: ``_grid_values`` without the step), for cc the
+    prefix sums twice over (2W,) float64 and factors (R W,) uint16, as LLVM vector code: eight cells at a
+    time and one running maximum, where numba's loops spend more on each short row than on its cells."""
+    def codegen(context, builder, signature, args):  # noqa: ANN001, ANN202
+        ca, fa = (context.make_array(t)(context, builder, a)
+                  for t, a in zip(signature.args, args, strict=True))
+        i32, i64, f64 = ir.IntType(32), ir.IntType(64), ir.DoubleType()
+        cells, keys, lanes = (ir.VectorType(t, GRID_LANES) for t in (f64, ir.IntType(16), i64))
+        W = builder.udiv(builder.extract_value(ca.shape, 0), ir.Constant(i64, 2))
+        R, M = builder.udiv(builder.extract_value(fa.shape, 0), W), builder.sub(W, ir.Constant(i64, 1))
+        lowest = ir.Constant(cells, [float("-inf")] * GRID_LANES)
+        lane = ir.Constant(lanes, list(range(GRID_LANES)))
+
+        def splat(x):  # noqa: ANN001, ANN202
+            one = builder.insert_element(ir.Constant(lanes, ir.Undefined), x, ir.Constant(i32, 0))
+            return _shuffle(builder, one, one, [0] * GRID_LANES)
+
+        best = cgutils.alloca_once_value(builder, lowest)
+        with cgutils.for_range(builder, R) as rows:
+            r = builder.add(rows.index, ir.Constant(i64, 1))
+            second = splat(builder.sub(M, r))  # cells i > M - r: windows ending at unit i
+            with cgutils.for_range(builder, builder.udiv(W, ir.Constant(i64, GRID_LANES))) as chunk:
+                i = builder.mul(chunk.index, ir.Constant(i64, GRID_LANES))
+                f = _load(builder, fa, builder.add(builder.mul(rows.index, W), i), keys)
+                x = builder.fmul(builder.fsub(_load(builder, ca, builder.add(i, r), cells),
+                                              _load(builder, ca, i, cells)), builder.uitofp(f, cells))
+                x = builder.select(builder.icmp_signed(">", builder.add(splat(i), lane), second),
+                                   builder.fneg(x), x)
+                empty = builder.icmp_unsigned("==", f, ir.Constant(keys, [0] * GRID_LANES))
+                x = builder.select(empty, lowest, x)
+                top = builder.load(best)
+                builder.store(builder.select(builder.fcmp_ordered(">", x, top), x, top), best)
+        reduce = cgutils.get_or_insert_function(builder.module, ir.FunctionType(f64, [cells]),
+                                                f"llvm.vector.reduce.fmax.v{GRID_LANES}f64")
+        return builder.call(reduce, [builder.load(best)])
+
+    def ok(a: types.Type, dtype: types.Type) -> bool:
+        return isinstance(a, types.Array) and a.dtype == dtype and a.ndim == 1 and a.layout == "C"
+
+    if not (ok(cc, types.float64) and ok(factors, types.uint16)):
+        return None
+    return types.float64(cc, factors), codegen
+
+
+@numba.njit(inline="always", fastmath={"reassoc", "contract", "nsz"})
+def _grid_max(c, factors, step, cc):  # noqa: ANN001, ANN202  # pragma: no cover - compiled
+    """The largest window value over the factor grid, as ``_grid_values`` computes them (step applied
+    last: the same up to float64 rounding)."""
+    W = c.shape[0]
+    M = W - 1
+    _twice(c, cc)
+    best = _grid_top(cc, factors)
+    for i in range(W - W % GRID_LANES, W):  # the columns left over
+        for r in range(1, (M + 1) // 2 + 1):
+            f = factors[(r - 1) * W + i]
+            x = (cc[i + r] - cc[i]) * np.float64(f)
+            x = -x if i > M - r else x
+            best = x if f > 0 and x > best else best
+    return best * step
 
 
 @numba.njit(inline="always")
@@ -349,25 +477,25 @@ def _negative(best, c, step):  # noqa: ANN001, ANN202  # pragma: no cover - comp
 @numba.njit(**KERNEL)
 def _clip_pass(codes, scale, err, norm, pinv, pinv_scale, pidx, table, rows, levels, step, qn, spread,  # noqa: ANN001, ANN202
                out, hi):  # noqa: ANN001  # pragma: no cover - compiled
-    """out[i] >= |q| max_j cos(q, p_j) for video v = rows[i], the largest window upper bound; hi[i] = the
-    prefix sums of its unit upper bounds q.C_t <= step (levels . codes_t) scale_t + margin_t (the frame
-    pass starts from them)."""
+    """out[i] >= max_j cos(q, p_j) for video v = rows[i] (at most 1): the largest window upper bound; hi[i]
+    = the prefix sums of its unit upper bounds q.C_t <= step (levels . codes_t) scale_t + margin_t (the
+    frame pass starts from them)."""
     M, P = codes.shape[1], pinv.shape[1]
-    values, cc, lanes = np.empty(P), np.empty(2 * M + 2), np.empty(M + 1)
+    values, cc, dots = np.empty(P), np.empty(2 * M + 2), np.empty(M, np.int32)
     for i in range(rows.shape[0]):
         v = rows[i]
+        _int_dots(codes[v], levels, dots)
         hi[i, 0] = 0.0
         for t in range(M):
-            d = _code_dot(codes[v, t], scale[v, t], levels, step)
+            d = np.float64(dots[t]) * np.float64(scale[v, t]) * step  # q~.C~_t: the integer product exact
             hi[i, t + 1] = hi[i, t] + d + _margin(err[v, t], norm[v, t], qn, spread)
         unit = np.float64(pinv_scale[v])  # of the window factors
         if table.shape[0] == 0:
-            _grid_values(hi[i], pinv[v], unit, cc, values, lanes, False)
-            best = _max(lanes)
+            best = _grid_max(hi[i], pinv[v], unit, cc)
         else:
             _window_values(hi[i], pinv[v], unit, pidx[v], table, values)
             best = _max(values)
-        out[i] = _negative(best, hi[i], unit)
+        out[i] = min(_slack(_negative(best, hi[i], unit)) / qn, 1.0)
 
 
 @numba.njit(**KERNEL)
@@ -392,7 +520,7 @@ def _frame_pass(err, norm, pinv, pinv_scale, ball_codes, ball_scale, ball_norm, 
     """
     M, B, H = err.shape[1], ball_codes.shape[1], q.shape[0]
     grid, W = table.shape[0] == 0, M + 1
-    values, dots, reach = np.empty(pinv.shape[1]), np.empty(B), np.empty(B)
+    values, dots, reach, ints = np.empty(pinv.shape[1]), np.empty(B), np.empty(B), np.empty(B, np.int32)
     cand = np.empty(pinv.shape[1], dtype=np.int64)  # the stored proposals that can be the key clip
     cc, lanes = np.empty(2 * W), np.empty(W)
     offset = np.zeros(M + 1, dtype=np.int64)  # the stored proposals of k units start at offset[k - 1]
@@ -401,8 +529,9 @@ def _frame_pass(err, norm, pinv, pinv_scale, ball_codes, ball_scale, ball_norm, 
     for i in range(rows.shape[0]):
         v, h = rows[i], hi[at[i]]
         every = -np.inf  # the bound over every z row
+        _int_dots(ball_codes[v], levels, ints)
         for b in range(B):  # dots[b] >= q^.c~_b (the query's rounding: spread |c~_b|)
-            dot = _code_dot(ball_codes[v, b], ball_scale[v, b], levels, step)
+            dot = np.float64(ints[b]) * np.float64(ball_scale[v, b]) * step
             dots[b] = (dot + spread * ball_norm[v, b]) / qn
             every = max(every, dots[b] + ball_radius[v, b])
         out[i] = every
@@ -410,7 +539,7 @@ def _frame_pass(err, norm, pinv, pinv_scale, ball_codes, ball_scale, ball_norm, 
             continue
         fstep = np.float64(pinv_scale[v])
         if grid:  # the largest upper bound: its column, then its row
-            _grid_values(h, pinv[v], fstep, cc, values, lanes, True)
+            _grid_values(h, pinv[v], fstep, cc, values, lanes)
             best = _max(lanes)
             col = 0
             while lanes[col] < best:
@@ -775,7 +904,7 @@ def clip_upper(arrays: dict[str, np.ndarray], rows: np.ndarray, q: BoundQuery,
         _launch(_clip_scan, threads, *args, tasks)
     else:
         _clip_pass(*args)
-    return np.minimum(_slack(out) / q.norm, 1.0), hi
+    return out, hi
 
 
 def frame_upper(arrays: dict[str, np.ndarray], rows: np.ndarray, hi: np.ndarray, q: BoundQuery,

@@ -23,8 +23,9 @@ from prvr.index import GalleryError, GalleryVideo, IndexConfig, IndexMismatchErr
 from prvr.index_scan import (
     BoundQuery,
     Stored,
+    _grid_max,
     _grid_values,
-    _int_dot,
+    _int_dots,
     clip_upper,
     exact_scores,
     frame_upper,
@@ -303,13 +304,14 @@ def test_integer_unit_dots_are_exact(H: int) -> None:
     q = rng.standard_normal(H).astype(np.float32) * 1e3
     bq = BoundQuery.of(q)
     assert np.linalg.norm(q.astype(np.float64) - bq.levels * bq.step) <= bq.spread
-    codes = rng.integers(-127, 128, (6, H)).astype(np.int8)
-    codes[0], codes[1] = 127 * np.sign(bq.levels), -127 * np.sign(bq.levels)  # the largest sums
-    dots = numba.njit(lambda c, lv: [_int_dot(c[i], lv) for i in range(c.shape[0])])(codes, bq.levels)
-    assert dots == (codes.astype(np.int64) @ bq.levels.astype(np.int64)).tolist()
+    codes = rng.integers(-127, 128, (11, H)).astype(np.int8)  # rows in fours and three left over
+    codes[0], codes[9] = 127 * np.sign(bq.levels), -127 * np.sign(bq.levels)  # the largest sums
+    dots = np.empty(len(codes), np.int32)
+    numba.njit(lambda c, lv, out: _int_dots(c, lv, out))(codes, bq.levels, dots)
+    np.testing.assert_array_equal(dots, codes.astype(np.int64) @ bq.levels.astype(np.int64))
 
 
-@pytest.mark.parametrize("M", [1, 2, 7, 32])
+@pytest.mark.parametrize("M", [1, 2, 7, 16, 32, 40])
 def test_window_factor_grid_holds_every_window_once(M: int) -> None:
     """All M (M + 1) / 2 windows land on distinct grid cells, each within one step above 1 / (k |p|); the
     grid kernel reads each cell as its window's sum."""
@@ -325,11 +327,22 @@ def test_window_factor_grid_holds_every_window_once(M: int) -> None:
     assert (values[:, cell] >= inv).all() and (values[:, cell] <= inv + scale[:, None]).all()
     csum = np.concatenate([[0.0], np.cumsum(rng.standard_normal(M))])  # the kernel's cells: sums x factors
     lanes, out, cc = np.empty(M + 1), np.empty(factors.shape[1]), np.empty(2 * M + 2)
-    _grid_values.py_func(csum, factors[0], np.float64(scale[0]), cc, out, lanes, True)
+    _grid_values.py_func(csum, factors[0], np.float64(scale[0]), cc, out, lanes)
     expected = (csum[table[:, 1]] - csum[table[:, 0]]) * values[0, cell]
     np.testing.assert_allclose(out[cell], expected, rtol=1e-12, atol=1e-15)
     assert np.isinf(np.delete(out, cell)).all()
     np.testing.assert_array_equal(lanes, out.reshape(-1, M + 1).max(0))  # the column maxima
+    grid_max = numba.njit(lambda c, f, s: _grid_max(c, f, s, np.empty(2 * len(c))))
+    for sign in (1, -1):  # the compiled maximum (vector code over 8 columns at a time, plain code over the
+        c = sign * np.arange(M + 1.0)  # rest): every unit sum 1 (or -1), a window's value is +-k f: each
+        for top in cell:  # window in turn the largest; empty cells (-inf) never win, not even over -k f
+            f = np.where(factors[0] > 0, 60000 if sign < 0 else 1, 0).astype(np.uint16)
+            f[top] = 1 if sign < 0 else 60000
+            assert grid_max(c, f, 0.5) == sign * k[cell == top][0] * float(f[top]) * 0.5
+    for _ in range(20):  # random sums and factors: the maximum of the cells as _grid_values computes them
+        c = np.concatenate([[0.0], np.cumsum(rng.standard_normal(M) * 10.0 ** rng.uniform(-3, 3))])
+        _grid_values.py_func(c, factors[0], np.float64(scale[0]), cc, out, lanes)
+        assert grid_max(c, factors[0], np.float64(scale[0])) == pytest.approx(out.max(), rel=1e-12)
 
 
 def test_persistence_add_remove_compact(tmp_path: Path) -> None:
