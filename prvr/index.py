@@ -418,17 +418,15 @@ class VideoIndex:
         if not self.alive.any():
             return np.zeros(0, dtype=np.int64), np.zeros(0), 0
         candidates = self._approximate_candidates(q) if approximate else np.flatnonzero(self.alive)
-        bq, eps = BoundQuery.of(q), BOUND_EPS * (1 + w[0] + w[1])
-        windows = self._windows
-        prefix = np.empty((len(candidates), self.segments[0]["codes"].shape[1] + 1))  # for the frame bound
-        threads = torch.get_num_threads()
-        clip = w[0] * clip_upper(self.first, candidates, bq, windows, prefix, threads,
-                                 tasks_for(len(candidates), threads))[0]
+        bq, windows, threads = BoundQuery.of(q), self._windows, torch.get_num_threads()
         if w[1] > 0 and not self._csa:
-            return swept_top_k(self.stored, self.seg_start, candidates, clip, prefix, bq, w, k, windows,
+            return swept_top_k(self.first, self.stored, self.seg_start, candidates, bq, w, k, windows,
                                threads)
         # CSA scores frames its own way (at most 1): the stored z do not bound it, so no frame bound
-        return top_k(clip + w[1] + eps, candidates, lambda pos: self.exact(pos, bq, w).total, k)
+        tasks = tasks_for(len(candidates), threads)
+        clip = clip_upper(self.first, candidates, bq, windows, None, threads, tasks)[0]
+        return top_k(w[0] * clip + w[1] + BOUND_EPS * (1 + w[0] + w[1]), candidates,
+                     lambda pos: self.exact(pos, bq, w).total, k)
 
     @property
     def _windows(self) -> np.ndarray | None:

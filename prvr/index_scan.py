@@ -760,12 +760,17 @@ def _scored(units, pnorm, zhat, pidx, table, seg_start, positions, q, qn, w0, w1
 
 
 @numba.njit(nogil=True, cache=True)
-def _swept(candidates, clip, prefix, seg_start, err, norm, pinv, pinv_scale, ball_codes, ball_scale,  # noqa: ANN001, ANN202
-           ball_norm, ball_radius, ball_of, ball_dist, zhat, pidx, units, pnorm, table, levels, step, q, qn,  # noqa: ANN001
-           spread, key_eps, w0, w1, eps, k, n_first, threads):  # noqa: ANN001  # pragma: no cover - compiled
-    """``top_k`` with the frame bound, in one compiled call (see ``swept_top_k``): the positions scored
-    exactly and their totals."""
+def _swept(codes, scale, first_err, first_norm, first_pinv, first_pinv_scale, first_pidx, candidates,  # noqa: ANN001, ANN202
+           seg_start, err, norm, pinv, pinv_scale, ball_codes, ball_scale, ball_norm, ball_radius, ball_of,  # noqa: ANN001
+           ball_dist, zhat, pidx, units, pnorm, table, levels, step, q, qn, spread, key_eps, w0, w1, eps, k,  # noqa: ANN001
+           n_first, threads):  # noqa: ANN001  # pragma: no cover - compiled
+    """The clip pass, then ``top_k`` with the frame bound, in one compiled call (see ``swept_top_k``): the
+    positions scored exactly and their totals."""
     n = candidates.shape[0]
+    clip, prefix = np.empty(n), np.empty((n, codes.shape[1] + 1))
+    _clip_scan(codes, scale, first_err, first_norm, first_pinv, first_pinv_scale, first_pidx, table,
+               candidates, levels, step, qn, spread, clip, prefix, tasks_for(n, threads))
+    clip *= w0
     first = _best_bounded(clip, min(n, n_first))  # the best bounds: clip + w1 + eps, the same order
     positions = candidates[first]
     totals = _scored(units, pnorm, zhat, pidx, table, seg_start, positions, q, qn, w0, w1, threads)
@@ -888,6 +893,14 @@ def _slack(x: np.ndarray) -> np.ndarray:  # pragma: no cover - compiled
     return x + np.abs(x) * SLACK
 
 
+NO_PIDX = np.zeros((1, 1), dtype=np.int16)  # the kernels do not read per-video windows without a table
+
+
+def _first_pidx(arrays: dict[str, np.ndarray], table: np.ndarray | None) -> np.ndarray:
+    """The per-video stored windows the first pass reads (only with a window table)."""
+    return arrays["pidx"] if table is not None else NO_PIDX
+
+
 def clip_upper(arrays: dict[str, np.ndarray], rows: np.ndarray, q: BoundQuery,
                table: np.ndarray | None = None, hi: np.ndarray | None = None, threads: int = 1, tasks: int = 1
                ) -> tuple[np.ndarray, np.ndarray]:
@@ -897,9 +910,8 @@ def clip_upper(arrays: dict[str, np.ndarray], rows: np.ndarray, q: BoundQuery,
     order."""
     out = np.empty(len(rows))
     hi = np.empty((len(rows), arrays["codes"].shape[1] + 1)) if hi is None else hi
-    pidx = arrays["pidx"] if table is not None else np.zeros((1, 1), dtype=np.int16)
-    args = (*(arrays[f] for f in FIRST_PASS), pidx, _table(table), np.ascontiguousarray(rows, dtype=np.int64),
-            q.levels, q.step, q.norm, q.spread, out, hi)
+    args = (*(arrays[f] for f in FIRST_PASS), _first_pidx(arrays, table), _table(table),
+            np.ascontiguousarray(rows, dtype=np.int64), q.levels, q.step, q.norm, q.spread, out, hi)
     if tasks > 1:
         _launch(_clip_scan, threads, *args, tasks)
     else:
@@ -1002,26 +1014,27 @@ def top_k(bounds: np.ndarray, candidates: np.ndarray, score: Callable[[np.ndarra
     return _best(np.concatenate(done_pos), np.concatenate(done_tot), k)
 
 
-def swept_top_k(stored: Stored, seg_start: np.ndarray, candidates: np.ndarray, clip: np.ndarray,
-                prefix: np.ndarray, q: BoundQuery, weights: tuple[float, float], k: int,
-                table: np.ndarray | None = None, threads: int = 1) -> tuple[np.ndarray, np.ndarray, int]:
-    """``top_k`` with the frame bound, as one compiled call: the exact top-k of ``candidates`` (sorted
-    global positions; segment s of ``stored`` starts at seg_start[s]) given clip[i] = weights[0] times
-    their clip bound and prefix[i] their prefix sums, both from ``clip_upper``; weights[1] > 0.
+def swept_top_k(first: dict[str, np.ndarray], stored: Stored, seg_start: np.ndarray, candidates: np.ndarray,
+                q: BoundQuery, weights: tuple[float, float], k: int, table: np.ndarray | None = None,
+                threads: int = 1) -> tuple[np.ndarray, np.ndarray, int]:
+    """The exact top-k of ``candidates`` (sorted global positions) with the clip and frame bounds, as one
+    compiled call: the clip bounds from the first-pass arrays ``first`` (all segments in one array each),
+    the rest from ``stored`` (segment s starts at seg_start[s]); weights[1] > 0.
 
-    The best-bounded videos (clip + weights[1], the frame score taken as 1) are scored first, and their
-    k-th best total tau rules out every video bounded below it. Each other video that can still reach tau
-    gets the frame bound (``frame_upper``), and only those whose bound still reaches tau are scored
-    exactly. Returns what ``top_k`` returns.
+    The best-bounded videos (weights[0] clip + weights[1], the frame score taken as 1) are scored first,
+    and their k-th best total tau rules out every video bounded below it. Each other video that can still
+    reach tau gets the frame bound (``frame_upper``), and only those whose bound still reaches tau are
+    scored exactly. Returns what ``top_k`` returns.
     """
     if len(candidates) == 0 or k <= 0:
         return np.zeros(0, dtype=np.int64), np.zeros(0), 0
     eps = BOUND_EPS * (1 + weights[0] + weights[1])
     positions, totals = _launch(
-        _swept, threads, np.ascontiguousarray(candidates, dtype=np.int64), np.ascontiguousarray(clip),
-        prefix, np.ascontiguousarray(seg_start, dtype=np.int64), *(getattr(stored, f) for f in FRAME),
-        stored.units, stored.pnorm, _table(table), q.levels, q.step, q.vector, q.norm, q.spread,
-        KEY_EPS * q.norm, float(weights[0]), float(weights[1]), eps, k, max(FIRST_CHUNK, 2 * k), threads)
+        _swept, threads, *(first[f] for f in FIRST_PASS), _first_pidx(first, table),
+        np.ascontiguousarray(candidates, dtype=np.int64), np.ascontiguousarray(seg_start, dtype=np.int64),
+        *(getattr(stored, f) for f in FRAME), stored.units, stored.pnorm, _table(table), q.levels, q.step,
+        q.vector, q.norm, q.spread, KEY_EPS * q.norm, float(weights[0]), float(weights[1]), eps, k,
+        max(FIRST_CHUNK, 2 * k), threads)
     return _best(positions, totals, k)
 
 

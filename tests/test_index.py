@@ -199,8 +199,8 @@ def test_pruned_top_k_equals_full_scan_with_ties(rank: int) -> None:
             ranked = [top_k(loose, rows, score, 10)]
             if w[1] > 0:  # with the frame bound, in one compiled call (over two "segments" of the arrays)
                 halves = [{f: a[cut] for f, a in arrays.items()} for cut in (slice(n // 2), slice(n // 2, n))]
-                ranked.append(swept_top_k(Stored.of(halves), np.array([0, n // 2, n]), rows, w[0] * clip,
-                                          prefix, qc, w, 10, threads=2))
+                ranked.append(swept_top_k(arrays, Stored.of(halves), np.array([0, n // 2, n]), rows, qc, w,
+                                          10, threads=2))
             for positions, totals, scored in ranked:
                 assert positions.tolist() == expected.tolist()
                 np.testing.assert_array_equal(totals, full[expected])  # the same totals, to the last bit
