@@ -340,6 +340,14 @@ def _twice(c, cc):  # noqa: ANN001, ANN202  # pragma: no cover - compiled
         cc[W + t] = c[t]
 
 
+@numba.njit(inline="always")
+def _cell_sum(cc, r, i, M):  # noqa: ANN001, ANN202  # pragma: no cover - compiled
+    """The window sum of grid cell (r, i) from the prefix sums twice over: cc[i + r] - cc[i], negated in
+    the row's second part (i > M - r: the window of M + 1 - r units ending at unit i)."""
+    x = cc[i + r] - cc[i]
+    return -x if i > M - r else x
+
+
 @numba.njit(inline="always", fastmath={"reassoc", "contract", "nsz"})
 def _grid_values(c, factors, step, cc, out, lanes):  # noqa: ANN001, ANN202  # pragma: no cover - compiled
     """Every window's value (c[end] - c[start]) * factor * step over the factor grid (``window_factors``)
@@ -352,8 +360,7 @@ def _grid_values(c, factors, step, cc, out, lanes):  # noqa: ANN001, ANN202  # p
     for r in range(1, (M + 1) // 2 + 1):
         row, o = factors[(r - 1) * W:r * W], out[(r - 1) * W:r * W]
         for i in range(W):
-            x = (cc[i + r] - cc[i]) * (np.float64(row[i]) * step)
-            x = -x if i > M - r else x  # the row's second part: windows ending at unit i
+            x = _cell_sum(cc, r, i, M) * (np.float64(row[i]) * step)
             o[i] = x if row[i] > 0 else -np.inf
             lanes[i] = o[i] if o[i] > lanes[i] else lanes[i]
 
@@ -416,8 +423,7 @@ def _grid_max(c, factors, step, cc):  # noqa: ANN001, ANN202  # pragma: no cover
     for i in range(W - W % GRID_LANES, W):  # the columns left over
         for r in range(1, (M + 1) // 2 + 1):
             f = factors[(r - 1) * W + i]
-            x = (cc[i + r] - cc[i]) * np.float64(f)
-            x = -x if i > M - r else x
+            x = _cell_sum(cc, r, i, M) * np.float64(f)
             best = x if f > 0 and x > best else best
     return best * step
 
