@@ -307,6 +307,13 @@ def _int_dots(x, q, out):  # noqa: ANN001, ANN202  # pragma: no cover - compiled
         out[t] = total
 
 
+@numba.njit(inline="always")
+def _code_dot(dot, scale, step):  # noqa: ANN001, ANN202  # pragma: no cover - compiled
+    """step (levels . codes) scale: a row stored as 8-bit codes times ``scale`` dotted with the query's
+    16-bit copy, from their exact integer product ``dot`` (``_int_dots``)."""
+    return np.float64(dot) * np.float64(scale) * step
+
+
 @numba.njit(inline="always", fastmath={"reassoc", "contract", "nsz"})
 def _row_dots(x, q, out):  # noqa: ANN001, ANN202  # pragma: no cover - compiled
     """out[t] = x[t] . q in float32 for the rows of x (M, H) (cast to float32), four rows at a time: four
@@ -493,7 +500,7 @@ def _clip_pass(codes, scale, err, norm, pinv, pinv_scale, pidx, table, rows, lev
         _int_dots(codes[v], levels, dots)
         hi[i, 0] = 0.0
         for t in range(M):
-            d = np.float64(dots[t]) * np.float64(scale[v, t]) * step  # q~.C~_t: the integer product exact
+            d = _code_dot(dots[t], scale[v, t], step)  # q~.C~_t
             hi[i, t + 1] = hi[i, t] + d + _margin(err[v, t], norm[v, t], qn, spread)
         unit = np.float64(pinv_scale[v])  # of the window factors
         if table.shape[0] == 0:
@@ -537,7 +544,7 @@ def _frame_pass(err, norm, pinv, pinv_scale, ball_codes, ball_scale, ball_norm, 
         every = -np.inf  # the bound over every z row
         _int_dots(ball_codes[v], levels, ints)
         for b in range(B):  # dots[b] >= q^.c~_b (the query's rounding: spread |c~_b|)
-            dot = np.float64(ints[b]) * np.float64(ball_scale[v, b]) * step
+            dot = _code_dot(ints[b], ball_scale[v, b], step)
             dots[b] = (dot + spread * ball_norm[v, b]) / qn
             every = max(every, dots[b] + ball_radius[v, b])
         out[i] = every
