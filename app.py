@@ -179,6 +179,21 @@ def score_range(results: list[dict]) -> tuple[float, float]:
     return lo, max(hi, lo + 1e-6)
 
 
+def start_position(result: dict) -> float:
+    """Where a result's player starts: the key moment, or 0:00 for a weak match (never auto-jump)."""
+    return result["key_moment"]["start"] if result["confidence"] != "low" else 0.0
+
+
+def start_positions(results: list[dict]) -> list[float]:
+    """The start of each shown card's player, in card order."""
+    return [start_position(r) for r in results[:MAX_CARDS]]
+
+
+def seek_players(positions: list[float]) -> list:
+    """Player updates that seek each shown card to its start again (the others stay as they are)."""
+    return [gr.update(playback_position=p) for p in positions] + [gr.update()] * (MAX_CARDS - len(positions))
+
+
 def card_updates(results: list[dict], clip_weight: float) -> list:
     """Updates for every card slot: shown and filled for a result, hidden otherwise."""
     updates: list = []
@@ -188,7 +203,7 @@ def card_updates(results: list[dict], clip_weight: float) -> list:
             updates += [gr.update(visible=False), gr.update(), gr.update()]
             continue
         r = results[i]
-        start = r["key_moment"]["start"] if r["confidence"] != "low" else 0.0  # weak: never auto-jump
+        start = start_position(r)
         # No subtitles overlay for the key moment: in gradio 6.31 a Video update that sets subtitles
         # renders an empty player.
         updates += [gr.update(visible=True), card_html(r, clip_weight, span),
@@ -242,23 +257,31 @@ def build_ui(predictor: Predictor) -> gr.Blocks:
         with gr.Tab("About this model"):
             info = gr.Markdown(info_markdown(predictor.describe()))
 
+        starts = gr.State([])  # each shown player's start, sent again once its new video is loading
+
         def run_search(text: str, k: float, w: float, state: SessionGallery | None) -> list:
             """Search and fill the cards; a bad query becomes a message, not an error dialog."""
             try:
                 response = predictor.search(text, int(k), w, state)
             except QueryError as problem:
-                return [f'<div class="summary">{html.escape(str(problem))}</div>'] + card_updates([], w)
-            return [summary_html(text, response)] + card_updates(response.results, w)
+                return [f'<div class="summary">{html.escape(str(problem))}</div>', []] + card_updates([], w)
+            results = response.results
+            return [summary_html(text, response), start_positions(results)] + card_updates(results, w)
 
-        outputs = [summary] + [c for s in slots for c in (s.group, s.info, s.player)]
+        outputs = [summary, starts] + [c for s in slots for c in (s.group, s.info, s.player)]
         inputs = [query, top_k, clip_weight, session]
         search_events = dict(fn=run_search, inputs=inputs, outputs=outputs, api_visibility="private",
                              concurrency_id="search", concurrency_limit=8)
-        query.submit(**search_events)
-        search_btn.click(**search_events)
-        examples.load_input_event.then(**search_events)
-        top_k.change(**search_events, trigger_mode="always_last")  # live re-rank: a search is milliseconds
-        clip_weight.change(**search_events, trigger_mode="always_last")
+        # A new video resets its player to 0:00 when it loads, after the position sent with it was applied;
+        # sending the position again once the new source is set makes every search seek, not only the first.
+        seek_again = dict(fn=seek_players, inputs=[starts], outputs=[s.player for s in slots],
+                          api_visibility="private", queue=False)
+        query.submit(**search_events).then(**seek_again)
+        search_btn.click(**search_events).then(**seek_again)
+        examples.load_input_event.then(**search_events).then(**seek_again)
+        # live re-rank: a search is milliseconds
+        top_k.change(**search_events, trigger_mode="always_last").then(**seek_again)
+        clip_weight.change(**search_events, trigger_mode="always_last").then(**seek_again)
 
         def refresh_info(state: SessionGallery | None) -> str:
             """The info panel for this session (its video count changes with uploads)."""
