@@ -1,7 +1,8 @@
 """MS-SL (ACM MM 2022) and its MS-SL++ variant: a clip-scale and a frame-scale branch over video features.
 
 Read bottom-up, nanoGPT style: input projection, positional encoding, attention encoder, the shared pure
-scoring functions (also used by the training-free models, prvr/training_free.py), then ``MSSLConfig`` and ``MSSL``.
+scoring functions (also used by the training-free models, prvr/training_free.py), then ``MSSLConfig`` and
+``MSSL``.
 Parameter names are the official ones, so official checkpoints load with ``strict=True``; every numeric
 quirk of the official code is kept (see docs/design.md and the MS-SL reference notes).
 """
@@ -183,7 +184,8 @@ def key_clip_attention(
     return alpha @ values, alpha
 
 
-AttendFn = Callable[[Tensor, Tensor, Tensor], tuple[Tensor, Tensor]]  # (frames, frame_mask, key_clips) -> z, alpha
+# how a model attends: (frames (Nv, L, H), frame_mask (Nv, L), key_clips (Nv, J, H)) -> z (Nv, J, H), alpha
+AttendFn = Callable[[Tensor, Tensor, Tensor], tuple[Tensor, Tensor]]
 
 
 def attend_proposals(videos: EncodedVideos, proposal_idx: Tensor, attend: AttendFn) -> tuple[Tensor, Tensor]:
@@ -634,7 +636,7 @@ class MSSL(nn.Module):
 
     @classmethod
     def from_checkpoint(cls, path: str | Path, map_location: str | torch.device = "cpu") -> MSSL:
-        """Load our checkpoint directory or an official ``model.ckpt`` (``prvr.checkpoint.load_checkpoint``)."""
+        """Our checkpoint directory or an official ``model.ckpt`` (``prvr.checkpoint.load_checkpoint``)."""
         from prvr.checkpoint import load_checkpoint
 
         return load_checkpoint(path, map_location)
