@@ -26,8 +26,8 @@ features lead training-free PRVR, docs field notes). Measured numbers: benchmark
 
 from __future__ import annotations
 
-import functools
 import logging
+import threading
 from dataclasses import dataclass
 
 import torch
@@ -82,10 +82,13 @@ def _source(weights: Weights) -> str:
 
 
 def tower_dims(weights: Weights) -> TowerDims:
-    """Output widths read from the model's config alone (no weights loaded)."""
+    """Output widths read from the model's config alone (that of the loaded model, when it is loaded)."""
     from transformers import AutoConfig
 
-    config = from_hub(weights, lambda: AutoConfig.from_pretrained(_source(weights)))
+    if weights in _LOADED:
+        config = _LOADED[weights].model.config
+    else:
+        config = from_hub(weights, lambda: AutoConfig.from_pretrained(_source(weights)))
     text = getattr(config, "text_config", None)
     if text is None or getattr(config, "vision_config", None) is None:
         raise WeightsUnavailable(f"{weights.location} is a {config.model_type} model, not an image-text "
@@ -96,19 +99,33 @@ def tower_dims(weights: Weights) -> TowerDims:
     return TowerDims(config.vision_config.hidden_size, text.hidden_size, query)
 
 
-@functools.lru_cache(maxsize=2)
-def load_pair(weights: Weights) -> PairedModel:
-    """The model, tokenizer and image processor of ``weights``, loaded once per process (CPU, eval)."""
+_LOADED: dict[Weights, PairedModel] = {}  # one copy per process, shared by both towers and the model
+_LOCK = threading.Lock()
+
+
+def load_pair(weights: Weights, local_only: bool = False) -> PairedModel:
+    """The model, tokenizer and image processor of ``weights``, loaded once per process (CPU, eval).
+
+    ``local_only``: never touch the network (a hub id must already be in the local Hugging Face cache).
+    """
+    with _LOCK:
+        if weights not in _LOADED:
+            _LOADED[weights] = _load(weights, local_only)
+        return _LOADED[weights]
+
+
+def _load(weights: Weights, local_only: bool) -> PairedModel:
+    """Load the three parts of an image-text model (see ``load_pair``)."""
     from transformers import AutoImageProcessor, AutoModel, AutoTokenizer
 
-    source = _source(weights)
+    source, kw = _source(weights), {"local_files_only": local_only}
     log.info("loading image-text model %s", weights.location)
-    model = from_hub(weights, lambda: AutoModel.from_pretrained(source))
+    model = from_hub(weights, lambda: AutoModel.from_pretrained(source, **kw))
     if not hasattr(model, "get_image_features") or not hasattr(model, "text_model"):
         raise WeightsUnavailable(f"{weights.location} loads as {type(model).__name__}, not an image-text "
                                  "model (CLIP, SigLIP)")
-    tokenizer = from_hub(weights, lambda: AutoTokenizer.from_pretrained(source))
-    processor = from_hub(weights, lambda: AutoImageProcessor.from_pretrained(source))
+    tokenizer = from_hub(weights, lambda: AutoTokenizer.from_pretrained(source, **kw))
+    processor = from_hub(weights, lambda: AutoImageProcessor.from_pretrained(source, **kw))
     pair = PairedModel(model.eval(), tokenizer, processor, weights)
     pair.text_head()  # fail now, not at the first query, for a model without one
     return pair

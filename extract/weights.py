@@ -17,9 +17,13 @@ from __future__ import annotations
 
 import hashlib
 import importlib.util
+import os
+import socket
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import torch
 
@@ -62,6 +66,40 @@ def resolve_weights(spec: str) -> Weights:
         raise WeightsUnavailable(f"weights file {spec} does not exist")
     raise WeightsUnavailable(f"unknown weights spec {spec!r}: use a file path, local-dir:/path, "
                              f"hf-hub:org/name, torchvision:Enum.TAG, url:..., package:... or random")
+
+
+def hub_offline_reason(timeout: float = 3.0) -> str | None:
+    """Why the Hugging Face hub cannot be reached now (None: it accepts a connection), in ``timeout`` s.
+
+    Checked before a hub load that may fall back to something else, so an offline host pays seconds,
+    not the network library's retries and time-outs.
+    """
+    if os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in ("1", "true", "yes", "on"):
+        return "HF_HUB_OFFLINE is set"
+    url = urlsplit(os.environ.get("HF_ENDPOINT", "https://huggingface.co"))
+    host, port = url.hostname or "huggingface.co", url.port or (80 if url.scheme == "http" else 443)
+    outcome: list[str | None] = []
+
+    def connect() -> None:
+        try:
+            socket.create_connection((host, port), timeout=timeout).close()
+            outcome.append(None)
+        except OSError as e:  # DNS failure, refused, unreachable network, time-out
+            outcome.append(f"{host}:{port} is unreachable ({type(e).__name__}: {e})")
+
+    thread = threading.Thread(target=connect, name="hub-probe", daemon=True)  # DNS ignores socket time-outs
+    thread.start()
+    thread.join(timeout)
+    return outcome[0] if outcome else f"{host}:{port} did not answer within {timeout:g} s"
+
+
+def in_hub_cache(weights: Weights) -> bool:
+    """True when a hf-hub model's config is already in the local Hugging Face cache."""
+    from huggingface_hub import try_to_load_from_cache
+
+    if not weights.location.startswith("hf-hub:"):
+        return False
+    return isinstance(try_to_load_from_cache(weights.location.removeprefix("hf-hub:"), "config.json"), str)
 
 
 def package_path(spec: str) -> tuple[str, str]:

@@ -86,17 +86,25 @@ class ZeroShotModel(TrainingFreeModel):
     @classmethod
     def from_pretrained(cls, weights: str | None = None, cfg: ZeroShotConfig = ZeroShotConfig(),
                         device: str | torch.device | None = None) -> ZeroShotModel:
-        """Load the ``clip`` profile's model (its default hub id, or ``weights``: a folder or hf-hub:ID)."""
+        """Load the ``clip`` profile's model (its default hub id, or ``weights``: a folder or hf-hub:ID).
+
+        A hub id on a host that cannot reach the hub loads from the local cache or fails within seconds
+        (``WeightsUnavailable`` naming the model and the cause), never after network time-outs.
+        """
         from extract.backbones import default_device, get_backbone_cfg
         from extract.clip import load_pair, tower_dims
         from extract.pipeline import resolve_profile, weights_for
         from extract.profiles import get_profile
-        from extract.weights import resolve_weights
+        from extract.weights import WeightsUnavailable, hub_offline_reason, in_hub_cache, resolve_weights
 
         profile = get_profile(PROFILE)
         spec = weights or get_backbone_cfg(profile.visual[0]).weights
         resolved = resolve_weights(spec)
-        pair = load_pair(resolved)
+        offline = hub_offline_reason() if resolved.kind == "hub" else None
+        if offline and not in_hub_cache(resolved):
+            raise WeightsUnavailable(f"cannot load {spec}: {offline}, and the model is not in the local "
+                                     "Hugging Face cache; pass a local copy with --weights clip=DIR")
+        pair = load_pair(resolved, local_only=offline is not None)
         head = pair.text_head()
         copy = nn.Linear(head.in_features, head.out_features, bias=head.bias is not None)
         copy.load_state_dict({k: v.float() for k, v in head.state_dict().items()})
