@@ -13,7 +13,7 @@ import logging
 import os
 import queue
 import threading
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -101,6 +101,22 @@ def resolve_profile(profile: Profile, specs: Mapping[str, str]) -> Profile:
                                text_dim=backbone_dim(profile.text, resolved.get(profile.text)))
 
 
+GPU_SECONDS = 120  # ZeroGPU's time slot per extracted video (a 20-minute upload is 1,200 frames)
+
+
+def gpu_task(fn: Callable) -> Callable:
+    """``fn`` under ZeroGPU's ``spaces.GPU`` where the ``spaces`` package is importable, else ``fn`` itself.
+
+    On a Hugging Face ZeroGPU Space a GPU is attached only while such a function runs; elsewhere (no
+    ``spaces`` package) nothing changes.
+    """
+    try:
+        import spaces
+    except ImportError:
+        return fn
+    return spaces.GPU(duration=GPU_SECONDS)(fn)
+
+
 def _subset(total: int, k: int) -> np.ndarray:
     """k indices spread evenly over range(total) (centres of k equal parts)."""
     return ((np.arange(k) + 0.5) * total / k).astype(np.int64)
@@ -169,6 +185,7 @@ class VideoExtractor:
         self.limits = limits or DecodeLimits()
         self.batch_windows = max(1, batch_frames // profile.frames_per_window)  # whole windows per batch
 
+    @gpu_task
     def extract(self, path: str | Path, sha256: str | None = None) -> VideoFeatures:
         """Features of one video; raises a MediaError subclass for unusable media."""
         path = Path(path)
