@@ -1,4 +1,4 @@
-"""The clip profile: CLIP-family towers, the training-free ZeroShotModel, choosing it in the app, training on it.
+"""The clip profile: CLIP-family towers, the training-free ZeroShotModel, the app's choice, training on it.
 
 Every model here is a tiny random CLIP or SigLIP made on the spot (tests/tiny_clip.py); no hub access.
 """
@@ -14,6 +14,8 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
+from test_extract import encode
+from tiny_clip import DIMS, IMAGE_SIZE, make_tiny_model
 
 import extract  # noqa: F401  - the torchvision fix, before transformers
 from extract.__main__ import main as extract_main
@@ -23,8 +25,6 @@ from extract.features import FeatureFile
 from extract.pipeline import TextEncoder, VideoExtractor, gpu_task
 from extract.weights import WeightsUnavailable, resolve_weights
 from prvr.zero_shot import ZeroShotConfig, ZeroShotModel
-from test_extract import encode
-from tiny_clip import DIMS, IMAGE_SIZE, make_tiny_model
 
 FAMILIES = ("clip", "siglip")
 TEXTS = ["a red square fades in", "a green block in the corner of the frame"]
@@ -71,7 +71,8 @@ def test_query_is_the_models_own_text_embedding(models: dict, family: str) -> No
     inputs = pair.tokenizer(TEXTS, return_tensors="pt", **padding)
     mask = None if family == "siglip" else inputs["attention_mask"]
     with torch.no_grad():
-        expected = pair.model.get_text_features(input_ids=inputs["input_ids"], attention_mask=mask).pooler_output
+        expected = pair.model.get_text_features(input_ids=inputs["input_ids"], attention_mask=mask)
+    expected = expected.pooler_output
     torch.testing.assert_close(model.encode_queries(tokens), F.normalize(expected, dim=-1), atol=1e-5, rtol=0)
 
 
@@ -179,8 +180,8 @@ def test_cli_writes_clip_features_and_refuses_another_model(models: dict, videos
         assert f.video("v1").features.shape == (5, DIMS["clip"][0])
         assert f.caption("v0#enc#0")[1].shape[1] == DIMS["clip"][1]
     capsys.readouterr()
-    siglip = ["--profile", "clip", "--weights", f"clip={models['siglip']}", "--out", str(out), "--device", "cpu"]
-    assert extract_main(["videos", str(videos[2]), *siglip]) == 2
+    flags[3] = f"clip={models['siglip']}"  # the same file, another model
+    assert extract_main(["videos", str(videos[2]), *flags]) == 2
     assert "differ in" in capsys.readouterr().err
 
 
