@@ -197,3 +197,97 @@ def test_index_of_one_profile_is_never_searched_with_another(models: dict, video
     siglip = ZeroShotModel.from_pretrained(str(models["siglip"]), device="cpu")
     with pytest.raises(IndexMismatchError):
         VideoIndex.open(tmp_path / "index", siglip)
+
+
+# ----------------------------------------------------------------------------- choosing, serving, training
+def test_app_settings_take_weights_from_flags_or_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    from prvr.predictor import AppSettings
+
+    monkeypatch.delenv("PRVR_WEIGHTS", raising=False)
+    assert AppSettings.from_args([]).weight_specs() == {}
+    given = AppSettings.from_args(["--weights", "clip=/m/a", "--weights", "minilm=/m/b"])
+    assert given.weight_specs() == {"clip": "/m/a", "minilm": "/m/b"}
+    monkeypatch.setenv("PRVR_WEIGHTS", "clip=/m/c, minilm=/m/d")
+    assert AppSettings.from_args([]).weight_specs() == {"clip": "/m/c", "minilm": "/m/d"}
+    assert AppSettings.from_args(["--weights", "clip=/m/e"]).weight_specs() == {"clip": "/m/e"}  # flag wins
+    with pytest.raises(SystemExit):
+        AppSettings.from_args(["--weights", "/m/no-name"])
+
+
+def test_without_a_profile_the_app_falls_back_to_lite_naming_model_and_cause(tmp_path: Path) -> None:
+    from prvr import bridge
+    from prvr.predictor import AppSettings, load_model
+
+    t0 = time.perf_counter()
+    model, info, profile = load_model(AppSettings(data_dir=tmp_path))
+    assert profile == "lite" and isinstance(model, bridge.BridgeModel)
+    assert "laion/CLIP-ViT-B-32" in info.why and "unreachable" in info.why and "lite" in info.why
+    assert time.perf_counter() - t0 < 60  # the failed clip attempt costs well under a second of that
+    with pytest.raises(WeightsUnavailable, match="laion/CLIP-ViT-B-32"):
+        load_model(AppSettings(data_dir=tmp_path, profile="clip"))  # asked for: no silent fallback
+    with pytest.raises(ValueError, match="'clip' or 'lite' profile, not 'paper'"):
+        load_model(AppSettings(data_dir=tmp_path, profile="paper"))
+
+
+@pytest.fixture(scope="module")
+def demo_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One rendered demo video (demo01), copied into each data dir that needs it."""
+    from prvr.demo import build_demo_gallery
+
+    root = tmp_path_factory.mktemp("demo")
+    build_demo_gallery(root, video_ids=["demo01"])
+    return root
+
+
+def data_dir_with_demo(demo_dir: Path, root: Path) -> Path:
+    """A fresh app data dir holding the rendered demo video."""
+    import shutil
+
+    shutil.copytree(demo_dir, root / "demo")
+    return root
+
+
+def test_app_serves_the_clip_profile_from_a_local_folder(models: dict, demo_dir: Path,
+                                                          tmp_path: Path) -> None:
+    from test_app import client, running_app
+
+    data = data_dir_with_demo(demo_dir, tmp_path / "data")
+    args = ("--profile", "clip", "--weights", f"clip={models['siglip']}", "--demo-videos", "demo01")
+    with running_app(data, tmp_path / "server.log", *args) as url:
+        app = client(url)
+        info = app.predict(api_name="/info")
+        assert info["profile"]["name"] == "clip" and info["model"]["why"] == "chosen with --profile clip"
+        response = app.predict("a cup of coffee on a table", 3, 0.7, api_name="/search")
+    top = response["results"][0]
+    assert top["video_id"] == "demo01" and len(top["heatmap"]["score"]) == 32
+    assert 0 <= top["key_moment"]["start"] < top["key_moment"]["end"] <= top["duration"] + 1e-6
+
+
+def test_checkpoint_trained_on_clip_features_is_served(models: dict, videos: list[Path], demo_dir: Path,
+                                                        tmp_path: Path) -> None:
+    from extract.profiles import ProfileMismatch
+    from prvr.predictor import AppSettings, Predictor, load_model
+    from prvr.train import main as train_main
+
+    feats, caps, split = tmp_path / "f.h5", tmp_path / "caps.txt", tmp_path / "all.txt"
+    lines = [f"v{i}#enc#{j} {text}" for i in range(len(videos)) for j, text in enumerate(TEXTS)]
+    caps.write_text("\n".join(lines) + "\n")
+    split.write_text("\n".join(line.split()[0] for line in lines) + "\n")
+    flags = ["--profile", "clip", "--weights", f"clip={models['clip']}", "--out", str(feats)]
+    assert extract_main(["videos", *map(str, videos), *flags]) == 0
+    assert extract_main(["captions", str(caps), *flags]) == 0
+    train_main(["--features", str(feats), "--captions", str(feats), "--splits", f"train={split}",
+                f"val={split}", "--out", str(tmp_path / "run"), "--device", "cpu", "--n_epoch=1",
+                "--batch_size=2", "--hidden_size=16", "--n_heads=2"])
+    settings = AppSettings(data_dir=data_dir_with_demo(demo_dir, tmp_path / "data"),
+                           checkpoint=tmp_path / "run" / "best", weights=(f"clip={models['clip']}",),
+                           demo_videos="demo01")
+    predictor = Predictor.from_settings(settings)
+    assert predictor.profile == "clip" and predictor.model.cfg.visual_dim == DIMS["clip"][0]
+    assert predictor.describe()["model"]["why"] == "chosen with --checkpoint"
+    results = predictor.search("a cup of coffee", k=1).results
+    assert [r["video_id"] for r in results] == ["demo01"] and len(results[0]["moments"]) >= 1
+    other = AppSettings(data_dir=tmp_path / "data2", checkpoint=settings.checkpoint,
+                        weights=(f"clip={models['siglip']}",))
+    with pytest.raises(ProfileMismatch, match="Pass the weights the model was made with"):
+        Predictor(other, *load_model(other))  # features of another model would be meaningless
