@@ -280,9 +280,10 @@ def default_device(device: str | torch.device | None = None) -> torch.device:
     return torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
 
 
-def _autocast(device: torch.device) -> torch.autocast:
-    """bf16/fp16 autocast on CUDA (bf16 where supported); disabled on CPU, where fp32 is fastest."""
-    if device.type != "cuda":
+def _autocast(device: torch.device, cfg: BackboneCfg) -> torch.autocast:
+    """bf16/fp16 autocast on CUDA (bf16 where supported); disabled on CPU, where fp32 is fastest, and for
+    backbones whose weights are already float16 on CUDA (``cfg.half``)."""
+    if device.type != "cuda" or cfg.half:
         return torch.autocast("cpu", enabled=False)
     dtype = torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
     return torch.autocast("cuda", dtype=dtype)
@@ -318,7 +319,7 @@ class VisualBackbone:
             x = x.view(*lead, 3, size, size).permute(0, 2, 1, 3, 4)  # (n, 3, T, H, W)
         if self.device.type == "cuda":
             x = x.contiguous(memory_format=torch.channels_last if x.ndim == 4 else torch.channels_last_3d)
-        with _autocast(self.device):
+        with _autocast(self.device, self.cfg):
             return self.net(x).float().cpu().numpy()
 
     @torch.inference_mode()
@@ -355,7 +356,7 @@ class TextBackbone:
                     log.warning("%s: text cut from %d to %d tokens: %.60s", self.name, len(ids), limit, text)
             inputs = self.tokenizer(chunk, padding=True, truncation=True, max_length=limit,
                                     return_tensors="pt").to(self.device)
-            with _autocast(self.device):
+            with _autocast(self.device, self.cfg):
                 hidden = self.model(**inputs).last_hidden_state.float()  # (b, L, dim)
             mask = inputs["attention_mask"].bool()
             out += [h[m].cpu().numpy() for h, m in zip(hidden, mask, strict=True)]

@@ -15,6 +15,7 @@ names pin the bytes) and ``sha256:<prefix>`` of the bytes for local files and fo
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import importlib.util
 import os
@@ -117,8 +118,17 @@ def package_path(spec: str) -> tuple[str, str]:
 
 def _digest(path: Path, length: int = 16) -> str:
     """sha256 prefix of a file's bytes (as sha256sum prints it), or of a folder's names and bytes."""
+    files = sorted(p for p in ([path] if path.is_file() else path.rglob("*")) if p.is_file())
+    # a model folder is hashed by several loaders in one start: hash each unchanged state of it once
+    state = tuple((str(f), f.stat().st_size, f.stat().st_mtime_ns) for f in files)
+    return _digest_files(path, state, length)
+
+
+@functools.lru_cache(maxsize=16)
+def _digest_files(path: Path, state: tuple, length: int) -> str:
+    """``_digest`` of the files listed in ``state`` (path, size, mtime), read in that order."""
     digest = hashlib.sha256()
-    for f in sorted(p for p in ([path] if path.is_file() else path.rglob("*")) if p.is_file()):
+    for f in (Path(name) for name, _, _ in state):
         if f != path:
             digest.update(str(f.relative_to(path)).encode())
         with open(f, "rb") as stream:
