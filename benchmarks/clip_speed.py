@@ -3,7 +3,8 @@
     python -m benchmarks.clip_speed [--frames 32] [--repeats 3] [--threads 2]
 
 Random weights have the real architectures' FLOPs, so CPU time per frame and per query is the real one;
-quality comes from published zero-shot numbers (see ``extract/clip.py``). Prints one JSON line per model.
+quality comes from published zero-shot numbers (see ``extract/clip.py``). Prints one JSON line per model,
+with GFLOPs per frame and per query counted by ``torch.utils.flop_counter`` (exact, load-independent).
 """
 
 from __future__ import annotations
@@ -54,7 +55,24 @@ def measure(model: torch.nn.Module, frames: int, repeats: int, text_len: int) ->
         t0 = time.perf_counter()
         model.get_text_features(input_ids=ids)
         text.append((time.perf_counter() - t0) * 1000)
-    return {"ms_per_frame": round(min(image), 1), "ms_per_query": round(min(text), 1)}
+    return {"ms_per_frame": round(min(image), 1), "ms_per_query": round(min(text), 1),
+            **flops(model, text_len)}
+
+
+@torch.inference_mode()
+def flops(model: torch.nn.Module, text_len: int) -> dict:
+    """GFLOPs of one frame and of one query."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    image, ids = torch.randn(1, 3, 224, 224), torch.zeros(1, text_len, dtype=torch.long)
+    runs = {"gflops_per_frame": lambda: model.get_image_features(pixel_values=image),
+            "gflops_per_query": lambda: model.get_text_features(input_ids=ids)}
+    out = {}
+    for key, run in runs.items():
+        with FlopCounterMode(display=False) as counter:
+            run()
+        out[key] = round(counter.get_total_flops() / 1e9, 2)
+    return out
 
 
 def main() -> None:

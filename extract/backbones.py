@@ -374,6 +374,8 @@ def create_backbone(name: str, weights: str | None = None,
         model, tokenizer = build(cfg, resolved)
         model = model.eval().to(device)
         model = model.half() if half else model
+        if cfg.sized_by_weights:  # the token width of this very model (extract.clip)
+            cfg = dataclasses.replace(cfg, dim=backbone_dim(name, resolved))
         return TextBackbone(name, cfg, resolved, model, tokenizer, device)
     net = build(cfg, resolved).eval().to(device)
     net = net.half() if half else net
