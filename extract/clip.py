@@ -16,7 +16,7 @@ Default hub model, chosen by quality per CPU second (``python -m benchmarks.clip
 architectures with random weights on CPU, same FLOPs; quality is the published ImageNet zero-shot top-1):
   laion/CLIP-ViT-B-32-laion2B-s34B-b79K  66.6 %  (open_clip results table)  ViT-B/32: 1/4 of a B/16's FLOPs
   openai/clip-vit-base-patch32           63.2 %  (CLIP paper)                same cost as the LAION B/32
-  openai/clip-vit-base-patch16           68.3 %  (CLIP paper)                ViT-B/16: about 4x the FLOPs
+  openai/clip-vit-base-patch16           68.6 %  (CLIP paper)                ViT-B/16: about 4x the FLOPs
   google/siglip-base-patch16-224         76.2 %  (big_vision SigLIP table)   ViT-B/16: about 4x the FLOPs
 Counted: 8.7 GFLOPs per frame for a B/32, 33.7 (CLIP B/16) and 34.0 (SigLIP B/16); measured CPU time per
 frame follows (3.6-4x). The LAION ViT-B/32 gives the most accuracy per CPU second, about 3.5x that of
