@@ -266,6 +266,7 @@ def test_app_serves_the_clip_profile_from_a_local_folder(models: dict, demo_dir:
 def test_checkpoint_trained_on_clip_features_is_served(models: dict, videos: list[Path], demo_dir: Path,
                                                         tmp_path: Path) -> None:
     from extract.profiles import ProfileMismatch
+    from prvr.evaluate import main as evaluate_main
     from prvr.predictor import AppSettings, Predictor, load_model
     from prvr.train import main as train_main
 
@@ -279,6 +280,9 @@ def test_checkpoint_trained_on_clip_features_is_served(models: dict, videos: lis
     train_main(["--features", str(feats), "--captions", str(feats), "--splits", f"train={split}",
                 f"val={split}", "--out", str(tmp_path / "run"), "--device", "cpu", "--n_epoch=1",
                 "--batch_size=2", "--hidden_size=16", "--n_heads=2"])
+    metrics = evaluate_main(["--checkpoint", str(tmp_path / "run" / "best"), "--features", str(feats),
+                             "--captions", str(feats), "--device", "cpu"])  # all 6 captions, 3 videos
+    assert metrics["total"]["r100"] == 100.0 and 0 <= metrics["total"]["r1"] <= 100
     settings = AppSettings(data_dir=data_dir_with_demo(demo_dir, tmp_path / "data"),
                            checkpoint=tmp_path / "run" / "best", weights=(f"clip={models['clip']}",),
                            demo_videos="demo01")
