@@ -1,9 +1,10 @@
 """The one object the app talks to: a model, its shared index, per-session upload indexes and uploads.
 
-``Predictor.from_settings(AppSettings.from_args())`` picks the model (a trained MS-SL checkpoint, else the
-training-free default of the ``lite`` profile), opens the shared index in the data directory (building it
-from the generated demo gallery on first start) and optionally indexes a folder of the user's videos
-(only new or changed files, by sha256). Then:
+``Predictor.from_settings(AppSettings.from_args())`` picks the model (a trained MS-SL checkpoint, else a
+training-free one: the ``clip`` profile's where its weights load, else the ``lite`` profile's; see
+``load_model``), opens the shared index in the data directory (building it from the generated demo
+gallery on first start) and optionally indexes a folder of the user's videos (only new or changed files,
+by sha256). Then:
 
     predictor.search(query, k, clip_weight, session) -> SearchResponse    # a list of Contract 4 dicts
     predictor.add_video(path, session, progress)     -> {status, video_id, message}
