@@ -77,6 +77,8 @@ def hub_offline_reason(timeout: float = 3.0) -> str | None:
     """
     if os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in ("1", "true", "yes", "on"):
         return "HF_HUB_OFFLINE is set"
+    if any(os.environ.get(v) for v in ("HTTPS_PROXY", "https_proxy", "ALL_PROXY", "all_proxy")):
+        return None  # behind a proxy a direct connection proves nothing: let the hub client try
     url = urlsplit(os.environ.get("HF_ENDPOINT", "https://huggingface.co"))
     host, port = url.hostname or "huggingface.co", url.port or (80 if url.scheme == "http" else 443)
     outcome: list[str | None] = []
