@@ -8,6 +8,7 @@ this file only turns its results into widgets.
 
     python app.py                       # embedded default model and demo gallery, http://127.0.0.1:7860
     python app.py --checkpoint runs/x   # a trained MS-SL checkpoint instead
+    python app.py --profile clip --weights clip=/models/siglip   # the CLIP-family zero-shot model
     python app.py --help
 """
 
@@ -215,6 +216,8 @@ def info_markdown(info: dict) -> str:
     """The info panel: which model, which features, how many videos, which index."""
     model = info["model"]
     lines = [f"**Model:** {model['name']}", f"{model['description']}"]
+    if model.get("why"):
+        lines.append(f"**Why this model:** {model['why']}")
     if model.get("metrics"):
         metrics = (f"{k} {v:.1f}" if isinstance(v, float) else f"{k} {v}"
                    for k, v in model["metrics"].items())

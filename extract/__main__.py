@@ -17,7 +17,6 @@ import sys
 from pathlib import Path
 
 import extract  # noqa: F401  - applies the torchvision fix before any backbone import
-from extract.backbones import list_backbones
 from extract.decode import DecodeLimits, MediaError, find_videos, sha256_file
 from extract.features import FeatureWriter, export_official
 from extract.official import read_captions
@@ -27,17 +26,14 @@ from extract.weights import WeightsUnavailable
 log = logging.getLogger("extract")
 
 
-def parse_weights(items: list[str]) -> str | dict[str, str] | None:
-    """``--weights SPEC`` (one backbone) or repeated ``--weights BACKBONE=SPEC``."""
-    if not items:
-        return None
-    named = [i.partition("=") for i in items]
-    if all(sep and name in list_backbones() for name, sep, _ in named):
-        return {name: spec for name, _, spec in named}
-    if len(items) == 1:
-        return items[0]
-    raise SystemExit("with several --weights, write each as BACKBONE=SPEC (backbones: "
-                     f"{', '.join(list_backbones())})")
+def weights_arg(args: argparse.Namespace) -> str | dict[str, str] | None:
+    """The --weights flags parsed (``extract.pipeline.parse_weights``); bad ones exit with the reason."""
+    from extract.pipeline import parse_weights
+
+    try:
+        return parse_weights(args.weights)
+    except ValueError as e:
+        raise SystemExit(str(e)) from None
 
 
 def video_ids(paths: list[Path]) -> dict[Path, str]:
@@ -61,7 +57,7 @@ def cmd_videos(args: argparse.Namespace) -> int:
         raise SystemExit(f"no video files in {' '.join(map(str, args.paths))}")
     ids = video_ids(paths)
     limits = DecodeLimits(max_duration_s=args.max_minutes * 60)
-    profile, weights = get_profile(args.profile), parse_weights(args.weights)
+    profile, weights = get_profile(args.profile), weights_arg(args)
     failed: list[tuple[Path, str]] = []
     done = skipped = 0
     expected = resolve_profile(profile, weights_for(profile, weights, profile.visual))
@@ -90,7 +86,7 @@ def cmd_captions(args: argparse.Namespace) -> int:
     from extract.pipeline import TextEncoder, resolve_profile, weights_for
 
     captions = read_captions(args.captions)
-    profile, weights = get_profile(args.profile), parse_weights(args.weights)
+    profile, weights = get_profile(args.profile), weights_arg(args)
     expected = resolve_profile(profile, weights_for(profile, weights, (profile.text,)))
     with FeatureWriter(args.out, expected) as writer:
         encoder = TextEncoder(profile, weights, args.device)
@@ -129,7 +125,8 @@ def build_parser() -> argparse.ArgumentParser:
                                                          "or a profile .json file")
         p.add_argument("--out", type=Path, required=True, help="feature file (.h5), created or appended to")
         p.add_argument("--weights", action="append", default=[],
-                       help="weights: a file, local-dir:PATH, hf-hub:NAME...; BACKBONE=SPEC for one backbone")
+                       help="weights: a file, local-dir:PATH, hf-hub:NAME...; BACKBONE=SPEC for one backbone "
+                            "(clip=DIR: a CLIP/SigLIP model folder holding both towers)")
         p.add_argument("--device", default=None, help="cuda, cpu, ... (default: cuda when available)")
         p.set_defaults(run=cmd_videos if name == "videos" else cmd_captions)
     p = sub.add_parser("export", help="write the official MS-SL layout (BigFile + HDF5 + captions)")

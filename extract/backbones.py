@@ -13,6 +13,7 @@ of the returned rows equals sentence-transformers' mean pooling; inputs are cut 
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -21,6 +22,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from extract import clip as clip_models
 from extract.weights import (
     Weights,
     WeightsUnavailable,
@@ -49,6 +51,9 @@ class BackboneCfg:
     clip_len: int = 1  # frames per clip for "clip" backbones
     fps: float | None = None  # frame rate the weights were trained at: a hint for profiles
     max_tokens: int = 64  # text: longer captions are cut (and a warning logged)
+    tower_of: str = ""  # text tower of an image-text model: the visual backbone whose weights hold it too
+    sized_by_weights: bool = False  # dims (and preprocessing) come from the weights' own config
+    half: bool = False  # weights cast to float16 on CUDA (not only autocast)
 
 
 _REGISTRY: dict[str, tuple[Callable, BackboneCfg]] = {}
@@ -243,15 +248,42 @@ def roberta_test(cfg: BackboneCfg, weights: Weights):  # noqa: ANN201
         return RobertaModel(config), tokenizer
 
 
+# ----------------------------------------------------------------------------- image-text models
+@register_backbone(BackboneCfg("frame", 512, clip_models.DEFAULT_MODEL, fps=1.0, sized_by_weights=True,
+                               half=True))
+def clip(cfg: BackboneCfg, weights: Weights) -> clip_models.ImageTower:
+    """A CLIP-family model's image tower: pooled, projected embeddings (512-d for the default ViT-B/32)."""
+    return clip_models.ImageTower(clip_models.load_pair(weights))
+
+
+@register_backbone(BackboneCfg("text", 512, clip_models.DEFAULT_MODEL, tower_of="clip", sized_by_weights=True,
+                               half=True))
+def clip_text(cfg: BackboneCfg, weights: Weights):  # noqa: ANN201
+    """The same model's text tower: every kept token's last hidden state (the pooled one last)."""
+    pair = clip_models.load_pair(weights)
+    return clip_models.TextTower(pair), clip_models.text_tokenizer(pair)
+
+
+def backbone_dim(name: str, weights: Weights | str | None = None) -> int:
+    """Output width of a backbone with these weights (read from the weights' config where they decide)."""
+    cfg = get_backbone_cfg(name)
+    if not cfg.sized_by_weights:
+        return cfg.dim
+    resolved = weights if isinstance(weights, Weights) else resolve_weights(weights or cfg.weights)
+    dims = clip_models.tower_dims(resolved)
+    return dims.tokens if cfg.kind == "text" else dims.image
+
+
 # ----------------------------------------------------------------------------- running backbones
 def default_device(device: str | torch.device | None = None) -> torch.device:
     """The given device, else CUDA when present, else CPU."""
     return torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
 
 
-def _autocast(device: torch.device) -> torch.autocast:
-    """bf16/fp16 autocast on CUDA (bf16 where supported); disabled on CPU, where fp32 is fastest."""
-    if device.type != "cuda":
+def _autocast(device: torch.device, cfg: BackboneCfg) -> torch.autocast:
+    """bf16/fp16 autocast on CUDA (bf16 where supported); disabled on CPU, where fp32 is fastest, and for
+    backbones whose weights are already float16 on CUDA (``cfg.half``)."""
+    if device.type != "cuda" or cfg.half:
         return torch.autocast("cpu", enabled=False)
     dtype = torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
     return torch.autocast("cuda", dtype=dtype)
@@ -287,7 +319,7 @@ class VisualBackbone:
             x = x.view(*lead, 3, size, size).permute(0, 2, 1, 3, 4)  # (n, 3, T, H, W)
         if self.device.type == "cuda":
             x = x.contiguous(memory_format=torch.channels_last if x.ndim == 4 else torch.channels_last_3d)
-        with _autocast(self.device):
+        with _autocast(self.device, self.cfg):
             return self.net(x).float().cpu().numpy()
 
     @torch.inference_mode()
@@ -324,7 +356,7 @@ class TextBackbone:
                     log.warning("%s: text cut from %d to %d tokens: %.60s", self.name, len(ids), limit, text)
             inputs = self.tokenizer(chunk, padding=True, truncation=True, max_length=limit,
                                     return_tensors="pt").to(self.device)
-            with _autocast(self.device):
+            with _autocast(self.device, self.cfg):
                 hidden = self.model(**inputs).last_hidden_state.float()  # (b, L, dim)
             mask = inputs["attention_mask"].bool()
             out += [h[m].cpu().numpy() for h, m in zip(hidden, mask, strict=True)]
@@ -337,10 +369,19 @@ def create_backbone(name: str, weights: str | None = None,
     cfg, build = get_backbone_cfg(name), _REGISTRY[name][0]
     resolved, device = resolve_weights(weights or cfg.weights), default_device(device)
     log.info("loading backbone %s (%s) on %s", name, resolved.location, device)
+    half = cfg.half and device.type == "cuda"
     if cfg.kind == "text":
         model, tokenizer = build(cfg, resolved)
-        return TextBackbone(name, cfg, resolved, model.eval().to(device), tokenizer, device)
+        model = model.eval().to(device)
+        model = model.half() if half else model
+        if cfg.sized_by_weights:  # the token width of this very model (extract.clip)
+            cfg = dataclasses.replace(cfg, dim=backbone_dim(name, resolved))
+        return TextBackbone(name, cfg, resolved, model, tokenizer, device)
     net = build(cfg, resolved).eval().to(device)
-    if device.type == "cuda":
+    net = net.half() if half else net
+    if device.type == "cuda" and not half:
         net = net.to(memory_format=torch.channels_last)
+    # image-text models bring their own image size, mean, std and width (extract.clip)
+    if cfg.sized_by_weights:
+        cfg = dataclasses.replace(cfg, dim=backbone_dim(name, resolved), **net.preprocess)
     return VisualBackbone(name, cfg, resolved, net, device)

@@ -8,17 +8,26 @@ returns one (L, text_dim) token array per text. Bad media raises ``extract.decod
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import queue
 import threading
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 
 import numpy as np
 import torch
 
-from extract.backbones import TextBackbone, VisualBackbone, create_backbone, default_device
+from extract.backbones import (
+    TextBackbone,
+    VisualBackbone,
+    backbone_dim,
+    create_backbone,
+    default_device,
+    get_backbone_cfg,
+    list_backbones,
+)
 from extract.decode import (
     CorruptVideo,
     DecodeLimits,
@@ -43,22 +52,69 @@ def configure_threads(device: torch.device) -> None:
 
 
 def weights_for(profile: Profile, weights: str | Mapping[str, str] | None, names: tuple[str, ...]) -> dict:
-    """Per-backbone weights specs; a plain string is allowed when ``names`` holds one backbone."""
+    """Per-backbone weights specs; a plain string is allowed when ``names`` holds one backbone.
+
+    The text tower of an image-text model takes the weights given for its visual backbone (one folder
+    holds both towers: ``clip=DIR`` sets ``clip_text`` too).
+    """
     if weights is None:
         return {}
     if isinstance(weights, str):
         if len(names) != 1:
             raise ValueError(f"profile {profile.name} has backbones {names}: pass weights as {{name: spec}}")
-        return {names[0]: weights}
+        weights = {names[0]: weights}
     unknown = set(weights) - {b for b, _ in profile.weights}
     if unknown:
         raise KeyError(f"profile {profile.name} has no backbone {sorted(unknown)}")
-    return dict(weights)
+    specs = dict(weights)
+    for backbone, _ in profile.weights:
+        tower_of = get_backbone_cfg(backbone).tower_of
+        if tower_of in specs and backbone not in specs:
+            specs[backbone] = specs[tower_of]
+    return specs
+
+
+def parse_weights(items: Sequence[str]) -> str | dict[str, str] | None:
+    """``--weights SPEC`` (one backbone) or repeated ``--weights BACKBONE=SPEC`` (the CLI and app flag)."""
+    if not items:
+        return None
+    named = [i.partition("=") for i in items]
+    if all(sep and name in list_backbones() for name, sep, _ in named):
+        return {name: spec for name, _, spec in named}
+    if len(items) == 1:
+        return items[0]
+    raise ValueError("with several --weights, write each as BACKBONE=SPEC (backbones: "
+                     f"{', '.join(list_backbones())})")
 
 
 def resolve_profile(profile: Profile, specs: Mapping[str, str]) -> Profile:
-    """The profile carrying the identity of the given weights (other backbones keep their defaults)."""
-    return profile.with_weights({name: resolve_weights(spec).identity for name, spec in specs.items()})
+    """The profile carrying the identity of the given weights (other backbones keep their defaults).
+
+    Backbones sized by their weights (image-text models) also set the profile's dims from them.
+    """
+    resolved = {name: resolve_weights(spec) for name, spec in specs.items()}
+    profile = profile.with_weights({name: w.identity for name, w in resolved.items()})
+    if not any(get_backbone_cfg(b).sized_by_weights for b in resolved):
+        return profile
+    visual_dim = sum(backbone_dim(b, resolved.get(b)) for b in profile.visual)
+    return dataclasses.replace(profile, visual_dim=visual_dim,
+                               text_dim=backbone_dim(profile.text, resolved.get(profile.text)))
+
+
+GPU_SECONDS = 120  # ZeroGPU's time slot per extracted video (a 20-minute upload is 1,200 frames)
+
+
+def gpu_task(fn: Callable) -> Callable:
+    """``fn`` under ZeroGPU's ``spaces.GPU`` where the ``spaces`` package is importable, else ``fn`` itself.
+
+    On a Hugging Face ZeroGPU Space a GPU is attached only while such a function runs; elsewhere (no
+    ``spaces`` package) nothing changes.
+    """
+    try:
+        import spaces
+    except ImportError:
+        return fn
+    return spaces.GPU(duration=GPU_SECONDS)(fn)
 
 
 def _subset(total: int, k: int) -> np.ndarray:
@@ -129,6 +185,7 @@ class VideoExtractor:
         self.limits = limits or DecodeLimits()
         self.batch_windows = max(1, batch_frames // profile.frames_per_window)  # whole windows per batch
 
+    @gpu_task
     def extract(self, path: str | Path, sha256: str | None = None) -> VideoFeatures:
         """Features of one video; raises a MediaError subclass for unusable media."""
         path = Path(path)

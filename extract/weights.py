@@ -15,11 +15,16 @@ names pin the bytes) and ``sha256:<prefix>`` of the bytes for local files and fo
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import importlib.util
+import os
+import socket
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import torch
 
@@ -64,6 +69,42 @@ def resolve_weights(spec: str) -> Weights:
                              f"hf-hub:org/name, torchvision:Enum.TAG, url:..., package:... or random")
 
 
+def hub_offline_reason(timeout: float = 3.0) -> str | None:
+    """Why the Hugging Face hub cannot be reached now (None: it accepts a connection), in ``timeout`` s.
+
+    Checked before a hub load that may fall back to something else, so an offline host pays seconds,
+    not the network library's retries and time-outs.
+    """
+    if os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in ("1", "true", "yes", "on"):
+        return "HF_HUB_OFFLINE is set"
+    if any(os.environ.get(v) for v in ("HTTPS_PROXY", "https_proxy", "ALL_PROXY", "all_proxy")):
+        return None  # behind a proxy a direct connection proves nothing: let the hub client try
+    url = urlsplit(os.environ.get("HF_ENDPOINT", "https://huggingface.co"))
+    host, port = url.hostname or "huggingface.co", url.port or (80 if url.scheme == "http" else 443)
+    outcome: list[str | None] = []
+
+    def connect() -> None:
+        try:
+            socket.create_connection((host, port), timeout=timeout).close()
+            outcome.append(None)
+        except OSError as e:  # DNS failure, refused, unreachable network, time-out
+            outcome.append(f"{host}:{port} is unreachable ({type(e).__name__}: {e})")
+
+    thread = threading.Thread(target=connect, name="hub-probe", daemon=True)  # DNS ignores socket time-outs
+    thread.start()
+    thread.join(timeout)
+    return outcome[0] if outcome else f"{host}:{port} did not answer within {timeout:g} s"
+
+
+def in_hub_cache(weights: Weights) -> bool:
+    """True when a hf-hub model's config is already in the local Hugging Face cache."""
+    from huggingface_hub import try_to_load_from_cache
+
+    if not weights.location.startswith("hf-hub:"):
+        return False
+    return isinstance(try_to_load_from_cache(weights.location.removeprefix("hf-hub:"), "config.json"), str)
+
+
 def package_path(spec: str) -> tuple[str, str]:
     """('file' | 'dir', path) of ``package:module/relative/path`` inside an installed package."""
     module, _, rel = spec.removeprefix("package:").partition("/")
@@ -79,8 +120,17 @@ def package_path(spec: str) -> tuple[str, str]:
 
 def _digest(path: Path, length: int = 16) -> str:
     """sha256 prefix of a file's bytes (as sha256sum prints it), or of a folder's names and bytes."""
+    files = sorted(p for p in ([path] if path.is_file() else path.rglob("*")) if p.is_file())
+    # a model folder is hashed by several loaders in one start: hash each unchanged state of it once
+    state = tuple((str(f), f.stat().st_size, f.stat().st_mtime_ns) for f in files)
+    return _digest_files(path, state, length)
+
+
+@functools.lru_cache(maxsize=16)
+def _digest_files(path: Path, state: tuple, length: int) -> str:
+    """``_digest`` of the files listed in ``state`` (path, size, mtime), read in that order."""
     digest = hashlib.sha256()
-    for f in sorted(p for p in ([path] if path.is_file() else path.rglob("*")) if p.is_file()):
+    for f in (Path(name) for name, _, _ in state):
         if f != path:
             digest.update(str(f.relative_to(path)).encode())
         with open(f, "rb") as stream:

@@ -10,7 +10,8 @@ so the default model bridges the two feature spaces of the ``lite`` profile with
 2. a query becomes the mean of its MiniLM token rows, L2-normalised (sentence-transformers' pooling);
 3. MS-SL's clip-scale branch (32 clip units by the official binning, all 528 windows, max cosine, key clip)
    and frame-scale branch (key-clip-guided attention, here with identity projections and a temperature)
-   run unchanged on these vectors, through the helpers the trained model uses.
+   run unchanged on these vectors, through the scoring functions the trained model uses
+   (``prvr.training_free``).
 
 Settings, and the criterion each was fixed on (none was tuned on the demo gallery's captions):
 - ``prompt``: CLIP's standard single ImageNet template, "a photo of a {}.".
@@ -42,8 +43,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from prvr.model import MSSL, EncodedVideos, key_clip_attention, window_proposals
-from prvr.preprocess import clip_input, frame_input, n_proposals, pad
+from prvr.model import key_clip_attention
+from prvr.training_free import TrainingFreeModel
 
 log = logging.getLogger(__name__)
 
@@ -111,7 +112,7 @@ def class_embeddings(text_backbone, prompt: str, names: Sequence[str], cache_dir
     return table
 
 
-class BridgeModel:
+class BridgeModel(TrainingFreeModel):
     """MS-SL's inference protocol (docs/design.md, Contract 3) with no trained weights."""
 
     def __init__(self, head: torch.nn.Linear, class_text: Tensor, cfg: BridgeConfig = BridgeConfig(),
@@ -172,34 +173,13 @@ class BridgeModel:
         weights = weights / weights.sum(dim=-1, keepdim=True)
         return F.normalize(weights @ self.class_text, dim=-1)
 
-    @torch.no_grad()
-    def encode_videos(self, frames_list: Sequence[np.ndarray | Tensor]) -> EncodedVideos:
-        """Raw per-video rows (n_i, Dv) -> EncodedVideos in the text space (official binning inside)."""
-        if len(frames_list) == 0:
-            raise ValueError("encode_videos: got no videos")
-        mapped = []
-        for i, rows in enumerate(frames_list):
-            shape = tuple(rows.shape)
-            if len(shape) != 2 or shape[0] == 0 or shape[1] != self.dims[0]:
-                raise ValueError(f"video {i}: features of shape {shape}, expected (n, {self.dims[0]})")
-            mapped.append(self.to_text_space(rows))
-        units = torch.stack([clip_input(x, self.cfg.map_size) for x in mapped])  # (Nv, M, D)
-        frames, mask = pad([frame_input(x, self.cfg.max_ctx_l) for x in mapped])  # (Nv, L, D), (Nv, L)
-        proposals = window_proposals(units)  # (Nv, 528, D)
-        index = torch.arange(n_proposals(self.cfg.map_size), device=units.device).expand(len(units), -1)
-        return EncodedVideos(units, proposals, index, frames, mask)
+    def rows_to_space(self, rows: Tensor) -> Tensor:
+        """The frame rows in the text space (``to_text_space``)."""
+        return self.to_text_space(rows)
 
-    def encode_queries(self, tokens_list: Sequence[np.ndarray | Tensor]) -> Tensor:
+    def query_vectors(self, tokens_list: Sequence[np.ndarray | Tensor]) -> Tensor:
         """Raw per-query MiniLM token rows (L_j, D) -> (Nq, D) sentence vectors."""
-        return sentence_vectors(tokens_list, self.dims[1]).to(self.device)
-
-    def _attend(self, frames: Tensor, frame_mask: Tensor, key_clips: Tensor) -> tuple[Tensor, Tensor]:
-        """Key-clip-guided attention with identity projections and this model's temperature."""
-        return key_clip_attention(frames, frames, frame_mask, key_clips, self.cfg.temperature)
-
-    # Scoring is MS-SL's own procedure (per-pair key clip, attention, weighted sum) over ``_attend``.
-    attend = MSSL.attend
-    score = MSSL.score
+        return sentence_vectors(tokens_list, self.dims[1])
 
 
 def attention_focus(class_text: Tensor, temperature: float, scene_s: int = 8, n_scenes: int = 6,

@@ -1,7 +1,8 @@
 """MS-SL (ACM MM 2022) and its MS-SL++ variant: a clip-scale and a frame-scale branch over video features.
 
 Read bottom-up, nanoGPT style: input projection, positional encoding, attention encoder, the shared pure
-scoring functions (also used by the training-free bridge model), then ``MSSLConfig`` and ``MSSL``.
+scoring functions (also used by the training-free models, prvr/training_free.py), then ``MSSLConfig`` and
+``MSSL``.
 Parameter names are the official ones, so official checkpoints load with ``strict=True``; every numeric
 quirk of the official code is kept (see docs/design.md and the MS-SL reference notes).
 """
@@ -14,8 +15,7 @@ import hashlib
 import json
 import logging
 import math
-from collections import OrderedDict
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -29,7 +29,6 @@ from prvr.preprocess import ArrayLike, check_rows, clip_input, frame_input, pad,
 
 log = logging.getLogger(__name__)
 
-CHECKPOINT_FORMAT, CHECKPOINT_VERSION = "prvr-mssl", 1
 _CHUNK_ELEMENTS = 1 << 24  # bound on the largest intermediate tensor in chunked scoring (64 MB float32)
 
 EXTENSIONS = {  # the seed papers' options, each switched by one MSSLConfig field (train.py: --<name>)
@@ -183,6 +182,44 @@ def key_clip_attention(
     logits = key_clips @ keys.transpose(-1, -2) / temperature  # (Nv, J, L)
     alpha = logits.masked_fill(frame_mask[:, None, :] == 0, -1e9).softmax(dim=-1)
     return alpha @ values, alpha
+
+
+# how a model attends: (frames (Nv, L, H), frame_mask (Nv, L), key_clips (Nv, J, H)) -> z (Nv, J, H), alpha
+AttendFn = Callable[[Tensor, Tensor, Tensor], tuple[Tensor, Tensor]]
+
+
+def attend_proposals(videos: EncodedVideos, proposal_idx: Tensor, attend: AttendFn) -> tuple[Tensor, Tensor]:
+    """Key-clip-guided attention for proposals (Nv, J) (indices into videos.proposals) -> z, alpha."""
+    idx = proposal_idx.to(videos.proposals.device)
+    key_clips = videos.proposals.gather(1, idx[..., None].expand(-1, -1, videos.proposals.shape[-1]))
+    return attend(videos.frames, videos.frame_mask, key_clips)
+
+
+def frame_scale(queries: Tensor, videos: EncodedVideos, key_idx: Tensor, attend: AttendFn) -> Tensor:
+    """cos(q, z) for every pair, z = ``attend`` of the pair's key clip (key_idx (Nq, Nv)) -> (Nq, Nv)."""
+    (Nq, H), Nv, L = queries.shape, len(videos.proposals), videos.frames.shape[1]
+    unit = F.normalize(queries, dim=-1)
+    frame = queries.new_empty(Nq, Nv)
+    for c in _chunks(Nv, _CHUNK_ELEMENTS // max(1, Nq * max(L, H))):
+        idx = key_idx[:, c].t()  # (c, Nq)
+        key_clips = videos.proposals[c].gather(1, idx[..., None].expand(-1, -1, H))  # (c, Nq, H)
+        z, _ = attend(videos.frames[c], videos.frame_mask[c], key_clips)  # (c, Nq, H)
+        frame[:, c] = torch.einsum("qh,vqh->qv", unit, F.normalize(z, dim=-1))
+    return frame
+
+
+def branch_scores(clip: Tensor, key_idx: Tensor, frame: Tensor, videos: EncodedVideos,
+                  weights: tuple[float, float]) -> Scores:
+    """Scores from the two branches' (Nq, Nv) cosines, weighted (clip, frame); key clips among all windows."""
+    key_clip = videos.proposal_index.gather(1, key_idx.t()).t()
+    return Scores(total=weights[0] * clip + weights[1] * frame, clip=clip, frame=frame, key_clip=key_clip)
+
+
+def two_branch_scores(queries: Tensor, videos: EncodedVideos, attend: AttendFn,
+                      weights: tuple[float, float]) -> Scores:
+    """MS-SL's inference score of every (query, video) pair: key clip, its attention, weighted sum."""
+    clip, key_idx = clip_scale(queries, videos.proposals)
+    return branch_scores(clip, key_idx, frame_scale(queries, videos, key_idx, attend), videos, weights)
 
 
 # ----------------------------------------------------------------------------- config and outputs
@@ -412,7 +449,7 @@ class MSSL(nn.Module):
     def _attend(self, frames: Tensor, frame_mask: Tensor, key_clips: Tensor) -> tuple[Tensor, Tensor]:
         """key_clip_attention with W_k / W_v over frames (Nv, L, H), key_clips (Nv, J, H) -> z, alpha.
 
-        The one hook ``attend`` and ``score`` call: the bridge model reuses both with its own ``_attend``.
+        The one hook ``attend`` and ``score`` pass to the shared scoring functions.
         """
         keys, values = self.mapping_linear[0](frames), self.mapping_linear[1](frames)
         return key_clip_attention(keys, values, frame_mask, key_clips)
@@ -474,34 +511,22 @@ class MSSL(nn.Module):
     @torch.no_grad()
     def attend(self, videos: EncodedVideos, proposal_idx: Tensor) -> tuple[Tensor, Tensor]:
         """Key-clip-guided attention for proposals (Nv, J) (indices into videos.proposals) -> z, alpha."""
-        idx = proposal_idx.to(videos.proposals.device)
-        key_clips = videos.proposals.gather(1, idx[..., None].expand(-1, -1, videos.proposals.shape[-1]))
-        return self._attend(videos.frames, videos.frame_mask, key_clips)
+        return attend_proposals(videos, proposal_idx, self._attend)
 
     @torch.no_grad()
     def score(self, queries: Tensor | EncodedQueries, videos: EncodedVideos) -> Scores:
         """Inference scores for every (query, video) pair: key clip and z are computed per pair (or CSA)."""
         queries = queries.to(self.device)
-        vectors = queries.vectors if isinstance(queries, EncodedQueries) else queries
-        (Nq, H), Nv, L = vectors.shape, len(videos.proposals), videos.frames.shape[1]
-        clip, arg = clip_scale(vectors, videos.proposals)  # (Nq, Nv) each
-        if getattr(self.cfg, "csa", False):  # getattr: the bridge model reuses score with its own config
-            if not isinstance(queries, EncodedQueries):
-                raise TypeError("this model scores frames with CSA, which needs the queries' frame-branch "
-                                "tokens: pass what encode_queries returns (EncodedQueries), not a tensor")
-            frame = ral.csa_scores(self.text_weight_fc, queries.tokens, queries.token_mask, videos.frames,
-                                   videos.frame_mask, pad_to=self.cfg.max_ctx_l)
-        else:
-            frame = torch.empty_like(clip)
-            per_chunk = _CHUNK_ELEMENTS // max(1, Nq * max(L, H))
-            for c in _chunks(Nv, per_chunk):
-                key_idx = arg[:, c].t()  # (c, Nq)
-                key_clips = videos.proposals[c].gather(1, key_idx[..., None].expand(-1, -1, H))  # (c, Nq, H)
-                z, _ = self._attend(videos.frames[c], videos.frame_mask[c], key_clips)  # (c, Nq, H)
-                frame[:, c] = torch.einsum("qh,vqh->qv", F.normalize(vectors, dim=-1), F.normalize(z, dim=-1))
-        key_clip = videos.proposal_index.gather(1, arg.t()).t()  # (Nq, Nv) among all windows
-        total = self.cfg.clip_scale_w * clip + self.cfg.frame_scale_w * frame
-        return Scores(total=total, clip=clip, frame=frame, key_clip=key_clip)
+        weights = (self.cfg.clip_scale_w, self.cfg.frame_scale_w)
+        if not self.cfg.csa:
+            return two_branch_scores(queries, videos, self._attend, weights)
+        if not isinstance(queries, EncodedQueries):
+            raise TypeError("this model scores frames with CSA, which needs the queries' frame-branch "
+                            "tokens: pass what encode_queries returns (EncodedQueries), not a tensor")
+        clip, key_idx = clip_scale(queries.vectors, videos.proposals)
+        frame = ral.csa_scores(self.text_weight_fc, queries.tokens, queries.token_mask, videos.frames,
+                               videos.frame_mask, pad_to=self.cfg.max_ctx_l)
+        return branch_scores(clip, key_idx, frame, videos, weights)
 
     # ---- training
     def loss(
@@ -596,18 +621,10 @@ class MSSL(nn.Module):
 
     def save(self, path: str | Path, *, train: dict | None = None, profile: dict | None = None,
              metrics: dict | None = None, epoch: int | None = None) -> None:
-        """Write a checkpoint directory: config.json (config + metadata) and model.safetensors."""
-        from safetensors.torch import save_file
+        """Write a checkpoint directory (``prvr.checkpoint.save_checkpoint``)."""
+        from prvr.checkpoint import save_checkpoint
 
-        path = Path(path)
-        path.mkdir(parents=True, exist_ok=True)
-        profile = profile if profile is not None else self.profile
-        meta = {"format": CHECKPOINT_FORMAT, "format_version": CHECKPOINT_VERSION,
-                "model": self.cfg.to_dict(), "train": train, "profile": profile,
-                "metrics": metrics, "epoch": epoch}
-        weights = {k: v.detach().cpu().contiguous() for k, v in self.state_dict().items()}
-        save_file(weights, str(path / "model.safetensors"))
-        (path / "config.json").write_text(json.dumps(meta, indent=2, sort_keys=True) + "\n")
+        save_checkpoint(self, path, train=train, profile=profile, metrics=metrics, epoch=epoch)
 
     @classmethod
     def from_official(cls, state_dict: Mapping[str, Tensor], official_config: Mapping) -> MSSL:
@@ -619,50 +636,7 @@ class MSSL(nn.Module):
 
     @classmethod
     def from_checkpoint(cls, path: str | Path, map_location: str | torch.device = "cpu") -> MSSL:
-        """Load our checkpoint directory or an official ``{"model", "model_cfg", "epoch"}`` file."""
-        path = Path(path)
-        if path.is_dir():
-            model = cls._from_directory(path)
-        elif path.is_file():
-            ckpt = _load_official(path, map_location)
-            model = cls.from_official(ckpt["model"], ckpt["model_cfg"])
-            model.checkpoint_meta = {"train": dict(ckpt["model_cfg"]), "profile": None, "metrics": None,
-                                     "epoch": ckpt.get("epoch")}
-        else:
-            raise FileNotFoundError(f"no checkpoint at {path}")
-        log.info("loaded MS-SL checkpoint %s (%s)", path, model.fingerprint()[:12])
-        return model.to(map_location)
+        """Our checkpoint directory or an official ``model.ckpt`` (``prvr.checkpoint.load_checkpoint``)."""
+        from prvr.checkpoint import load_checkpoint
 
-    @classmethod
-    def _from_directory(cls, path: Path) -> MSSL:
-        """Read a directory written by ``save``."""
-        from safetensors.torch import load_file
-
-        config_file, weights_file = path / "config.json", path / "model.safetensors"
-        for f in (config_file, weights_file):
-            if not f.is_file():
-                raise FileNotFoundError(f"checkpoint directory {path} lacks {f.name}")
-        meta = json.loads(config_file.read_text())
-        if meta.get("format") != CHECKPOINT_FORMAT or meta.get("format_version") != CHECKPOINT_VERSION:
-            found = f"{meta.get('format')!r} version {meta.get('format_version')}"
-            raise ValueError(f"{config_file}: expected format {CHECKPOINT_FORMAT!r} version "
-                             f"{CHECKPOINT_VERSION}, got {found}")
-        model = cls(MSSLConfig.from_dict(meta["model"]))
-        model.load_state_dict(load_file(str(weights_file)), strict=True)
-        model.profile = meta.get("profile")
-        model.checkpoint_meta = {k: meta.get(k) for k in ("train", "profile", "metrics", "epoch")}
-        return model
-
-
-def _load_official(path: Path, map_location: str | torch.device) -> dict:
-    """torch.load an official checkpoint with the restricted (weights_only) unpickler, no easydict needed."""
-    # the config is a pickled easydict.EasyDict (a dict subclass); rebuilding it as an OrderedDict keeps the
-    # restricted unpickler (no arbitrary code) and works whether or not easydict is installed
-    with torch.serialization.safe_globals([(OrderedDict, "easydict.EasyDict")]):
-        ckpt = torch.load(path, map_location=map_location, weights_only=True)
-    if not isinstance(ckpt, dict) or not {"model", "model_cfg"} <= set(ckpt):
-        keys = sorted(ckpt) if isinstance(ckpt, dict) else type(ckpt).__name__
-        raise ValueError(f"{path}: not an official MS-SL checkpoint (expected keys model, model_cfg; "
-                         f"got {keys})")
-    ckpt["model_cfg"] = dict(ckpt["model_cfg"])
-    return ckpt
+        return load_checkpoint(path, map_location)

@@ -1,9 +1,10 @@
 """The one object the app talks to: a model, its shared index, per-session upload indexes and uploads.
 
-``Predictor.from_settings(AppSettings.from_args())`` picks the model (a trained MS-SL checkpoint, else the
-training-free default of the ``lite`` profile), opens the shared index in the data directory (building it
-from the generated demo gallery on first start) and optionally indexes a folder of the user's videos
-(only new or changed files, by sha256). Then:
+``Predictor.from_settings(AppSettings.from_args())`` picks the model (a trained MS-SL checkpoint, else a
+training-free one: the ``clip`` profile's where its weights load, else the ``lite`` profile's; see
+``load_model``), opens the shared index in the data directory (building it from the generated demo
+gallery on first start) and optionally indexes a folder of the user's videos (only new or changed files,
+by sha256). Then:
 
     predictor.search(query, k, clip_weight, session) -> SearchResponse    # a list of Contract 4 dicts
     predictor.add_video(path, session, progress)     -> {status, video_id, message}
@@ -62,8 +63,9 @@ class AppSettings:
     host: str = field(default_factory=lambda: "0.0.0.0" if on_spaces() else "127.0.0.1")
     port: int = 7860
     data_dir: Path = field(default_factory=default_data_dir)
-    checkpoint: Path | None = None  # a trained MS-SL checkpoint; None: the training-free default
-    profile: str | None = None  # feature profile; None: the checkpoint's, else "lite"
+    checkpoint: Path | None = None  # a trained MS-SL checkpoint; None: a training-free model
+    profile: str | None = None  # None: the checkpoint's profile, else "clip" if it loads, else "lite"
+    weights: tuple[str, ...] = ()  # BACKBONE=SPEC each (e.g. clip=DIR); env PRVR_WEIGHTS: comma-separated
     gallery: Path | None = None  # a folder of the user's videos, indexed at start (incrementally)
     uploads: str = field(default_factory=lambda: "session" if on_spaces() else "shared")
     max_upload_mb: int = 200
@@ -81,6 +83,17 @@ class AppSettings:
         self.data_dir = Path(self.data_dir).expanduser()
         self.checkpoint = Path(self.checkpoint).expanduser() if self.checkpoint else None
         self.gallery = Path(self.gallery).expanduser() if self.gallery else None
+        self.weights = tuple(self.weights)
+        self.weight_specs()  # a malformed --weights fails here, naming it
+
+    def weight_specs(self) -> dict[str, str]:
+        """``--weights`` as {backbone: spec}; every item must name its backbone (NAME=SPEC)."""
+        from extract.pipeline import parse_weights
+
+        specs = parse_weights(list(self.weights))
+        if isinstance(specs, str):
+            raise ValueError(f"--weights {specs!r} must name its backbone, e.g. clip=/path/to/model")
+        return specs or {}
 
     @classmethod
     def from_args(cls, argv: Sequence[str] | None = None) -> AppSettings:
@@ -88,6 +101,11 @@ class AppSettings:
         parser = argparse.ArgumentParser(description="PRVR video search app (Gradio).")
         for f in fields(cls):
             env = os.environ.get(f"PRVR_{f.name.upper()}")
+            if f.name == "weights":  # repeatable; the variable holds comma-separated items
+                parser.add_argument("--weights", action="append", metavar="BACKBONE=SPEC",
+                                    default=None, help="backbone weights, e.g. clip=/path/to/model "
+                                    "(repeatable; env PRVR_WEIGHTS, comma-separated)")
+                continue
             kind = {"port": int, "max_upload_mb": int, "max_uploads_per_session": int,
                     "max_duration_s": float, "session_ttl_s": float}.get(f.name, str)
             parser.add_argument(f"--{f.name.replace('_', '-')}", type=kind, default=env,
@@ -95,6 +113,8 @@ class AppSettings:
                                 help=f"(env PRVR_{f.name.upper()})")
         # argparse converts string defaults (the environment's values) with ``type`` too
         given = {k: v for k, v in vars(parser.parse_args(argv)).items() if v is not None}
+        if "weights" not in given and os.environ.get("PRVR_WEIGHTS"):
+            given["weights"] = [w.strip() for w in os.environ["PRVR_WEIGHTS"].split(",") if w.strip()]
         try:
             return cls(**given)
         except ValueError as err:
@@ -142,21 +162,85 @@ class ModelInfo:
     name: str
     description: str
     metrics: dict | None = None
+    why: str = ""  # why this model serves: an explicit flag, or the automatic choice and any fallback
+
+
+TRAINING_FREE = ("clip", "lite")  # profiles with a training-free model: the first that loads serves
 
 
 def load_model(settings: AppSettings) -> tuple[object, ModelInfo, str]:
-    """(model, its description, feature profile name): the checkpoint if given, else the default bridge."""
-    from prvr import bridge
+    """(model, its description, feature profile name): the checkpoint if given, else a training-free model.
 
+    With no --profile: ``clip`` where its weights load (a host with hub access, or --weights clip=DIR),
+    else ``lite``; a failed load is logged with the model, the cause and the fallback.
+    """
     if settings.checkpoint is None:
-        if settings.profile not in (None, bridge.PROFILE):
-            raise ValueError(f"the training-free default reads only the {bridge.PROFILE!r} profile, not "
-                             f"{settings.profile!r}; give a --checkpoint trained on {settings.profile!r}")
-        model = bridge.BridgeModel.from_pretrained()
-        about = ("No PRVR training: EfficientNet-Lite0's ImageNet classes mapped into MiniLM's sentence "
-                 "space, scored with MS-SL's clip-scale and frame-scale branches. Give `--checkpoint` to use "
-                 "a trained MS-SL model.")
-        return model, ModelInfo(bridge.NAME, about), bridge.PROFILE
+        return _training_free(settings)
+    return _checkpoint(settings)
+
+
+def _training_free(settings: AppSettings) -> tuple[object, ModelInfo, str]:
+    """The clip profile's zero-shot model where it loads (or was asked for), else the lite bridge."""
+    from prvr import bridge, zero_shot
+
+    choice = settings.profile
+    if choice not in (None, *TRAINING_FREE):
+        known = " or ".join(map(repr, TRAINING_FREE))
+        raise ValueError(f"the training-free models read the {known} profile, not {choice!r}; give a "
+                         f"--checkpoint trained on {choice!r}")
+    fallback = ""
+    if choice in (None, "clip"):
+        spec = settings.weight_specs().get("clip")
+        try:
+            model = zero_shot.ZeroShotModel.from_pretrained(spec, device="cuda" if _cuda() else "cpu")
+        except Exception as err:  # noqa: BLE001 - any failed load falls back (an explicit choice re-raises)
+            if choice == "clip":
+                raise
+            fallback = (f"the clip profile's model {model_source(spec)} did not load ({err}); serving the "
+                        "offline default, the lite profile's bridge, instead")
+            log.warning("%s", fallback)
+        else:
+            why = ("chosen with --profile clip" if choice else
+                   "chosen automatically: no --profile was given and the clip profile's weights loaded")
+            log.info("model: %s from %s (%s)", zero_shot.NAME, model.source, why)
+            about = (f"No PRVR training: the image and text embeddings of one CLIP-family model "
+                     f"({model.source}), scored with MS-SL's clip-scale and frame-scale branches. Give "
+                     "`--checkpoint` to use a trained MS-SL model.")
+            return model, ModelInfo(zero_shot.NAME, about, why=why), zero_shot.PROFILE
+    if set(settings.weight_specs()) & {b for b, _ in _profile(bridge.PROFILE).weights}:
+        raise ValueError(f"the {bridge.PROFILE!r} training-free model uses its packaged weights; --weights "
+                         "applies to the clip profile or to a checkpoint's profile")
+    model = bridge.BridgeModel.from_pretrained()
+    why = "chosen with --profile lite" if choice else f"chosen automatically: {fallback}"
+    log.info("model: %s (%s)", bridge.NAME, why)
+    about = ("No PRVR training: EfficientNet-Lite0's ImageNet classes mapped into MiniLM's sentence "
+             "space, scored with MS-SL's clip-scale and frame-scale branches. Give `--checkpoint` to use "
+             "a trained MS-SL model.")
+    return model, ModelInfo(bridge.NAME, about, why=why), bridge.PROFILE
+
+
+def model_source(spec: str | None) -> str:
+    """The clip profile's weights in words: the given spec, or the registry's default hub id."""
+    from extract.backbones import get_backbone_cfg
+
+    return spec or get_backbone_cfg("clip").weights
+
+
+def _profile(name: str):  # noqa: ANN202 - extract.profiles.Profile, imported lazily
+    """A registered feature profile."""
+    from extract.profiles import get_profile
+
+    return get_profile(name)
+
+
+def profile_weights(settings: AppSettings, profile: str) -> dict[str, str]:
+    """The --weights that concern this profile's backbones (others are for another profile)."""
+    names = {b for b, _ in _profile(profile).weights}
+    return {b: spec for b, spec in settings.weight_specs().items() if b in names}
+
+
+def _checkpoint(settings: AppSettings) -> tuple[object, ModelInfo, str]:
+    """A trained MS-SL checkpoint and the profile it was trained on."""
     from prvr.model import MSSL
 
     device = "cuda" if _cuda() else "cpu"
@@ -170,7 +254,8 @@ def load_model(settings: AppSettings) -> tuple[object, ModelInfo, str]:
                          f"not {settings.profile!r}")
     epoch = f", epoch {meta['epoch']}" if meta.get("epoch") is not None else ""
     info = ModelInfo(f"MS-SL checkpoint {settings.checkpoint.name}",
-                     f"Trained MS-SL model from `{settings.checkpoint}`{epoch}.", meta.get("metrics"))
+                     f"Trained MS-SL model from `{settings.checkpoint}`{epoch}.", meta.get("metrics"),
+                     why="chosen with --checkpoint")
     return model, info, profile
 
 
@@ -201,12 +286,20 @@ class Predictor:
 
     def __init__(self, settings: AppSettings, model: object, info: ModelInfo, profile: str) -> None:
         from extract.pipeline import TextEncoder, VideoExtractor
+        from extract.profiles import ProfileMismatch, check_identity
         from prvr.index import IndexConfig, VideoIndex
         from prvr.index_store import SCHEMA_VERSION
 
         self.settings, self.model, self.info, self.profile = settings, model, info, profile
-        self.extractor = VideoExtractor(profile)
-        self.text = TextEncoder(profile)
+        weights = profile_weights(settings, profile) or None
+        self.extractor = VideoExtractor(profile, weights)
+        self.text = TextEncoder(profile, weights)
+        if getattr(model, "profile", None) is not None:  # features of other weights would be meaningless
+            try:
+                check_identity(self.extractor.profile.identity(), model.profile, "the model")
+            except ProfileMismatch as err:
+                raise ProfileMismatch(f"{err} Pass the weights the model was made with (--weights).") \
+                    from None
         # one directory per model and index schema: an index written by an older release is left alone
         name = f"{profile}-{model.fingerprint()[:12]}-v{SCHEMA_VERSION}"
         self.index_dir = settings.data_dir / "indexes" / name
@@ -460,7 +553,7 @@ class Predictor:
         shared, private = len(self.index), len(session.index) if session else 0
         uploads = ("session: private to each browser session, deleted when it ends"
                    if self.settings.uploads == "session" else "shared: added to the shared gallery")
-        return {"model": {"name": self.info.name, "description": self.info.description,
+        return {"model": {"name": self.info.name, "description": self.info.description, "why": self.info.why,
                           "metrics": self.info.metrics, "fingerprint": self.model.fingerprint()[:12]},
                 "profile": {"name": self.profile, "description": get_profile(self.profile).description},
                 "videos": shared + private, "shared_videos": shared, "session_videos": private,

@@ -1,0 +1,106 @@
+"""What the training-free models share: rows and queries mapped into one space, scored by MS-SL's branches.
+
+A training-free model maps each raw feature row into a query space (``rows_to_space``) and each query's
+raw token features to one vector (``query_vectors``). The rest is MS-SL's inference with identity
+projections, through ``prvr.model``'s shared scoring functions: 32 clip units by the official binning, all
+528 windows, the max-cosine key clip, and key-clip-guided attention over the rows divided by a
+temperature. ``prvr.bridge.BridgeModel`` (ImageNet classes -> MiniLM, ``lite``) and
+``prvr.zero_shot.ZeroShotModel`` (a CLIP-family model, ``clip``) are the two subclasses.
+
+A subclass's ``cfg`` has ``temperature``, ``clip_scale_w``, ``frame_scale_w``, ``map_size`` and ``max_ctx_l``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from prvr.model import (
+    EncodedVideos,
+    Scores,
+    attend_proposals,
+    key_clip_attention,
+    two_branch_scores,
+    window_proposals,
+)
+from prvr.preprocess import clip_input, frame_input, n_proposals, pad
+
+
+class TrainingFreeModel:
+    """MS-SL's inference protocol (docs/design.md, Contract 3) over rows and queries in one space."""
+
+    cfg: object
+    profile: dict | None
+
+    # ---- what a subclass defines
+    @property
+    def device(self) -> torch.device:
+        """Where the model's tensors live (inputs are moved here)."""
+        raise NotImplementedError
+
+    @property
+    def dims(self) -> tuple[int, int]:
+        """(visual row width, text token width) this model reads."""
+        raise NotImplementedError
+
+    def rows_to_space(self, rows: Tensor) -> Tensor:
+        """Raw visual rows (n, Dv) on ``device`` -> (n, H) unit vectors in the query space."""
+        raise NotImplementedError
+
+    def query_vectors(self, tokens_list: Sequence[np.ndarray | Tensor]) -> Tensor:
+        """Raw per-query token rows (L_j, Dq) -> (Nq, H) unit query vectors."""
+        raise NotImplementedError
+
+    # ---- the protocol
+    def _mapped(self, rows: np.ndarray | Tensor, what: str) -> Tensor:
+        """One video's rows, checked against ``dims``, in the query space."""
+        shape = tuple(rows.shape)
+        if len(shape) != 2 or shape[0] == 0 or shape[1] != self.dims[0]:
+            raise ValueError(f"{what}: features of shape {shape}, expected (n, {self.dims[0]})")
+        return self.rows_to_space(torch.as_tensor(rows, dtype=torch.float32).to(self.device))
+
+    @torch.no_grad()
+    def encode_videos(self, frames_list: Sequence[np.ndarray | Tensor]) -> EncodedVideos:
+        """Raw per-video rows (n_i, Dv) -> EncodedVideos in the query space (official binning inside)."""
+        if len(frames_list) == 0:
+            raise ValueError("encode_videos: got no videos")
+        mapped = [self._mapped(rows, f"video {i}") for i, rows in enumerate(frames_list)]
+        units = torch.stack([clip_input(x, self.cfg.map_size) for x in mapped])  # (Nv, M, H)
+        frames, mask = pad([frame_input(x, self.cfg.max_ctx_l) for x in mapped])  # (Nv, L, H), (Nv, L)
+        index = torch.arange(n_proposals(self.cfg.map_size), device=units.device).expand(len(units), -1)
+        return EncodedVideos(units, window_proposals(units), index, frames, mask)
+
+    @torch.no_grad()
+    def encode_queries(self, tokens_list: Sequence[np.ndarray | Tensor]) -> Tensor:
+        """Raw per-query token rows -> (Nq, H) query vectors on ``device``."""
+        if len(tokens_list) == 0:
+            raise ValueError("encode_queries: got no queries")
+        return self.query_vectors(tokens_list).to(self.device)
+
+    @torch.no_grad()
+    def encode_rows(self, rows: np.ndarray | Tensor, start: np.ndarray,
+                    end: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """One video's rows -> (vectors (n, H) float32 unit, start, end): every row, in the query space."""
+        vectors = self._mapped(rows, "encode_rows").float().cpu().numpy()
+        start, end = np.asarray(start, dtype=np.float32), np.asarray(end, dtype=np.float32)
+        if start.shape != (len(vectors),) or end.shape != (len(vectors),):
+            raise ValueError(f"encode_rows: {len(vectors)} rows but start {start.shape} and end {end.shape}")
+        return vectors, start, end
+
+    def _attend(self, frames: Tensor, frame_mask: Tensor, key_clips: Tensor) -> tuple[Tensor, Tensor]:
+        """Key-clip-guided attention with identity projections and this model's temperature."""
+        return key_clip_attention(frames, frames, frame_mask, key_clips, self.cfg.temperature)
+
+    @torch.no_grad()
+    def attend(self, videos: EncodedVideos, proposal_idx: Tensor) -> tuple[Tensor, Tensor]:
+        """Key-clip-guided attention for proposals (Nv, J) (indices into videos.proposals) -> z, alpha."""
+        return attend_proposals(videos, proposal_idx, self._attend)
+
+    @torch.no_grad()
+    def score(self, queries: Tensor, videos: EncodedVideos) -> Scores:
+        """MS-SL's inference scores for every (query, video) pair."""
+        weights = (self.cfg.clip_scale_w, self.cfg.frame_scale_w)
+        return two_branch_scores(queries.to(self.device), videos, self._attend, weights)
