@@ -193,6 +193,12 @@ class BridgeModel:
         """Raw per-query MiniLM token rows (L_j, D) -> (Nq, D) sentence vectors."""
         return sentence_vectors(tokens_list, self.dims[1]).to(self.device)
 
+    def encode_rows(self, rows: np.ndarray | Tensor, start: np.ndarray, end: np.ndarray) -> tuple:
+        """One video's raw rows + [start, end) seconds -> (n, D) unit float32 numpy vectors in the text space
+        (every 1 s row, no max_ctx_l cap) with the same seconds."""
+        return (self.to_text_space(rows).cpu().numpy(), np.asarray(start, np.float32),
+                np.asarray(end, np.float32))
+
     def _attend(self, frames: Tensor, frame_mask: Tensor, key_clips: Tensor) -> tuple[Tensor, Tensor]:
         """Key-clip-guided attention with identity projections and this model's temperature."""
         return key_clip_attention(frames, frames, frame_mask, key_clips, self.cfg.temperature)
