@@ -34,11 +34,9 @@ from pathlib import Path
 
 import numba
 import numpy as np
-import torch
 from PIL import Image
 
-from prvr.preprocess import n_proposals, proposal_units
-from prvr.search import unit_spans
+from prvr.annotated import IOU_HIT, AnnotatedSet, Query, evaluate_set, extract_features, format_report
 
 log = logging.getLogger(__name__)
 
@@ -459,20 +457,8 @@ def build_demo_gallery(
 
 
 # ------------------------------------------------------------------------------------------ evaluation
-#
-# Protocol (``evaluate_demo``): every caption is a query over the gallery's videos. A caption may have
-# several relevant videos (every video showing its photograph); its rank is that of the FIRST-ranked
-# relevant video (1-based, ties broken by gallery order, as np.argsort of the negated scores). R@k = % of
-# queries with rank <= k; SumR = R@1 + R@5 + R@10 (the gallery holds fewer than 100 videos, so MS-SL's R@100
-# would always be 100). Key-moment accuracy = % of queries whose key clip on that first-ranked relevant
-# video overlaps one of the caption's annotated moments in it with temporal IoU >= 0.5; "key moment inside"
-# = % whose key clip's midpoint lies inside such a moment (a short key clip in the right scene counts). The
-# random ranking is reported as its exact expectation: the first relevant video's rank distribution under a
-# uniformly random order, and a uniformly random proposal (of the 528) on a uniformly random relevant video.
 
 FEATURES_FILE = "features-{profile}.h5"
-RECALLS = (1, 5, 10)
-IOU_HIT = 0.5
 
 
 def caption_id(caption: DemoCaption, gallery: DemoGallery) -> str:
@@ -481,92 +467,23 @@ def caption_id(caption: DemoCaption, gallery: DemoGallery) -> str:
     return f"{caption.photo}#{same.index(caption)}"
 
 
+def annotated_set(gallery: DemoGallery, profile: str = "lite") -> AnnotatedSet:
+    """The gallery as an annotated set: every caption a query, every scene of its photo a moment."""
+    queries = []
+    for c in gallery.captions:
+        moments = {vid: tuple((m.start, m.end) for m in c.moments if m.video_id == vid) for vid in c.relevant}
+        queries.append(Query(caption_id(c, gallery), c.text, moments))
+    return AnnotatedSet(tuple((v.id, v.path) for v in gallery.videos), tuple(queries),
+                        gallery.root / FEATURES_FILE.format(profile=profile))
+
+
 def extract_demo_features(gallery: DemoGallery, profile: str = "lite") -> Path:
     """Feature file (videos + caption tokens) of the gallery, next to it; only new or changed items run."""
-    from extract.decode import sha256_file
-    from extract.features import FeatureFile, FeatureWriter
-    from extract.pipeline import TextEncoder, VideoExtractor
-
-    path = gallery.root / FEATURES_FILE.format(profile=profile)
-    have_videos, have_captions = {}, {}
-    if path.exists():
-        with FeatureFile(path) as ff:
-            have_videos = {v: ff.video(v).sha256 for v in ff.video_ids()}
-            have_captions = {c: ff.caption(c)[0] for c in ff.caption_ids()}
-    videos = [(v, sha) for v in gallery.videos if have_videos.get(v.id) != (sha := sha256_file(v.path))]
-    captions = [(caption_id(c, gallery), c.text) for c in gallery.captions]
-    captions = [(cid, text) for cid, text in captions if have_captions.get(cid) != text]
-    if not videos and not captions:
-        return path
-    extractor = VideoExtractor(profile) if videos else None
-    encoder = TextEncoder(profile) if captions else None
-    with FeatureWriter(path, (extractor or encoder).profile) as writer:
-        for video, sha in videos:
-            log.info("extracting %s features of %s", profile, video.path.name)
-            writer.add_video(video.id, extractor.extract(video.path, sha256=sha))
-        if encoder is not None:
-            for (cid, text), rows in zip(captions, encoder.encode([t for _, t in captions]), strict=True):
-                writer.add_caption(cid, text, rows)
-    return path
-
-
-def temporal_iou(a: tuple[float, float], b: tuple[float, float]) -> float:
-    """Intersection over union of two time spans (seconds)."""
-    inter = max(0.0, min(a[1], b[1]) - max(a[0], b[0]))
-    union = max(a[1], b[1]) - min(a[0], b[0])
-    return inter / union if union > 0 else 0.0
-
-
-def proposal_spans(start: np.ndarray, end: np.ndarray, map_size: int = 32) -> np.ndarray:
-    """(P, 2) seconds of every proposal of a video with rows [start_i, end_i), as search reports them."""
-    units = unit_spans(start, end, map_size)  # (M, 2) seconds per clip unit
-    first, stop = (u.numpy() for u in proposal_units(torch.arange(n_proposals(map_size)), map_size))
-    return np.stack([units[first, 0], units[stop - 1, 1]], axis=1)
-
-
-def first_relevant_ranks(scores: np.ndarray, relevant: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Per query, the 1-based rank of its best-ranked relevant video, and that video's index."""
-    order = np.argsort(-scores, axis=1, kind="stable")  # (Nq, Nv) video indices, best first
-    hits = np.take_along_axis(relevant, order, axis=1)
-    position = hits.argmax(axis=1)
-    return position + 1, order[np.arange(len(order)), position]
-
-
-def recall_metrics(ranks: np.ndarray) -> dict[str, float]:
-    """R@1/5/10 (percent) and their sum."""
-    out = {f"R@{k}": 100.0 * float(np.mean(ranks <= k)) for k in RECALLS}
-    out["SumR"] = sum(out.values())
-    return out
-
-
-def random_recalls(n_videos: int, n_relevant: np.ndarray) -> dict[str, float]:
-    """Expected R@k under a uniformly random ranking: 1 - C(N - r, k) / C(N, k), averaged over queries."""
-    out = {f"R@{k}": 100.0 * float(np.mean([1 - math.comb(n_videos - r, k) / math.comb(n_videos, k)
-                                             if k <= n_videos else 1.0 for r in n_relevant]))
-           for k in RECALLS}
-    out["SumR"] = sum(out.values())
-    return out
-
-
-def moment_hits(spans: np.ndarray, moments: list[tuple[float, float]]) -> np.ndarray:
-    """(P, 2) bool: per proposal span, [IoU >= IOU_HIT with a moment, midpoint inside a moment]."""
-    iou = np.array([max(temporal_iou(tuple(s), m) for m in moments) for s in spans])
-    mid = spans.mean(axis=1)
-    inside = np.any([(a <= mid) & (mid <= b) for a, b in moments], axis=0)
-    return np.stack([iou >= IOU_HIT, inside], axis=1)
-
-
-def moment_metrics(found: np.ndarray) -> dict[str, float]:
-    """Percent of queries whose key clip hits (column 0: IoU >= IOU_HIT) or lies in (column 1) a moment."""
-    return {"key_moment_acc": 100.0 * float(found[:, 0].mean()),
-            "key_moment_inside": 100.0 * float(found[:, 1].mean())}
+    return extract_features(annotated_set(gallery, profile), profile)
 
 
 def evaluate_demo(root: str | Path | None = None, model=None, video_ids: list[str] | None = None) -> dict:  # noqa: ANN001
-    """Retrieval and key-moment metrics of ``model`` (default: the bridge) on the demo gallery's captions."""
-    from extract.features import FeatureFile
-    from extract.profiles import check_identity
-
+    """Retrieval and moment metrics of ``model`` (default: the bridge) on the demo gallery's captions."""
     gallery = build_demo_gallery(root, video_ids)
     if not gallery.captions:
         raise ValueError(f"demo gallery in {gallery.root} has no captions to evaluate (videos {video_ids})")
@@ -574,33 +491,16 @@ def evaluate_demo(root: str | Path | None = None, model=None, video_ids: list[st
         from prvr.bridge import BridgeModel
 
         model = BridgeModel.from_pretrained()
-    path = extract_demo_features(gallery)
-    with FeatureFile(path) as ff:
-        if model.profile is not None:
-            check_identity(model.profile, ff.profile, f"feature file {path}")
-        rows = [ff.video(v.id) for v in gallery.videos]
-        tokens = [ff.caption(caption_id(c, gallery))[1] for c in gallery.captions]
-    scores = model.score(model.encode_queries(tokens), model.encode_videos([r.features for r in rows]))
-    spans = [proposal_spans(r.start, r.end, model.cfg.map_size) for r in rows]
-    ids = [v.id for v in gallery.videos]
-    relevant = np.array([[vid in c.relevant for vid in ids] for c in gallery.captions])
-    hits = [[moment_hits(spans[j], [(m.start, m.end) for m in c.moments if m.video_id == vid])
-             if relevant[i, j] else None for j, vid in enumerate(ids)]
-            for i, c in enumerate(gallery.captions)]  # (P, 2) per relevant (caption, video) pair
-    key_clip = scores.key_clip.cpu().numpy()
-    metrics = {}
-    for name, matrix in (("two_branch", scores.total), ("clip", scores.clip), ("frame", scores.frame)):
-        ranks, best = first_relevant_ranks(matrix.cpu().numpy(), relevant)
-        found = np.array([hits[i][j][key_clip[i, j]] for i, j in enumerate(best)])  # (Nq, 2)
-        metrics[name] = {**recall_metrics(ranks), **moment_metrics(found)}
-    chance = np.array([np.mean([h.mean(axis=0) for h in row if h is not None], axis=0) for row in hits])
-    metrics["random"] = {**random_recalls(len(ids), relevant.sum(axis=1)), **moment_metrics(chance)}
+    report = evaluate_set(annotated_set(gallery), model)
     describe = model.describe() if hasattr(model, "describe") else {"fingerprint": model.fingerprint()}
-    return {"gallery": {"root": str(gallery.root), "videos": len(ids), "captions": len(gallery.captions),
-                        "relevant_per_caption": float(relevant.sum(axis=1).mean())},
-            "model": describe, "protocol": "first-ranked relevant video; SumR = R@1 + R@5 + R@10; "
-            f"key moment = key clip on that video with IoU >= {IOU_HIT} to an annotated moment",
-            "metrics": metrics}
+    return {"gallery": {"root": str(gallery.root), "videos": report["videos"], "captions": report["queries"],
+                        "relevant_per_caption": report["relevant_per_query"]},
+            "model": describe, "protocol": PROTOCOL, "metrics": report["metrics"],
+            "localisation": report["localisation"]}
+
+
+PROTOCOL = ("first-ranked relevant video; SumR = R@1 + R@5 + R@10; key moment = prvr.moments' key moment on "
+            f"that video with IoU >= {IOU_HIT} to an annotated moment (key clip: MS-SL's raw key clip)")
 
 
 # ------------------------------------------------------------------------------------------------ CLI
@@ -627,11 +527,8 @@ def main(argv: list[str] | None = None) -> None:
         print(json.dumps(report, indent=1))
         return
     gallery = report["gallery"]
-    print(f"{gallery['videos']} videos, {gallery['captions']} captions; {report['protocol']}")
-    columns = [*(f"R@{k}" for k in RECALLS), "SumR", "key_moment_acc", "key_moment_inside"]
-    print(f"{'':12s}" + "".join(f"{c:>18s}" for c in columns))
-    for name, row in report["metrics"].items():
-        print(f"{name:12s}" + "".join(f"{row[c]:18.1f}" for c in columns))
+    print(report["protocol"])
+    print(format_report({"videos": gallery["videos"], "queries": gallery["captions"], **report}))
 
 
 if __name__ == "__main__":
