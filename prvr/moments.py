@@ -52,15 +52,15 @@ def _check(q: np.ndarray, vectors: np.ndarray, start: np.ndarray, end: np.ndarra
     """Similarities (n,) of the query to the rows, after checking that the shapes agree."""
     q, vectors = np.asarray(q, np.float32), np.asarray(vectors, np.float32)
     if q.ndim != 1 or vectors.ndim != 2 or vectors.shape[1] != q.shape[0] or len(vectors) == 0:
-        raise ValueError(f"find_moments: query {q.shape} and rows {vectors.shape} do not match: need (H,), (n, H)")
+        raise ValueError(f"find_moments: query {q.shape} and rows {vectors.shape}: expected (H,) and (n, H)")
     if np.shape(start) != (len(vectors),) or np.shape(end) != (len(vectors),):
-        raise ValueError(f"find_moments: {len(vectors)} rows but start {np.shape(start)}, end {np.shape(end)}")
+        raise ValueError(f"find_moments: {len(vectors)} rows, start {np.shape(start)}, end {np.shape(end)}")
     norm = float(np.linalg.norm(q))
     return vectors @ (q / norm if norm > 0 else q)
 
 
 def heatmap(sim: np.ndarray, start: np.ndarray, end: np.ndarray, max_cells: int) -> dict:
-    """Row similarities as at most ``max_cells`` cells: {"start", "end", "score"} lists (seconds, mean cos)."""
+    """Row similarities as at most ``max_cells`` cells: {"start", "end", "score"} (seconds, mean cos)."""
     n = len(sim)
     edges = np.unique(np.linspace(0, n, min(n, max_cells) + 1).round().astype(np.int64))
     score = np.add.reduceat(sim.astype(np.float64), edges[:-1]) / np.diff(edges)
