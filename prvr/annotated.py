@@ -10,17 +10,19 @@ Moments file (JSON), for ``python -m prvr.evaluate --videos DIR --moments FILE.j
                 ...]}
 
 ``file`` is a video file name inside DIR; ``start`` < ``end`` are seconds. Every video file in DIR (mp4, avi,
-mov, mkv, webm) is in the gallery, listed or not (unlisted ones are distractors). A query's relevant video
-is the one it is listed under; the same text under two videos is two queries.
+mov, mkv, webm) is in the gallery, listed or not (unlisted ones are distractors). A query is relevant to
+the videos it is listed under: the same text under two videos (or twice under one) is one query with
+several relevant videos (or moments).
 
 Protocol (``evaluate_set``): every query is scored against every video with ``model.score`` (total, clip,
 frame). A query's rank is that of its FIRST-ranked relevant video (1-based; ties as ``np.argsort`` of the
 negated scores, the official evaluation's order); R@k = % of queries with rank <= k; SumR = R@1 + R@5 +
 R@10. Localisation is judged on that first-ranked relevant video, against the query's annotated moments in
 it (best IoU over them): IoU >= 0.3 / 0.5 / 0.7 rates, mean IoU and the rate of predicted centres inside a
-moment, for (a) the key moment (``prvr.moments.find_moments`` over ``prvr.segments.segment_video`` of the
-video's ``model.encode_rows``), (b) MS-SL's raw key clip and (c) a random window: one of the 528 MS-SL
-proposals uniformly at random, reported as its exact expectation (nothing is sampled).
+moment, for (a) the key moment (``prvr.moments.find_moments`` on the video's ``model.encode_rows``, over
+``prvr.segments.segment_video`` of its extracted feature rows), (b) MS-SL's raw key clip and (c) a random
+window: one of the 528 MS-SL proposals uniformly at random, reported as its exact expectation (nothing is
+sampled).
 """
 
 from __future__ import annotations
@@ -36,7 +38,7 @@ import torch
 
 from prvr.moments import MomentConfig, find_moments
 from prvr.preprocess import clip_unit_rows, n_proposals, proposal_units
-from prvr.segments import segment_video
+from prvr.segments import resample, segment_video
 
 log = logging.getLogger(__name__)
 
@@ -73,7 +75,7 @@ def load_moments_file(videos_dir: str | Path, moments_file: str | Path, features
     entries = spec.get("videos") if isinstance(spec, dict) else None
     if not isinstance(entries, list):
         raise ValueError(f"{moments_file}: expected {{\"videos\": [{{\"file\", \"queries\"}}, ...]}}")
-    names, queries = {p.name for p in files}, []
+    names, spans = {p.name for p in files}, {}  # text -> {file: [(start, end), ...]}
     for entry in entries:
         name = entry.get("file")
         if name not in names:
@@ -82,9 +84,11 @@ def load_moments_file(videos_dir: str | Path, moments_file: str | Path, features
             start, end = float(q["start"]), float(q["end"])
             if not (0 <= start < end) or not str(q.get("text", "")).strip():
                 raise ValueError(f"{moments_file}: {name} query {n} needs text and 0 <= start < end, got {q}")
-            queries.append(Query(f"{name}#{n}", q["text"], {name: ((start, end),)}))
-    if not queries:
+            spans.setdefault(q["text"], {}).setdefault(name, []).append((start, end))
+    if not spans:
         raise ValueError(f"{moments_file}: no queries")
+    queries = [Query(f"q{k:05d}", text, {vid: tuple(m) for vid, m in per_video.items()})
+               for k, (text, per_video) in enumerate(spans.items())]
     cache = features or videos_dir / ".prvr-features-lite.h5"
     return AnnotatedSet(tuple((p.name, p) for p in files), tuple(queries), cache)
 
@@ -198,7 +202,7 @@ def evaluate_set(aset: AnnotatedSet, model=None, moment_cfg: MomentConfig | None
     def localise(i: int, j: int) -> dict:
         if j not in fine:
             vectors, start, end = model.encode_rows(rows[j].features, rows[j].start, rows[j].end)
-            fine[j] = (vectors, start, end, segment_video(vectors))
+            fine[j] = (vectors, start, end, resample(segment_video(rows[j].features), rows[j].start, start))
         return find_moments(qvec[i], *fine[j], cfg=moment_cfg or MomentConfig())
 
     key_clip = scores.key_clip.cpu().numpy()

@@ -122,3 +122,22 @@ def finest(segments: np.ndarray, n_rows: int) -> np.ndarray:
         raise ValueError(f"segments: the finest scale does not partition the video's {n_rows} rows "
                          f"(got {part[:3].tolist()} ... {part[-3:].tolist()})")
     return part
+
+
+def resample(segments: np.ndarray, row_start: np.ndarray, target_start: np.ndarray) -> np.ndarray:
+    """Segments of rows starting at ``row_start`` (s) -> the same cuts on rows starting at ``target_start``.
+
+    For a model whose rows are coarser than the extracted ones (MS-SL re-bins past max_ctx_l frames): each
+    boundary moves to the target row starting nearest to it; segments that become empty are dropped."""
+    seg = np.asarray(segments)
+    row_start, target_start = np.asarray(row_start, np.float64), np.asarray(target_start, np.float64)
+    if len(row_start) == len(target_start) and np.array_equal(row_start, target_start):
+        return seg.astype(np.int32)
+    finest(seg, len(row_start))
+    times = row_start[np.clip(seg[:, 1:], 0, len(row_start) - 1)]
+    times[:, 1] = np.where(seg[:, 2] == len(row_start), np.inf, times[:, 1])  # the video's end stays the end
+    nearest = np.abs(target_start[None, None, :] - times[..., None]).argmin(axis=-1)
+    nearest[:, 1] = np.where(np.isinf(times[:, 1]), len(target_start), nearest[:, 1])
+    nearest[seg[:, 1] == 0, 0] = 0
+    out = np.concatenate([seg[:, :1], nearest], axis=1)
+    return out[out[:, 2] > out[:, 1]].astype(np.int32)
