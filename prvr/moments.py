@@ -58,7 +58,8 @@ def _similarities(q: np.ndarray, vectors: np.ndarray, start: np.ndarray, end: np
     if np.shape(start) != (len(vectors),) or np.shape(end) != (len(vectors),):
         raise ValueError(f"find_moments: {len(vectors)} rows, start {np.shape(start)}, end {np.shape(end)}")
     norm = float(np.linalg.norm(q))
-    return vectors @ (q / norm if norm > 0 else q)
+    # einsum, not BLAS: a matrix-vector product this small is slower through threads on a busy machine
+    return np.einsum("nh,h->n", vectors, q / norm if norm > 0 else q)
 
 
 def heatmap(sim: np.ndarray, start: np.ndarray, end: np.ndarray, max_cells: int) -> dict:
@@ -81,7 +82,9 @@ def find_moments(q: np.ndarray, vectors: np.ndarray, start: np.ndarray, end: np.
     sim = _similarities(q, vectors, start, end)
     start, end = np.asarray(start, np.float64), np.asarray(end, np.float64)
     finest(segments, len(sim))  # the segments must cover exactly these rows
-    spans = np.unique(np.asarray(segments)[:, 1:].astype(np.int64), axis=0)  # (C, 2) distinct candidates
+    seg = np.asarray(segments, np.int64)
+    code = np.unique(seg[:, 1] * (len(sim) + 1) + seg[:, 2])  # distinct candidates, as one int each
+    spans = np.stack([code // (len(sim) + 1), code % (len(sim) + 1)], axis=1)  # (C, 2)
     t = contrast(sim, spans)
     moments, taken = [], np.zeros(len(sim), bool)
     for k in np.argsort(-t, kind="stable"):
