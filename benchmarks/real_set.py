@@ -1,6 +1,6 @@
 """A real-video localisation set: untrimmed composites of the real clips in ``../shared/videos``, annotated.
 
-Each composite strings 3-4 clips together, in several orders and mixes (every clip is in two composites),
+Each composite strings 3-4 clips together, in several orders and mixes (every clip is in four of the twelve),
 with a plain grey or black card of a few seconds, or a 1 s cross-fade, between clips. A clip's moment is the
 span in which it plays, exact by construction: cards and cross-fades belong to no moment. The captions
 below were written by looking at frames of each clip (two or three per clip); a caption is relevant to every
@@ -17,6 +17,7 @@ rebuilt only when missing (``--force`` rebuilds).
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import logging
 import os
@@ -76,6 +77,12 @@ COMPOSITES = {
     "mix04": ["bikes", "fade", "basketball", ("black", 3), "bunny"],
     "mix05": ["earth", ("grey", 2), "meeting", "fade", "armwrestle", ("black", 2), "drink"],
     "mix06": ["critic", ("black", 3), "charades", ("grey", 2), "pool"],
+    "mix07": ["pool", "fade", "bunny", ("grey", 3), "basketball", ("black", 2), "meeting"],
+    "mix08": ["drink", ("grey", 2), "bikes", "fade", "charades"],
+    "mix09": ["armwrestle", ("black", 3), "critic", "fade", "earth"],
+    "mix10": ["meeting", ("grey", 2), "pool", ("black", 2), "bikes", "fade", "drink"],
+    "mix11": ["charades", "fade", "basketball", ("grey", 3), "armwrestle"],
+    "mix12": ["earth", ("black", 2), "bunny", "fade", "critic"],
 }
 CARD = {"grey": (128, 128, 128), "black": (0, 0, 0)}
 
@@ -90,6 +97,7 @@ def letterbox(image: Image.Image) -> np.ndarray:
     return np.asarray(canvas)
 
 
+@functools.cache
 def clip_frames(path: Path, first: float, last: float) -> list[np.ndarray]:
     """The clip's pictures at FPS from ``first`` to ``last`` seconds (nearest decoded frame), letterboxed."""
     import av
@@ -118,7 +126,7 @@ def timeline(items: list, clips_dir: Path) -> tuple[list[np.ndarray], dict[str, 
             frames += [np.full((HEIGHT, WIDTH, 3), CARD[item[0]], np.uint8)] * round(item[1] * FPS)
             continue
         name, first, last, _ = CLIPS[item]
-        pictures = clip_frames(clips_dir / name, first, last)
+        pictures = clip_frames(clips_dir / name, first, last)  # decoded once per clip (cached)
         if fade_next:  # the last picture of the clip before fades into this clip's first one
             a, b = frames[-1].astype(np.float32), pictures[0].astype(np.float32)
             n = round(FADE_S * FPS)
