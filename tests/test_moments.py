@@ -100,3 +100,31 @@ def test_bad_inputs_are_refused() -> None:
         find_moments(query, rows, start[:50], end, seg)
     with pytest.raises(ValueError, match="partition"):
         find_moments(query, rows[:90], start[:90], end[:90], seg)
+
+
+def test_encode_rows_gives_each_models_finest_rows_in_the_query_space() -> None:
+    import torch
+
+    from prvr.bridge import BridgeConfig, BridgeModel
+    from prvr.model import MSSL, MSSLConfig
+    from prvr.search import frame_times
+
+    torch.manual_seed(0)
+    rng = np.random.default_rng(5)
+    mssl = MSSL(MSSLConfig(visual_dim=12, query_dim=6, hidden_size=16, max_ctx_l=64)).eval()
+    bridge = BridgeModel(torch.nn.Linear(12, 20), torch.randn(20, 6), BridgeConfig(max_ctx_l=64))
+    for n in (5, 200):  # within and past max_ctx_l
+        rows = rng.normal(size=(n, 12)).astype(np.float32)
+        start = np.arange(n, dtype=np.float32) * 0.5
+        vectors, s, e = mssl.encode_rows(rows, start, start + 0.5)
+        frames = mssl.encode_videos([rows]).frames[0, : min(n, 64)]
+        assert vectors.shape == (min(n, 64), 16) and vectors.dtype == np.float32
+        np.testing.assert_allclose(vectors, torch.nn.functional.normalize(frames, dim=-1).numpy(), atol=1e-5)
+        np.testing.assert_allclose((s + e) / 2, frame_times(start, start + 0.5, 64), atol=1e-5)
+        last = n if n <= 64 else n - 1  # the official re-binning never uses the last row
+        assert s[0] == 0 and e[-1] == last * 0.5
+        vectors, s, e = bridge.encode_rows(rows, start, start + 0.5)  # every row, no max_ctx_l cap
+        assert vectors.shape == (n, 6)
+        np.testing.assert_allclose(vectors, bridge.to_text_space(rows).numpy(), atol=1e-6)
+        np.testing.assert_allclose(np.linalg.norm(vectors, axis=1), 1, atol=1e-5)
+        np.testing.assert_array_equal(s, start)
