@@ -30,7 +30,13 @@ import torch
 
 import prvr  # noqa: F401  - applies the compatibility fix first
 from prvr import demo
-from prvr.annotated import AnnotatedSet, first_relevant_ranks, load_moments_file, recall_metrics
+from prvr.annotated import (
+    AnnotatedSet,
+    extract_features,
+    first_relevant_ranks,
+    load_moments_file,
+    recall_metrics,
+)
 from prvr.model import key_clip_attention
 from prvr.segments import segment_video
 
@@ -68,7 +74,7 @@ def variants(model, aset: AnnotatedSet) -> dict[str, np.ndarray]:  # noqa: ANN00
     """Variant name -> (Nq, Nv) scores."""
     from extract.features import FeatureFile
 
-    with FeatureFile(demo.extract_features(aset)) as ff:
+    with FeatureFile(extract_features(aset)) as ff:
         rows = [ff.video(v) for v, _ in aset.videos]
         tokens = [ff.caption(q.id)[1] for q in aset.queries]
     queries = model.encode_queries(tokens)

@@ -71,9 +71,12 @@ def load_moments_file(videos_dir: str | Path, moments_file: str | Path, features
     files = sorted(p for p in videos_dir.iterdir() if p.suffix.lower() in VIDEO_SUFFIXES)
     if not files:
         raise ValueError(f"--videos {videos_dir}: no video files ({', '.join(VIDEO_SUFFIXES)})")
-    spec = json.loads(moments_file.read_text())
+    try:
+        spec = json.loads(moments_file.read_text())
+    except (OSError, json.JSONDecodeError) as e:
+        raise ValueError(f"--moments {moments_file}: cannot read it as JSON ({e})") from None
     entries = spec.get("videos") if isinstance(spec, dict) else None
-    if not isinstance(entries, list):
+    if not isinstance(entries, list) or not all(isinstance(e, dict) for e in entries):
         raise ValueError(f"{moments_file}: expected {{\"videos\": [{{\"file\", \"queries\"}}, ...]}}")
     names, spans = {p.name for p in files}, {}  # text -> {file: [(start, end), ...]}
     for entry in entries:
@@ -81,10 +84,13 @@ def load_moments_file(videos_dir: str | Path, moments_file: str | Path, features
         if name not in names:
             raise ValueError(f"{moments_file}: video {name!r} is not a video file in {videos_dir}")
         for n, q in enumerate(entry.get("queries", [])):
-            start, end = float(q["start"]), float(q["end"])
-            if not (0 <= start < end) or not str(q.get("text", "")).strip():
+            try:
+                text, start, end = str(q["text"]).strip(), float(q["start"]), float(q["end"])
+            except (KeyError, TypeError, ValueError):
+                text, start, end = "", 0.0, 0.0
+            if not (0 <= start < end) or not text:
                 raise ValueError(f"{moments_file}: {name} query {n} needs text and 0 <= start < end, got {q}")
-            spans.setdefault(q["text"], {}).setdefault(name, []).append((start, end))
+            spans.setdefault(text, {}).setdefault(name, []).append((start, end))
     if not spans:
         raise ValueError(f"{moments_file}: no queries")
     queries = [Query(f"q{k:05d}", text, {vid: tuple(m) for vid, m in per_video.items()})

@@ -28,6 +28,7 @@ import numpy as np
 import torch
 
 import prvr  # noqa: F401, I001 - applies the torchvision CPU fix before anything imports torchvision
+from prvr.annotated import first_relevant_ranks
 from prvr.data import PreparedSplit, add_source_args, check_compatible, prepare_split, source_from_args
 from prvr.model import MSSL, EncodedVideos, cat_queries
 
@@ -45,8 +46,9 @@ def retrieval_metrics(scores: np.ndarray | torch.Tensor, gt_video: np.ndarray | 
         raise ValueError(f"retrieval_metrics: scores {scores.shape} and gt_video {gt.shape} do not match")
     if ((gt < 0) | (gt >= scores.shape[1])).any():
         raise ValueError(f"retrieval_metrics: gt_video outside [0, {scores.shape[1]})")
-    order = np.argsort(-scores, axis=1)  # the official per-row argsort, for all rows at once
-    ranks = np.argmax(order == gt[:, None], axis=1) + 1
+    relevant = np.zeros(scores.shape, bool)
+    relevant[np.arange(len(gt)), gt] = True
+    ranks, _ = first_relevant_ranks(scores, relevant)  # the official per-row argsort
     out = {f"r{k}": 100.0 * np.mean(ranks <= k) for k in RECALLS}
     out["sumr"] = sum(out[f"r{k}"] for k in RECALLS)
     out.update(medr=float(np.median(ranks)), meanr=float(np.mean(ranks)), map=float(np.mean(1.0 / ranks)))
