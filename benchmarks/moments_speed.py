@@ -21,7 +21,7 @@ from prvr.moments import find_moments
 from prvr.segments import segment_video
 
 
-def percentiles_ms(fn, repeats: int) -> dict:  # noqa: ANN001
+def percentiles_ms(fn, repeats: int) -> dict:
     """p10 / p50 / p90 milliseconds of ``fn()`` over ``repeats`` calls (after one warm-up call)."""
     fn()
     times = []

@@ -70,7 +70,7 @@ def propagated_rows(spans: np.ndarray, scales: np.ndarray, x: np.ndarray) -> np.
     return unit(rows)
 
 
-def variants(model, aset: AnnotatedSet) -> dict[str, np.ndarray]:  # noqa: ANN001
+def variants(model, aset: AnnotatedSet) -> dict[str, np.ndarray]:
     """Variant name -> (Nq, Nv) scores."""
     from extract.features import FeatureFile
 

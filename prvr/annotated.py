@@ -183,7 +183,7 @@ def proposal_spans(start: np.ndarray, end: np.ndarray, map_size: int = 32) -> np
 # ---------------------------------------------------------------------------------------------- scoring
 
 
-def evaluate_set(aset: AnnotatedSet, model=None, moment_cfg: MomentConfig | None = None) -> dict:  # noqa: ANN001
+def evaluate_set(aset: AnnotatedSet, model=None, moment_cfg: MomentConfig | None = None) -> dict:
     """Retrieval and localisation metrics of ``model`` (default: the bridge) on an annotated set."""
     from extract.features import FeatureFile
     from extract.profiles import check_identity

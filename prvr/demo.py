@@ -201,7 +201,11 @@ def extract_demo_features(gallery: DemoGallery, profile: str = "lite") -> Path:
     return extract_features(annotated_set(gallery, profile), profile)
 
 
-def evaluate_demo(root: str | Path | None = None, model=None, video_ids: list[str] | None = None) -> dict:  # noqa: ANN001
+PROTOCOL = ("first-ranked relevant video; SumR = R@1 + R@5 + R@10; key moment = prvr.moments' key moment on "
+            f"that video with IoU >= {IOU_HIT} to an annotated moment (key clip: MS-SL's raw key clip)")
+
+
+def evaluate_demo(root: str | Path | None = None, model=None, video_ids: list[str] | None = None) -> dict:
     """Retrieval and moment metrics of ``model`` (default: the bridge) on the demo gallery's captions."""
     gallery = build_demo_gallery(root, video_ids)
     if not gallery.captions:
@@ -216,10 +220,6 @@ def evaluate_demo(root: str | Path | None = None, model=None, video_ids: list[st
                         "relevant_per_caption": report["relevant_per_query"]},
             "model": describe, "protocol": PROTOCOL, "metrics": report["metrics"],
             "localisation": report["localisation"]}
-
-
-PROTOCOL = ("first-ranked relevant video; SumR = R@1 + R@5 + R@10; key moment = prvr.moments' key moment on "
-            f"that video with IoU >= {IOU_HIT} to an annotated moment (key clip: MS-SL's raw key clip)")
 
 
 # ------------------------------------------------------------------------------------------------ CLI

@@ -27,7 +27,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-import prvr  # noqa: F401, I001 - applies the torchvision CPU fix before anything imports torchvision
+import prvr  # noqa: F401 - applies the torchvision CPU fix before anything imports torchvision
 from prvr.annotated import first_relevant_ranks
 from prvr.data import PreparedSplit, add_source_args, check_compatible, prepare_split, source_from_args
 from prvr.model import MSSL, EncodedVideos, cat_queries

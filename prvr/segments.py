@@ -6,7 +6,7 @@ content changes, found as peaks of multi-scale detail responses, and the scales 
 1. Rows are L2-normalised (cosine geometry, as every model here compares them) and, when wider than 64,
    projected by a fixed random sign matrix to 64 dimensions: distances between window means are kept to
    within a few tens of percent (Johnson-Lindenstrauss), enough to find where they peak, and a 20-minute
-   video's 1,200 rows then take a few milliseconds instead of ~100.
+   video's 1,200 1280-d rows then take ~8 ms instead of ~120 (one core, idle machine).
 2. Scale ``j`` (window ``w = 2**j`` rows) has an undecimated Haar detail response at every gap ``t`` between
    rows ``t - 1`` and ``t``: the distance between the mean of the ``w`` rows before and the ``w`` rows after
    (windows truncated at the video's ends). A scene cut is a step: its response is a peak at the cut on
@@ -22,10 +22,12 @@ velocities are noise whose directions turn at random, so the window-mean differe
 detail) is used instead: it is flat inside a static or slowly moving shot and peaks at a cut or a fade.
 
 ``segment_video(rows) -> (S, 3) int32`` rows ``[scale, start_row, end_row)``: for every scale, the segments
-that partition ``[0, n)``, in time order, scales ascending (0 = finest). Scales run while the window is
-shorter than the video (``2**j < n``); a scale whose partition equals the next finer one's is still listed,
-so row counts per scale are ``ceil(log2(n))`` partitions (one for n <= 2). A constant video, or one row, is
-one segment per scale. Deterministic: no randomness, float64 sums.
+that partition ``[0, n)``, in time order, scales ascending (0 = finest). There are ``max(1, ceil(log2(n)))``
+scales (windows ``2**j < n``), each listed even when its partition equals a neighbour's. A constant video, or
+one row, is one segment per scale. Deterministic (the projection's seed is fixed).
+
+``finest(segments, n)`` checks that the finest scale partitions ``[0, n)``; ``resample`` moves segments found
+on the extracted rows onto a model's coarser rows (MS-SL re-bins past ``max_ctx_l`` frames).
 """
 
 from __future__ import annotations
