@@ -27,7 +27,8 @@ scales (windows ``2**j < n``), each listed even when its partition equals a neig
 one row, is one segment per scale. Deterministic (the projection's seed is fixed).
 
 ``finest(segments, n)`` checks that the finest scale partitions ``[0, n)``; ``resample`` moves segments found
-on the extracted rows onto a model's coarser rows (MS-SL re-bins past ``max_ctx_l`` frames).
+on the extracted rows onto a model's coarser rows (MS-SL re-bins past ``max_ctx_l`` frames). ``pack`` /
+``unpack`` store the nested hierarchy exactly as the finest cuts (int32) and each cut's coarsest scale (int8).
 """
 
 from __future__ import annotations
