@@ -1,5 +1,5 @@
-"""The embedded demo gallery: untrimmed videos generated from scikit-image's photographs, with moments
-and captions, and its evaluation.
+"""The embedded demo gallery's recipe and cache: untrimmed videos generated from scikit-image's
+photographs, with moments and captions (rendering: ``prvr.render``; evaluation: ``prvr.annotated``).
 
 Every video is rendered from ``assets/demo_gallery.json``: a sequence of scenes, each one photograph with a
 gentle camera motion (pan or zoom, as a moving crop), joined by cross-fades, with a few seconds of a plain
@@ -25,46 +25,21 @@ import argparse
 import hashlib
 import json
 import logging
-import math
 import os
-from collections.abc import Iterator
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-import numba
-import numpy as np
-import torch
-from PIL import Image
-
-from prvr.preprocess import n_proposals, proposal_units
-from prvr.search import unit_spans
+from prvr.annotated import IOU_HIT, AnnotatedSet, Query, evaluate_set, extract_features, format_report
+from prvr.render import GENERATOR_VERSION, MOTIONS, RenderConfig, Scene, render_videos
 
 log = logging.getLogger(__name__)
 
-GENERATOR_VERSION = 3  # bump whenever rendering changes: cached videos are then rebuilt
 SPEC_PATH = Path(__file__).resolve().parents[1] / "assets" / "demo_gallery.json"
-MOTIONS = ("zoom_in", "zoom_out", "pan_left", "pan_right", "pan_up", "pan_down")
 
 
 def default_root() -> Path:
     """The demo data directory: ``$XDG_CACHE_HOME/prvr/demo`` (``~/.cache/prvr/demo`` by default)."""
     return Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "prvr" / "demo"
-
-
-@dataclass(frozen=True)
-class RenderConfig:
-    width: int = 480  # 16:9 and small: rendering and feature extraction take seconds on 2 cores
-    height: int = 270
-    fps: int = 10  # the lite profile samples about one row per second; 10 fps plays smoothly enough
-    transition_s: float = 1.0  # cross-fade length; belongs to no moment
-    zoom: float = 1.3  # a zoom travels from 1x to this; a pan runs at this zoom to have room to move
-    crf: int = 23  # x264's default quality
-    # x264's superfast plus the macroblock tree (and fixed B-frames): about 2/3 of veryfast's encoding time
-    # for a similar size at the same quality on these slow pans and fades. More than x264's default 3
-    # B-frames encodes faster still, but libx264 then gives different bytes from run to run (measured)
-    preset: str = "superfast"
-    x264_params: str = "mbtree=1:rc-lookahead=10:b-adapt=0"
 
 
 @dataclass(frozen=True)
@@ -106,15 +81,6 @@ class DemoGallery:
         raise KeyError(f"no demo video {video_id!r}; have {[v.id for v in self.videos]}")
 
 
-@dataclass(frozen=True)
-class Scene:
-    photo: str | None  # None for a filler card
-    start: float  # full visibility from start to end (seconds)
-    end: float
-    motion: str = "zoom_in"
-    focus: tuple[float, float] = (0.5, 0.5)  # relative (x, y) the camera centres on
-
-
 # ---------------------------------------------------------------------------------------------- recipe
 
 
@@ -153,231 +119,6 @@ def timeline(video: dict, transition_s: float) -> list[Scene]:
     return scenes
 
 
-# ------------------------------------------------------------------------------------------- rendering
-
-Planes = tuple[np.ndarray, np.ndarray, np.ndarray]  # one yuv420p picture: Y (h, w), Cb and Cr (h/2, w/2)
-
-
-def load_photo(source: str, index: int | None = None) -> Image.Image:
-    """One of the photographs shipped inside scikit-image's wheel, as an RGB image."""
-    import skimage.data
-
-    loader = getattr(skimage.data, source, None)
-    if loader is None:
-        raise ValueError(f"skimage.data has no image {source!r}")
-    image = loader()
-    if index is not None:
-        image = image[index]
-    image = np.asarray(image)
-    if image.dtype != np.uint8:
-        raise ValueError(f"skimage.data.{source} is {image.dtype}, expected an 8-bit photograph")
-    if image.ndim == 2:
-        image = np.repeat(image[..., None], 3, axis=2)
-    return Image.fromarray(np.ascontiguousarray(image[..., :3]))
-
-
-def crop_box(size: tuple[int, int], scene: Scene, u: float, cfg: RenderConfig) -> tuple[float, ...]:
-    """The photo region (x0, y0, x1, y1) shown at progress ``u`` in [0, 1] of the scene's motion."""
-    width, height = size
-    aspect = cfg.width / cfg.height
-    full_w = min(width, height * aspect)  # largest crop of the output's aspect ratio
-    u = u * u * (3 - 2 * u)  # ease in and out
-    if scene.motion.startswith("zoom"):
-        z = 1 + (cfg.zoom - 1) * (u if scene.motion == "zoom_in" else 1 - u)
-        cx, cy = scene.focus
-    else:
-        z = cfg.zoom
-        along = u if scene.motion in ("pan_right", "pan_down") else 1 - u
-        horizontal = scene.motion in ("pan_left", "pan_right")
-        cx, cy = (along, scene.focus[1]) if horizontal else (scene.focus[0], along)
-    w, h = full_w / z, full_w / z / aspect
-    x = min(max(cx * width, w / 2), width - w / 2)  # keep the crop inside the photo
-    y = min(max(cy * height, h / 2), height - h / 2)
-    return (x - w / 2, y - h / 2, x + w / 2, y + h / 2)
-
-
-def filler_card(t: float, cfg: RenderConfig, out: Planes) -> None:
-    """Draw a plain grey card whose faint diagonal shading drifts slowly (so the video visibly plays)."""
-    diagonal = np.arange(cfg.width + cfg.height - 1) / (cfg.width + cfg.height) + 0.05 * t
-    grey = 118 + 10 * np.sin(2 * math.pi * diagonal)
-    luma = np.rint(16 + grey * (219 / 255)).astype(np.uint8)
-    out[0][:] = np.lib.stride_tricks.sliding_window_view(luma, cfg.width)  # pixel (i, j) shows luma[i + j]
-    out[1].fill(128)  # grey has no chroma
-    out[2].fill(128)
-
-
-# RGB -> BT.601 limited-range Y, Cb, Cr: libswscale's default, and what players assume for untagged SD video
-YUV_FROM_RGB = np.array([[65.481, 128.553, 24.966],
-                         [-37.797, -74.203, 112.0],
-                         [112.0, -93.786, -18.214]]) / 255
-YUV_OFFSET = np.array([16.0, 128.0, 128.0])
-
-
-def yuv_planes(photo: Image.Image) -> Planes:
-    """A photo as full-size Y and half-size Cb, Cr planes (uint8 arrays), converted once per photo."""
-    yuv = np.clip(np.rint(np.asarray(photo, dtype=np.float64) @ YUV_FROM_RGB.T + YUV_OFFSET), 0, 255)
-    y, cb, cr = (np.ascontiguousarray(yuv[..., c], dtype=np.uint8) for c in range(3))
-    half = ((photo.width + 1) // 2, (photo.height + 1) // 2)  # chroma: PIL's box filter halves the planes
-    return y, *(np.array(Image.fromarray(c).resize(half, Image.BOX)) for c in (cb, cr))
-
-
-def photo_planes(photo: Image.Image, cfg: RenderConfig) -> Planes:
-    """A photo shrunk once so that the camera's widest view is the output's size, as Y, Cb, Cr planes.
-
-    Every frame then only magnifies its crop (1x to ``cfg.zoom``), where plain bilinear interpolation needs
-    no antialiasing filter: that is what makes ``_magnify`` cheap."""
-    full_w = min(photo.width, photo.height * cfg.width / cfg.height)
-    scale = cfg.width / full_w
-    if scale < 1:
-        photo = photo.resize((round(photo.width * scale), round(photo.height * scale)), Image.LANCZOS)
-    return yuv_planes(photo)
-
-
-@numba.njit(inline="always")
-def _tap(x: float, n: int) -> tuple[int, int]:
-    """Bilinear taps at position x in a row of n pixels: the left pixel, the right one's weight (of 256)."""
-    x = min(max(x, 0.0), n - 1.0)
-    i = min(int(x), n - 2)
-    return i, int((x - i) * 256 + 0.5)
-
-
-@numba.njit(inline="always")
-def _resample_row(src_row: np.ndarray, cols: np.ndarray, right: np.ndarray, line: np.ndarray) -> None:
-    """line[j] = src_row interpolated between pixels cols[j] and cols[j] + 1 (weight right[j] of 256)."""
-    for j in range(line.shape[0]):
-        c = cols[j]  # unsigned: numba then skips the negative-index wraparound test
-        line[j] = np.int32(src_row[c]) * (256 - right[j]) + np.int32(src_row[c + np.uintp(1)]) * right[j]
-
-
-@numba.njit(nogil=True, cache=True)
-def _magnify(src: np.ndarray, x0: float, y0: float, x1: float, y1: float, out: np.ndarray) -> None:
-    """Bilinearly resample the region (x0, y0)-(x1, y1) of src (pixel edges, like PIL's box) onto out.
-
-    Separable: each source row is resampled horizontally once (magnifying, consecutive output rows share
-    them), then output rows blend two such lines. Integer weights: the same bytes on every machine. The GIL
-    is released, so videos render in parallel threads.
-    """
-    h, w = out.shape
-    sx, sy = (x1 - x0) / w, (y1 - y0) / h
-    cols, right = np.empty(w, np.uintp), np.empty(w, np.int32)
-    for j in range(w):
-        cols[j], right[j] = _tap(x0 + (j + 0.5) * sx - 0.5, src.shape[1])
-    lines = np.empty((2, w), np.int32)  # source row q resampled horizontally, in lines[q % 2]
-    ready = -2  # the lines hold source rows ready and ready + 1
-    for i in range(h):
-        r, wy = _tap(y0 + (i + 0.5) * sy - 0.5, src.shape[0])
-        if r != ready:
-            if r != ready + 1:
-                _resample_row(src[r], cols, right, lines[r % 2])
-            _resample_row(src[r + 1], cols, right, lines[(r + 1) % 2])
-            ready = r
-        above, below = lines[r % 2], lines[(r + 1) % 2]
-        for j in range(w):
-            out[i, j] = (above[j] * (256 - wy) + below[j] * wy + 32768) >> 16
-
-
-@numba.njit(nogil=True, cache=True)
-def _blend(a: np.ndarray, b: np.ndarray, alpha: int) -> None:
-    """Move plane a alpha/256 of the way to plane b, in place (a cross-fade is linear: YUV blends as RGB)."""
-    for i in range(a.shape[0]):
-        for j in range(a.shape[1]):
-            a[i, j] = (a[i, j] * (256 - alpha) + b[i, j] * alpha + 128) >> 8
-
-
-def plane_views(frame: np.ndarray, cfg: RenderConfig) -> Planes:
-    """The Y, Cb, Cr planes of a (height * 3/2, width) yuv420p array (PyAV's layout), as views."""
-    n, half = cfg.width * cfg.height, (cfg.height // 2, cfg.width // 2)
-    y, cb, cr = np.split(frame.reshape(-1), [n, n * 5 // 4])
-    return y.reshape(cfg.height, cfg.width), cb.reshape(half), cr.reshape(half)
-
-
-def new_frame(cfg: RenderConfig) -> np.ndarray:
-    """An uninitialised (height * 3/2, width) yuv420p array."""
-    return np.empty((cfg.height * 3 // 2, cfg.width), np.uint8)
-
-
-class Renderer:
-    """Draws the yuv420p frame of a video at any time: moving crops of photographs, cross-faded.
-
-    Frames are drawn straight in the encoder's pixel format (a Y plane and quarter-size chroma planes), into
-    the encoder's own frame buffers. ``photos`` maps names to ``photo_planes``.
-    """
-
-    def __init__(self, scenes: list[Scene], photos: dict[str, Planes], cfg: RenderConfig) -> None:
-        if cfg.width % 2 or cfg.height % 2:
-            raise ValueError(f"yuv420p needs even dimensions, got {cfg.width}x{cfg.height}")
-        self.scenes, self.photos, self.cfg = scenes, photos, cfg
-        self.duration = scenes[-1].end
-        self.incoming = plane_views(new_frame(cfg), cfg)  # the next scene during a cross-fade
-
-    def draw_scene(self, scene: Scene, t: float, out: Planes) -> None:
-        """Draw one scene's picture at time t into out (its motion spans the fades on both sides)."""
-        cfg = self.cfg
-        if scene.photo is None:
-            filler_card(t, cfg, out)
-            return
-        pad = cfg.transition_s
-        u = min(max((t - scene.start + pad) / (scene.end - scene.start + 2 * pad), 0.0), 1.0)
-        planes = self.photos[scene.photo]
-        height, width = planes[0].shape
-        box = crop_box((width, height), scene, u, cfg)
-        for src, target in zip(planes, out, strict=True):
-            sx, sy = src.shape[1] / width, src.shape[0] / height  # the same region in chroma pixels
-            _magnify(src, box[0] * sx, box[1] * sy, box[2] * sx, box[3] * sy, target)
-
-    def draw(self, t: float, out: Planes) -> None:
-        """Draw the frame at time t into out: the scene shown then, or a cross-fade between two."""
-        for i, scene in enumerate(self.scenes):
-            if t <= scene.end or i == len(self.scenes) - 1:
-                if t >= scene.start or i == 0:
-                    self.draw_scene(scene, t, out)
-                    return
-                previous = self.scenes[i - 1]  # inside the cross-fade previous -> scene
-                alpha = round(256 * (t - previous.end) / (scene.start - previous.end))
-                self.draw_scene(previous, t, out)
-                self.draw_scene(scene, t, self.incoming)
-                for a, b in zip(out, self.incoming, strict=True):
-                    _blend(a, b, alpha)
-                return
-        raise AssertionError("unreachable: the last scene catches every t")
-
-    def scene_frame(self, scene: Scene, t: float) -> np.ndarray:
-        """One scene's picture at time t as a (height * 3/2, width) yuv420p array."""
-        frame = new_frame(self.cfg)
-        self.draw_scene(scene, t, plane_views(frame, self.cfg))
-        return frame
-
-    def frame(self, t: float) -> np.ndarray:
-        """The frame at time t as a (height * 3/2, width) yuv420p array: rows of Y, Cb, Cr (PyAV's layout)."""
-        frame = new_frame(self.cfg)
-        self.draw(t, plane_views(frame, self.cfg))
-        return frame
-
-
-def encode_mp4(path: Path, renderer: Renderer, cfg: RenderConfig) -> None:
-    """Write the rendered video as H.264/yuv420p mp4 (plays in browsers), atomically."""
-    import av
-
-    tmp = path.with_suffix(".tmp.mp4")
-    n_frames = round(renderer.duration * cfg.fps)
-    # faststart puts the index first so a browser can start playing before the download ends
-    with av.open(str(tmp), "w", options={"movflags": "+faststart"}) as container:
-        stream = container.add_stream("libx264", rate=cfg.fps)
-        stream.width, stream.height, stream.pix_fmt = cfg.width, cfg.height, "yuv420p"
-        # one encoder thread: the bytes then do not depend on the machine (videos run in parallel instead)
-        stream.options = {"crf": str(cfg.crf), "preset": cfg.preset, "x264-params": cfg.x264_params,
-                          "threads": "1"}
-        for k in range(n_frames):
-            # a new frame each time (the encoder may still hold the last ones), drawn straight into its
-            # planes: no copy (rows may be padded, hence the views)
-            frame = av.VideoFrame(cfg.width, cfg.height, "yuv420p")
-            renderer.draw(k / cfg.fps, tuple(np.frombuffer(p, np.uint8).reshape(p.height, p.line_size)
-                                             [:, :p.width] for p in frame.planes))
-            container.mux(stream.encode(frame))
-        container.mux(stream.encode())
-    os.replace(tmp, path)
-
-
 # ------------------------------------------------------------------------------------------- gallery
 
 
@@ -401,38 +142,14 @@ def caption_list(spec: dict, videos: list[DemoVideo]) -> tuple[DemoCaption, ...]
     return tuple(captions)
 
 
-def render_videos(jobs: dict[str, tuple[Path, list[Scene]]], photos: dict, cfg: RenderConfig
-                  ) -> Iterator[str]:
-    """Render video id -> (mp4 path, scenes) jobs, a video per CPU at a time (``photos``: the recipe's)."""
-    if not jobs:
-        return
-    names = sorted({s.photo for _, scenes in jobs.values() for s in scenes if s.photo is not None})
-
-    def prepare(name: str) -> Planes:
-        return photo_planes(load_photo(photos[name]["source"], photos[name].get("index")), cfg)
-
-    def render(video_id: str) -> str:
-        path, scenes = jobs[video_id]
-        log.info("rendering demo video %s (%.0f s) into %s", video_id, scenes[-1].end, path)
-        used = {s.photo: planes[s.photo].result() for s in scenes if s.photo is not None}
-        encode_mp4(path, Renderer(scenes, used, cfg), cfg)
-        return video_id
-
-    # threads suffice: drawing (numba), x264 and PIL release the GIL; longest videos first balances them
-    order = sorted(jobs, key=lambda vid: -jobs[vid][1][-1].end)
-    with ThreadPoolExecutor(max_workers=min(len(jobs), os.cpu_count() or 1)) as pool:
-        # each photo prepared once for all videos; queued first, so a video never waits on an unstarted one
-        planes = {name: pool.submit(prepare, name) for name in names}
-        yield from pool.map(render, order)
-
-
 def build_demo_gallery(
     root: str | Path | None = None,
     video_ids: list[str] | None = None,
-    cfg: RenderConfig = RenderConfig(),
+    cfg: RenderConfig | None = None,
     spec_path: Path = SPEC_PATH,
 ) -> DemoGallery:
     """Render (or reuse from ``root``) the demo videos, optionally only ``video_ids``; return the gallery."""
+    cfg = cfg or RenderConfig()
     root = Path(root) if root is not None else default_root()
     root.mkdir(parents=True, exist_ok=True)
     spec = load_spec(spec_path)
@@ -459,20 +176,8 @@ def build_demo_gallery(
 
 
 # ------------------------------------------------------------------------------------------ evaluation
-#
-# Protocol (``evaluate_demo``): every caption is a query over the gallery's videos. A caption may have
-# several relevant videos (every video showing its photograph); its rank is that of the FIRST-ranked
-# relevant video (1-based, ties broken by gallery order, as np.argsort of the negated scores). R@k = % of
-# queries with rank <= k; SumR = R@1 + R@5 + R@10 (the gallery holds fewer than 100 videos, so MS-SL's R@100
-# would always be 100). Key-moment accuracy = % of queries whose key clip on that first-ranked relevant
-# video overlaps one of the caption's annotated moments in it with temporal IoU >= 0.5; "key moment inside"
-# = % whose key clip's midpoint lies inside such a moment (a short key clip in the right scene counts). The
-# random ranking is reported as its exact expectation: the first relevant video's rank distribution under a
-# uniformly random order, and a uniformly random proposal (of the 528) on a uniformly random relevant video.
 
 FEATURES_FILE = "features-{profile}.h5"
-RECALLS = (1, 5, 10)
-IOU_HIT = 0.5
 
 
 def caption_id(caption: DemoCaption, gallery: DemoGallery) -> str:
@@ -481,92 +186,27 @@ def caption_id(caption: DemoCaption, gallery: DemoGallery) -> str:
     return f"{caption.photo}#{same.index(caption)}"
 
 
+def annotated_set(gallery: DemoGallery, profile: str = "lite") -> AnnotatedSet:
+    """The gallery as an annotated set: every caption a query, every scene of its photo a moment."""
+    queries = []
+    for c in gallery.captions:
+        moments = {vid: tuple((m.start, m.end) for m in c.moments if m.video_id == vid) for vid in c.relevant}
+        queries.append(Query(caption_id(c, gallery), c.text, moments))
+    return AnnotatedSet(tuple((v.id, v.path) for v in gallery.videos), tuple(queries),
+                        gallery.root / FEATURES_FILE.format(profile=profile))
+
+
 def extract_demo_features(gallery: DemoGallery, profile: str = "lite") -> Path:
     """Feature file (videos + caption tokens) of the gallery, next to it; only new or changed items run."""
-    from extract.decode import sha256_file
-    from extract.features import FeatureFile, FeatureWriter
-    from extract.pipeline import TextEncoder, VideoExtractor
-
-    path = gallery.root / FEATURES_FILE.format(profile=profile)
-    have_videos, have_captions = {}, {}
-    if path.exists():
-        with FeatureFile(path) as ff:
-            have_videos = {v: ff.video(v).sha256 for v in ff.video_ids()}
-            have_captions = {c: ff.caption(c)[0] for c in ff.caption_ids()}
-    videos = [(v, sha) for v in gallery.videos if have_videos.get(v.id) != (sha := sha256_file(v.path))]
-    captions = [(caption_id(c, gallery), c.text) for c in gallery.captions]
-    captions = [(cid, text) for cid, text in captions if have_captions.get(cid) != text]
-    if not videos and not captions:
-        return path
-    extractor = VideoExtractor(profile) if videos else None
-    encoder = TextEncoder(profile) if captions else None
-    with FeatureWriter(path, (extractor or encoder).profile) as writer:
-        for video, sha in videos:
-            log.info("extracting %s features of %s", profile, video.path.name)
-            writer.add_video(video.id, extractor.extract(video.path, sha256=sha))
-        if encoder is not None:
-            for (cid, text), rows in zip(captions, encoder.encode([t for _, t in captions]), strict=True):
-                writer.add_caption(cid, text, rows)
-    return path
+    return extract_features(annotated_set(gallery, profile), profile)
 
 
-def temporal_iou(a: tuple[float, float], b: tuple[float, float]) -> float:
-    """Intersection over union of two time spans (seconds)."""
-    inter = max(0.0, min(a[1], b[1]) - max(a[0], b[0]))
-    union = max(a[1], b[1]) - min(a[0], b[0])
-    return inter / union if union > 0 else 0.0
+PROTOCOL = ("first-ranked relevant video; SumR = R@1 + R@5 + R@10; key moment = prvr.moments' key moment on "
+            f"that video with IoU >= {IOU_HIT} to an annotated moment (key clip: MS-SL's raw key clip)")
 
 
-def proposal_spans(start: np.ndarray, end: np.ndarray, map_size: int = 32) -> np.ndarray:
-    """(P, 2) seconds of every proposal of a video with rows [start_i, end_i), as search reports them."""
-    units = unit_spans(start, end, map_size)  # (M, 2) seconds per clip unit
-    first, stop = (u.numpy() for u in proposal_units(torch.arange(n_proposals(map_size)), map_size))
-    return np.stack([units[first, 0], units[stop - 1, 1]], axis=1)
-
-
-def first_relevant_ranks(scores: np.ndarray, relevant: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Per query, the 1-based rank of its best-ranked relevant video, and that video's index."""
-    order = np.argsort(-scores, axis=1, kind="stable")  # (Nq, Nv) video indices, best first
-    hits = np.take_along_axis(relevant, order, axis=1)
-    position = hits.argmax(axis=1)
-    return position + 1, order[np.arange(len(order)), position]
-
-
-def recall_metrics(ranks: np.ndarray) -> dict[str, float]:
-    """R@1/5/10 (percent) and their sum."""
-    out = {f"R@{k}": 100.0 * float(np.mean(ranks <= k)) for k in RECALLS}
-    out["SumR"] = sum(out.values())
-    return out
-
-
-def random_recalls(n_videos: int, n_relevant: np.ndarray) -> dict[str, float]:
-    """Expected R@k under a uniformly random ranking: 1 - C(N - r, k) / C(N, k), averaged over queries."""
-    out = {f"R@{k}": 100.0 * float(np.mean([1 - math.comb(n_videos - r, k) / math.comb(n_videos, k)
-                                             if k <= n_videos else 1.0 for r in n_relevant]))
-           for k in RECALLS}
-    out["SumR"] = sum(out.values())
-    return out
-
-
-def moment_hits(spans: np.ndarray, moments: list[tuple[float, float]]) -> np.ndarray:
-    """(P, 2) bool: per proposal span, [IoU >= IOU_HIT with a moment, midpoint inside a moment]."""
-    iou = np.array([max(temporal_iou(tuple(s), m) for m in moments) for s in spans])
-    mid = spans.mean(axis=1)
-    inside = np.any([(a <= mid) & (mid <= b) for a, b in moments], axis=0)
-    return np.stack([iou >= IOU_HIT, inside], axis=1)
-
-
-def moment_metrics(found: np.ndarray) -> dict[str, float]:
-    """Percent of queries whose key clip hits (column 0: IoU >= IOU_HIT) or lies in (column 1) a moment."""
-    return {"key_moment_acc": 100.0 * float(found[:, 0].mean()),
-            "key_moment_inside": 100.0 * float(found[:, 1].mean())}
-
-
-def evaluate_demo(root: str | Path | None = None, model=None, video_ids: list[str] | None = None) -> dict:  # noqa: ANN001
-    """Retrieval and key-moment metrics of ``model`` (default: the bridge) on the demo gallery's captions."""
-    from extract.features import FeatureFile
-    from extract.profiles import check_identity
-
+def evaluate_demo(root: str | Path | None = None, model=None, video_ids: list[str] | None = None) -> dict:
+    """Retrieval and moment metrics of ``model`` (default: the bridge) on the demo gallery's captions."""
     gallery = build_demo_gallery(root, video_ids)
     if not gallery.captions:
         raise ValueError(f"demo gallery in {gallery.root} has no captions to evaluate (videos {video_ids})")
@@ -574,33 +214,12 @@ def evaluate_demo(root: str | Path | None = None, model=None, video_ids: list[st
         from prvr.bridge import BridgeModel
 
         model = BridgeModel.from_pretrained()
-    path = extract_demo_features(gallery)
-    with FeatureFile(path) as ff:
-        if model.profile is not None:
-            check_identity(model.profile, ff.profile, f"feature file {path}")
-        rows = [ff.video(v.id) for v in gallery.videos]
-        tokens = [ff.caption(caption_id(c, gallery))[1] for c in gallery.captions]
-    scores = model.score(model.encode_queries(tokens), model.encode_videos([r.features for r in rows]))
-    spans = [proposal_spans(r.start, r.end, model.cfg.map_size) for r in rows]
-    ids = [v.id for v in gallery.videos]
-    relevant = np.array([[vid in c.relevant for vid in ids] for c in gallery.captions])
-    hits = [[moment_hits(spans[j], [(m.start, m.end) for m in c.moments if m.video_id == vid])
-             if relevant[i, j] else None for j, vid in enumerate(ids)]
-            for i, c in enumerate(gallery.captions)]  # (P, 2) per relevant (caption, video) pair
-    key_clip = scores.key_clip.cpu().numpy()
-    metrics = {}
-    for name, matrix in (("two_branch", scores.total), ("clip", scores.clip), ("frame", scores.frame)):
-        ranks, best = first_relevant_ranks(matrix.cpu().numpy(), relevant)
-        found = np.array([hits[i][j][key_clip[i, j]] for i, j in enumerate(best)])  # (Nq, 2)
-        metrics[name] = {**recall_metrics(ranks), **moment_metrics(found)}
-    chance = np.array([np.mean([h.mean(axis=0) for h in row if h is not None], axis=0) for row in hits])
-    metrics["random"] = {**random_recalls(len(ids), relevant.sum(axis=1)), **moment_metrics(chance)}
+    report = evaluate_set(annotated_set(gallery), model)
     describe = model.describe() if hasattr(model, "describe") else {"fingerprint": model.fingerprint()}
-    return {"gallery": {"root": str(gallery.root), "videos": len(ids), "captions": len(gallery.captions),
-                        "relevant_per_caption": float(relevant.sum(axis=1).mean())},
-            "model": describe, "protocol": "first-ranked relevant video; SumR = R@1 + R@5 + R@10; "
-            f"key moment = key clip on that video with IoU >= {IOU_HIT} to an annotated moment",
-            "metrics": metrics}
+    return {"gallery": {"root": str(gallery.root), "videos": report["videos"], "captions": report["queries"],
+                        "relevant_per_caption": report["relevant_per_query"]},
+            "model": describe, "protocol": PROTOCOL, "metrics": report["metrics"],
+            "localisation": report["localisation"]}
 
 
 # ------------------------------------------------------------------------------------------------ CLI
@@ -627,11 +246,8 @@ def main(argv: list[str] | None = None) -> None:
         print(json.dumps(report, indent=1))
         return
     gallery = report["gallery"]
-    print(f"{gallery['videos']} videos, {gallery['captions']} captions; {report['protocol']}")
-    columns = [*(f"R@{k}" for k in RECALLS), "SumR", "key_moment_acc", "key_moment_inside"]
-    print(f"{'':12s}" + "".join(f"{c:>18s}" for c in columns))
-    for name, row in report["metrics"].items():
-        print(f"{name:12s}" + "".join(f"{row[c]:18.1f}" for c in columns))
+    print(report["protocol"])
+    print(format_report({"videos": gallery["videos"], "queries": gallery["captions"], **report}))
 
 
 if __name__ == "__main__":

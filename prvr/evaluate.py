@@ -9,6 +9,12 @@ CLI (prints a table, or JSON with ``--json``)::
 
     python -m prvr.evaluate --checkpoint CKPT --data ROOT --collection NAME --feature FEATURE --split test
     python -m prvr.evaluate --checkpoint CKPT --features V.h5 --captions C.h5 [--splits test=test.txt]
+    python -m prvr.evaluate --gallery demo [--json]                  # the default model on the demo gallery
+    python -m prvr.evaluate --videos DIR --moments FILE.json [--json]  # any annotated folder (prvr.annotated)
+
+The last two evaluate the default (training-free) model, or ``--checkpoint``'s, with ``prvr.annotated``:
+first-relevant-video R@1/5/10, SumR, and the localisation of the key moment, MS-SL's raw key clip and a
+random window on that video (IoU >= 0.3/0.5/0.7, mean IoU, centre inside).
 """
 
 from __future__ import annotations
@@ -16,11 +22,13 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+from pathlib import Path
 
 import numpy as np
 import torch
 
-import prvr  # noqa: F401, I001 - applies the torchvision CPU fix before anything imports torchvision
+import prvr  # noqa: F401 - applies the torchvision CPU fix before anything imports torchvision
+from prvr.annotated import first_relevant_ranks
 from prvr.data import PreparedSplit, add_source_args, check_compatible, prepare_split, source_from_args
 from prvr.model import MSSL, EncodedVideos, cat_queries
 
@@ -38,8 +46,9 @@ def retrieval_metrics(scores: np.ndarray | torch.Tensor, gt_video: np.ndarray | 
         raise ValueError(f"retrieval_metrics: scores {scores.shape} and gt_video {gt.shape} do not match")
     if ((gt < 0) | (gt >= scores.shape[1])).any():
         raise ValueError(f"retrieval_metrics: gt_video outside [0, {scores.shape[1]})")
-    order = np.argsort(-scores, axis=1)  # the official per-row argsort, for all rows at once
-    ranks = np.argmax(order == gt[:, None], axis=1) + 1
+    relevant = np.zeros(scores.shape, bool)
+    relevant[np.arange(len(gt)), gt] = True
+    ranks, _ = first_relevant_ranks(scores, relevant)  # the official per-row argsort
     out = {f"r{k}": 100.0 * np.mean(ranks <= k) for k in RECALLS}
     out["sumr"] = sum(out[f"r{k}"] for k in RECALLS)
     out.update(medr=float(np.median(ranks)), meanr=float(np.mean(ranks)), map=float(np.mean(1.0 / ranks)))
@@ -90,12 +99,25 @@ def format_table(results: dict) -> str:
     return "\n".join(lines)
 
 
+def evaluate_folder(videos: Path, moments: Path, checkpoint: str | None, device: str, as_json: bool) -> dict:
+    """``--videos DIR --moments FILE``: the annotated folder's report (printed as JSON or a table)."""
+    from prvr.annotated import evaluate_set, format_report, load_moments_file
+
+    model = MSSL.from_checkpoint(checkpoint, map_location=device) if checkpoint else None
+    report = {"videos_dir": str(videos), "moments": str(moments),
+              **evaluate_set(load_moments_file(videos, moments), model)}
+    print(json.dumps(report, indent=1) if as_json else format_report(report))
+    return report
+
+
 def main(argv: list[str] | None = None) -> dict:
     """CLI entry point; returns the results dict."""
     parser = argparse.ArgumentParser(description="Evaluate an MS-SL checkpoint (official protocol).")
     parser.add_argument("--checkpoint", help="our checkpoint dir or an official model.ckpt")
     parser.add_argument("--gallery", choices=("demo",), help="instead: evaluate the embedded default model "
                         "on the generated demo gallery (same as python -m prvr.demo evaluate)")
+    parser.add_argument("--videos", type=Path, help="instead: a folder of videos annotated by --moments")
+    parser.add_argument("--moments", type=Path, help="the moments file of --videos (format: prvr.annotated)")
     add_source_args(parser)
     parser.add_argument("--split", default=None, help="split to evaluate (default: test; 'all' for "
                         "--features/--captions without --splits)")
@@ -107,8 +129,12 @@ def main(argv: list[str] | None = None) -> dict:
 
         demo.main(["evaluate", *(["--json"] if args.json else [])])
         return {}
+    if args.videos or args.moments:
+        if not (args.videos and args.moments):
+            parser.error("--videos and --moments go together")
+        return evaluate_folder(args.videos, args.moments, args.checkpoint, args.device, args.json)
     if not args.checkpoint:
-        parser.error("--checkpoint is required (or --gallery demo)")
+        parser.error("--checkpoint is required (or --gallery demo, or --videos DIR --moments FILE)")
     source = source_from_args(parser, args)
     split_name = args.split or ("all" if args.features and not args.splits else "test")
     model = MSSL.from_checkpoint(args.checkpoint, map_location=args.device)

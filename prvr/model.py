@@ -528,6 +528,20 @@ class MSSL(nn.Module):
                                videos.frame_mask, pad_to=self.cfg.max_ctx_l)
         return branch_scores(clip, key_idx, frame, videos, weights)
 
+    @torch.no_grad()
+    def encode_rows(self, rows: ArrayLike, start: ArrayLike, end: ArrayLike) -> tuple:
+        """One video's raw rows + [start, end) seconds -> encoded frames (n', H), unit float32 numpy, with
+        their seconds; n' = min(n, max_ctx_l) (longer videos are re-binned as frame_input does)."""
+        from prvr.preprocess import clip_unit_rows  # frame_input's binning (frame_times reports its centres)
+
+        x = frame_input(self._checked(rows, self.cfg.visual_dim, "encode_rows"), self.cfg.max_ctx_l)[None]
+        frames = self.encode_frames(x.to(self.device), torch.ones(x.shape[:2], device=self.device))[0]
+        start, end = (torch.as_tensor(t, dtype=torch.float64) for t in (start, end))
+        if len(start) > self.cfg.max_ctx_l:
+            bins = clip_unit_rows(len(start), self.cfg.max_ctx_l, torch.float64)
+            start, end = start[bins[:, 0]], end[bins[:, 1] - 1]
+        return F.normalize(frames, dim=-1).float().cpu().numpy(), start.float().numpy(), end.float().numpy()
+
     # ---- training
     def loss(
         self,

@@ -9,7 +9,7 @@ import pytest
 from PIL import Image
 
 import prvr  # noqa: F401  - applies the compatibility fix first
-from prvr import demo
+from prvr import annotated, demo, render
 
 # four short videos (12 photos, no photo twice): rendered, extracted and evaluated in well under a minute
 SMALL = ["demo01", "demo03", "demo06", "demo07"]
@@ -28,13 +28,14 @@ def spec() -> dict:
 @pytest.fixture(scope="session")
 def photos(spec: dict) -> dict:
     """Every gallery photo, loaded and converted to the renderer's planes once."""
-    return {name: demo.photo_planes(demo.load_photo(p["source"], p.get("index")), demo.RenderConfig())
+    return {name: render.photo_planes(render.load_photo(p["source"], p.get("index")), render.RenderConfig())
             for name, p in spec["photos"].items()}
 
 
-def renderer_for(video: dict, photos: dict) -> demo.Renderer:
+def renderer_for(video: dict, photos: dict) -> render.Renderer:
     """A renderer for one recipe video that knows every gallery photo (to compare against)."""
-    return demo.Renderer(demo.timeline(video, demo.RenderConfig().transition_s), photos, demo.RenderConfig())
+    cfg = render.RenderConfig()
+    return render.Renderer(demo.timeline(video, cfg.transition_s), photos, cfg)
 
 
 def rgb(frame: np.ndarray) -> np.ndarray:
@@ -44,7 +45,7 @@ def rgb(frame: np.ndarray) -> np.ndarray:
     return av.VideoFrame.from_ndarray(frame, format="yuv420p").to_ndarray(format="rgb24")
 
 
-def closest_photo(renderer: demo.Renderer, scene: demo.Scene, t: float, frame: np.ndarray) -> str:
+def closest_photo(renderer: render.Renderer, scene: render.Scene, t: float, frame: np.ndarray) -> str:
     """Which photo, shot with this scene's camera motion at time t, looks most like the RGB ``frame``."""
     errors = {
         name: np.abs(rgb(renderer.scene_frame(replace(scene, photo=name), t)).astype(float) - frame).mean()
@@ -58,7 +59,7 @@ def test_default_recipe_durations_scene_counts_and_reuse(spec: dict) -> None:
     assert 5 <= len(videos) <= 10
     shown: dict[str, set] = {}
     for video in videos:
-        scenes = demo.timeline(video, demo.RenderConfig().transition_s)
+        scenes = demo.timeline(video, render.RenderConfig().transition_s)
         assert 30 <= scenes[-1].end <= 90, video["id"]
         photos = [s for s in scenes if s.photo is not None]
         assert 3 <= len(photos) <= 5, video["id"]
@@ -100,7 +101,7 @@ def test_captions_list_every_video_showing_the_photo(spec: dict, tmp_path: Path)
 def test_videos_are_h264_yuv420p_with_the_annotated_duration(small_gallery: demo.DemoGallery) -> None:
     import av
 
-    cfg = demo.RenderConfig()
+    cfg = render.RenderConfig()
     for video in small_gallery.videos:
         with av.open(str(video.path)) as container:
             stream = container.streams.video[0]
@@ -125,7 +126,7 @@ def test_decoded_frames_show_the_annotated_photo(
         assert abs(len(reader) / reader.get_avg_fps() - video.duration) < 0.2
         for scene in renderer.scenes:
             t = (scene.start + scene.end) / 2
-            frame = reader[round(t * demo.RenderConfig().fps)].asnumpy().astype(float)
+            frame = reader[round(t * render.RenderConfig().fps)].asnumpy().astype(float)
             if scene.photo is None:
                 assert frame.std() < 12, (video.id, t)
             else:
@@ -138,7 +139,7 @@ def test_photos_are_converted_to_yuv_like_libswscale() -> None:
 
     colours = np.array([(255, 0, 0), (0, 255, 0), (0, 0, 255), (255, 255, 255), (0, 0, 0), (128, 64, 200)])
     image = np.repeat(np.repeat(colours[None].astype(np.uint8), 16, axis=0), 16, axis=1)  # (16, 96, 3)
-    planes = [np.asarray(p).astype(int) for p in demo.yuv_planes(Image.fromarray(image))]
+    planes = [np.asarray(p).astype(int) for p in render.yuv_planes(Image.fromarray(image))]
     reference = av.VideoFrame.from_ndarray(image, format="rgb24").reformat(format="yuv420p").to_ndarray()
     flat = reference.reshape(-1).astype(int)  # rows of Y, then the Cb plane, then the Cr plane
     expected = [flat[:1536].reshape(16, 96), flat[1536:1920].reshape(8, 48), flat[1920:].reshape(8, 48)]
@@ -147,7 +148,8 @@ def test_photos_are_converted_to_yuv_like_libswscale() -> None:
         assert np.abs(ours - theirs).max() <= 1
     assert planes[0][0, 0] > planes[0][0, 32] and planes[2][0, 0] > 200  # red: brighter than blue, high Cr
     with pytest.raises(ValueError, match="even"):
-        demo.Renderer(demo.timeline(demo.load_spec()["videos"][0], 1.0), {}, demo.RenderConfig(height=271))
+        scenes = demo.timeline(demo.load_spec()["videos"][0], 1.0)
+        render.Renderer(scenes, {}, render.RenderConfig(height=271))
 
 
 def test_magnify_matches_pils_bilinear_resize_and_fades_blend_linearly(spec: dict, photos: dict) -> None:
@@ -155,11 +157,11 @@ def test_magnify_matches_pils_bilinear_resize_and_fades_blend_linearly(spec: dic
     source = np.random.default_rng(0).integers(0, 256, (120, 200), dtype=np.uint8)
     out = np.empty((90, 160), np.uint8)
     for box in [(0, 0, 160, 90), (10.3, 5.7, 130.1, 73.2), (40.5, 20.25, 200, 110.25)]:
-        demo._magnify(source, *box, out)
+        render._magnify(source, *box, out)
         reference = np.asarray(Image.fromarray(source).resize((160, 90), Image.BILINEAR, box=box))
         assert np.abs(out.astype(int) - reference).max() <= 1, box
     # photo planes are shrunk so that every crop of the camera magnifies
-    cfg = demo.RenderConfig()
+    cfg = render.RenderConfig()
     for planes in photos.values():
         height, width = planes[0].shape
         assert min(width, height * cfg.width / cfg.height) <= cfg.width + 1
@@ -203,19 +205,22 @@ def test_bad_recipes_and_ids_are_rejected(tmp_path: Path, spec: dict) -> None:
 
 def test_proposal_spans_follow_the_official_binning() -> None:
     start = np.arange(40, dtype=np.float32)
-    spans = demo.proposal_spans(start, start + 1)
+    spans = annotated.proposal_spans(start, start + 1)
     assert spans.shape == (528, 2)
     assert spans[0].tolist() == [0, 1] and spans[527].tolist() == [0, 40]  # first unit; the whole video
     assert spans[32].tolist() == [0, 2] and spans[33].tolist() == [1, 4]  # length-2 windows; edges 0, 1, 2, 4
-    assert demo.temporal_iou((0, 10), (5, 15)) == pytest.approx(5 / 15)
+    assert annotated.span_iou(np.array([0, 10]), [(5, 15)])[0] == pytest.approx(5 / 15)
+    assert annotated.span_iou(np.array([[0, 10], [20, 30]]), [(40, 50), (0, 5)]).tolist() == [0.5, 0.0]
+    assert annotated.centre_inside(np.array([[0, 10], [20, 30]]), [(4, 6)]).tolist() == [True, False]
 
 
 def test_first_relevant_rank_and_random_expectation() -> None:
     scores = np.array([[0.9, 0.5, 0.7, 0.1], [0.1, 0.2, 0.3, 0.4]])
     relevant = np.array([[False, True, True, False], [True, False, False, False]])
-    ranks, best = demo.first_relevant_ranks(scores, relevant)
+    ranks, best = annotated.first_relevant_ranks(scores, relevant)
     assert ranks.tolist() == [2, 4] and best.tolist() == [2, 0]
-    expected = demo.random_recalls(4, np.array([2, 1]))  # R@1: (2/4 + 1/4) / 2
+    assert annotated.recall_metrics(ranks) == {"R@1": 0.0, "R@5": 100.0, "R@10": 100.0, "SumR": 200.0}
+    expected = annotated.random_recalls(4, np.array([2, 1]))  # R@1: (2/4 + 1/4) / 2
     assert expected["R@1"] == pytest.approx(37.5) and expected["R@5"] == 100.0
 
 
@@ -234,8 +239,10 @@ def evaluation(small_gallery: demo.DemoGallery) -> dict:
 def test_evaluation_reports_every_variant_and_beats_random(evaluation: dict) -> None:
     metrics = evaluation["metrics"]
     assert set(metrics) == {"two_branch", "clip", "frame", "random"}
-    for row in metrics.values():
-        assert set(row) == {"R@1", "R@5", "R@10", "SumR", "key_moment_acc", "key_moment_inside"}
+    moment_keys = {"key_moment_acc", "key_moment_inside"}
+    for name, row in metrics.items():
+        extra = set() if name == "random" else {"key_clip_acc", "key_clip_inside"}
+        assert set(row) == {"R@1", "R@5", "R@10", "SumR"} | moment_keys | extra
         assert row["SumR"] == pytest.approx(row["R@1"] + row["R@5"] + row["R@10"])
     assert evaluation["gallery"] == {"root": evaluation["gallery"]["root"], "videos": 4, "captions": 26,
                                      "relevant_per_caption": 1.0}
@@ -244,6 +251,46 @@ def test_evaluation_reports_every_variant_and_beats_random(evaluation: dict) -> 
     assert metrics["two_branch"]["SumR"] > metrics["random"]["SumR"] + 20
     assert metrics["two_branch"]["key_moment_inside"] > metrics["random"]["key_moment_inside"]
     assert evaluation["model"]["profile"] == "lite"
+    # the key moment covers the scene: far more IoU >= 0.5 hits than MS-SL's raw key clip or chance
+    local = evaluation["localisation"]
+    assert set(local) == {"key_moment", "key_clip", "random"}
+    assert local["key_moment"]["iou>=0.5"] == pytest.approx(metrics["two_branch"]["key_moment_acc"])
+    assert local["key_clip"]["iou>=0.5"] == pytest.approx(metrics["two_branch"]["key_clip_acc"])
+    assert local["key_moment"]["iou>=0.5"] >= 50 > local["key_clip"]["iou>=0.5"] + 20
+    assert local["key_moment"]["mean_iou"] > local["random"]["mean_iou"] + 0.2
+    for row in local.values():
+        assert row["iou>=0.3"] >= row["iou>=0.5"] >= row["iou>=0.7"] and 0 <= row["mean_iou"] <= 1
+
+
+def test_any_annotated_folder_evaluates_through_the_cli(small_gallery: demo.DemoGallery, tmp_path: Path,
+                                                        capsys: pytest.CaptureFixture) -> None:
+    from prvr import evaluate
+
+    # the small gallery's videos as a plain folder, annotated from the recipe (a third of the captions)
+    folder = tmp_path / "videos"
+    folder.mkdir()
+    entries = []
+    for video in small_gallery.videos:
+        (folder / video.path.name).symlink_to(video.path)
+        captions = [c for c in small_gallery.captions if video.id in c.relevant]
+        entries.append({"file": video.path.name, "queries": [
+            {"text": c.text, "start": m.start, "end": m.end} for c in captions[::3] for m in c.moments]})
+    moments = tmp_path / "moments.json"
+    moments.write_text(json.dumps({"videos": entries}))
+    report = evaluate.main(["--videos", str(folder), "--moments", str(moments), "--json"])
+    out = json.loads(capsys.readouterr().out)
+    assert out["metrics"] == report["metrics"] and out["videos"] == 4
+    assert out["queries"] == sum(len(e["queries"]) for e in entries)
+    assert out["metrics"]["two_branch"]["R@10"] == 100.0
+    assert out["localisation"]["key_moment"]["mean_iou"] > out["localisation"]["random"]["mean_iou"]
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps({"videos": [{"file": "nope.mp4", "queries": []}]}))
+    with pytest.raises(ValueError, match="nope.mp4"):
+        evaluate.main(["--videos", str(folder), "--moments", str(bad)])
+    bad.write_text(json.dumps({"videos": [{"file": "demo01.mp4", "queries": [{"text": "x", "start": 5,
+                                                                             "end": 2}]}]}))
+    with pytest.raises(ValueError, match="start < end"):
+        evaluate.main(["--videos", str(folder), "--moments", str(bad)])
 
 
 def test_features_are_extracted_once(small_gallery: demo.DemoGallery, evaluation: dict,

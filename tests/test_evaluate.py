@@ -103,3 +103,30 @@ def test_cli_table_and_dims_error(tiny, capsys, tmp_path):
     MSSL(MSSLConfig(visual_dim=TINY.visual_dim + 1, query_dim=TINY.query_dim)).save(tmp_path / "other")
     with pytest.raises(ValueError, match=f"visual {TINY.visual_dim + 1}.*visual {TINY.visual_dim}"):
         main(["--checkpoint", str(tmp_path / "other"), *args])
+
+
+def test_moments_files_are_read_with_equal_texts_merged_and_bad_entries_named(tmp_path):
+    from prvr.annotated import load_moments_file
+
+    for name in ("a.mp4", "b.avi", "notes.txt"):
+        (tmp_path / name).write_bytes(b"")  # only names matter here: nothing is decoded
+    spec = {"videos": [{"file": "a.mp4", "queries": [{"text": "a dog", "start": 1, "end": 4},
+                                                     {"text": "a cat", "start": 5, "end": 9}]},
+                       {"file": "b.avi", "queries": [{"text": "a dog", "start": 0, "end": 2}]}]}
+    path = tmp_path / "moments.json"
+    path.write_text(json.dumps(spec))
+    aset = load_moments_file(tmp_path, path)
+    assert [vid for vid, _ in aset.videos] == ["a.mp4", "b.avi"]  # every video file, sorted; not notes.txt
+    assert {q.text: q.moments for q in aset.queries} == {
+        "a dog": {"a.mp4": ((1.0, 4.0),), "b.avi": ((0.0, 2.0),)}, "a cat": {"a.mp4": ((5.0, 9.0),)}}
+    for bad, message in [({"videos": [{"file": "a.mp4", "queries": [{"text": "x", "start": 1}]}]}, "query 0"),
+                         ({"videos": [{"file": "c.mp4", "queries": []}]}, "c.mp4"),
+                         ({"videos": [{"file": "a.mp4", "queries": [{"text": " ", "start": 0, "end": 1}]}]},
+                          "needs text"),
+                         ([1, 2], "expected")]:
+        path.write_text(json.dumps(bad))
+        with pytest.raises(ValueError, match=message):
+            load_moments_file(tmp_path, path)
+    path.write_text("{not json")
+    with pytest.raises(ValueError, match="JSON"):
+        load_moments_file(tmp_path, path)

@@ -1,0 +1,124 @@
+"""Ranking experiments for the training-free default: does scoring with the video's segments help R@1?
+
+    python -m benchmarks.segment_ranking [--real DIR]    # DIR: benchmarks/real_set.py's output (optional)
+
+On the demo gallery (and the real-video set when built), every query is scored against every video by the
+bridge model (``prvr.bridge``) in several ways; first-relevant-video R@1/5/10 and SumR (``prvr.annotated``)
+are printed as JSON per set and variant. Segments: ``prvr.segments.segment_video`` of the extracted rows.
+
+- ``two_branch``: today's score (MS-SL's 528 windows + key-clip attention), ``clip`` its clip branch alone;
+- ``row_max``: the best single row's cosine;
+- ``segment_max``: a segment-level clip branch: the best cosine of any segment of the hierarchy (the
+  normalised mean of its rows);
+- ``segment_two_branch``: 0.7 ``segment_max`` + 0.3 frame branch attending from the best segment (the
+  bridge's temperature), i.e. MS-SL's two branches with the segments as proposals;
+- ``propagated_max``: TF-PRVR's propagation (``../shared/docs/field-notes.md`` section 3): a graph over the
+  segments (same scale: positive cosine x temporal proximity; adjacent scales: IoU x positive cosine),
+  symmetric normalisation, (1 - beta)(I - beta W)^-1 with beta 0.7, segment features averaged across scales
+  per row, best row;
+- ``clip_plus_segment``: 0.7 ``clip`` + 0.3 ``segment_max``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import numpy as np
+import torch
+
+import prvr  # noqa: F401  - applies the compatibility fix first
+from prvr import demo
+from prvr.annotated import (
+    AnnotatedSet,
+    extract_features,
+    first_relevant_ranks,
+    load_moments_file,
+    recall_metrics,
+)
+from prvr.model import key_clip_attention
+from prvr.segments import segment_video
+
+BETA = 0.7  # TF-PRVR's propagation strength
+
+
+def unit(x: np.ndarray) -> np.ndarray:
+    """Rows scaled to unit length (zero rows stay zero)."""
+    return x / np.linalg.norm(x, axis=-1, keepdims=True).clip(1e-9)
+
+
+def propagated_rows(spans: np.ndarray, scales: np.ndarray, x: np.ndarray) -> np.ndarray:
+    """(n, D) unit rows: TF-PRVR's propagated segment features, averaged across scales at each row."""
+    feats = unit(np.stack([x[a:b].mean(0) for a, b in spans]))
+    sim = np.clip(feats @ feats.T, 0, None)
+    centre = spans.mean(axis=1)
+    proximity = np.exp(-np.abs(centre[:, None] - centre[None]) / max(0.1 * len(x), 1.0))
+    a, b = spans[:, None], spans[None]  # (S, 1, 2), (1, S, 2)
+    inter = np.clip(np.minimum(a[..., 1], b[..., 1]) - np.maximum(a[..., 0], b[..., 0]), 0, None)
+    union = np.maximum(a[..., 1], b[..., 1]) - np.minimum(a[..., 0], b[..., 0])
+    same, adjacent = scales[:, None] == scales[None], np.abs(scales[:, None] - scales[None]) == 1
+    w = np.where(same, sim * proximity, 0.0) + np.where(adjacent, inter / union * sim, 0.0)
+    np.fill_diagonal(w, 0.0)
+    degree = w.sum(axis=1)
+    degree[degree == 0] = 1.0
+    w = w / np.sqrt(degree[:, None] * degree[None])
+    prop = (1 - BETA) * np.linalg.solve(np.eye(len(spans)) - BETA * w, feats)
+    rows = np.zeros_like(x, dtype=np.float64)
+    for (a, b), p in zip(spans, prop, strict=True):
+        rows[a:b] += p
+    return unit(rows)
+
+
+def variants(model, aset: AnnotatedSet) -> dict[str, np.ndarray]:
+    """Variant name -> (Nq, Nv) scores."""
+    from extract.features import FeatureFile
+
+    with FeatureFile(extract_features(aset)) as ff:
+        rows = [ff.video(v) for v, _ in aset.videos]
+        tokens = [ff.caption(q.id)[1] for q in aset.queries]
+    queries = model.encode_queries(tokens)
+    scores = model.score(queries, model.encode_videos([r.features for r in rows]))
+    q = queries.numpy()
+    out = {"two_branch": scores.total.numpy(), "clip": scores.clip.numpy()}
+    names = ("row_max", "segment_max", "segment_two_branch", "propagated_max")
+    out.update({name: np.zeros_like(out["clip"]) for name in names})
+    for j, r in enumerate(rows):
+        x = model.to_text_space(r.features).numpy()
+        seg = segment_video(r.features)
+        spans, first = np.unique(seg[:, 1:], axis=0, return_index=True)
+        feats = unit(np.stack([x[a:b].mean(0) for a, b in spans]))
+        sim = q @ feats.T
+        frames = torch.from_numpy(x)[None]
+        key = torch.from_numpy(feats[sim.argmax(axis=1)])[None]
+        z, _ = key_clip_attention(frames, frames, torch.ones(1, len(x)), key, model.cfg.temperature)
+        out["row_max"][:, j] = (q @ x.T).max(axis=1)
+        out["segment_max"][:, j] = sim.max(axis=1)
+        out["segment_two_branch"][:, j] = 0.7 * sim.max(axis=1) + 0.3 * (unit(z[0].numpy()) * q).sum(axis=1)
+        out["propagated_max"][:, j] = (q @ propagated_rows(spans, seg[first, 0], x).T).max(axis=1)
+    out["clip_plus_segment"] = 0.7 * out["clip"] + 0.3 * out["segment_max"]
+    return out
+
+
+def main() -> None:
+    """Print R@k per set and variant as JSON."""
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--real", type=Path, default=None, help="the real set's dir (with moments.json)")
+    args = parser.parse_args()
+    from prvr.bridge import BridgeModel
+
+    model = BridgeModel.from_pretrained()
+    sets = {"demo": demo.annotated_set(demo.build_demo_gallery())}
+    if args.real is not None:
+        sets["real"] = load_moments_file(args.real, args.real / "moments.json")
+    report = {}
+    for name, aset in sets.items():
+        relevant = np.array([[vid in q.moments for vid, _ in aset.videos] for q in aset.queries])
+        ranks = {label: first_relevant_ranks(s, relevant)[0] for label, s in variants(model, aset).items()}
+        report[name] = {label: {k: round(v, 1) for k, v in recall_metrics(r).items()}
+                        for label, r in ranks.items()}
+    print(json.dumps(report, indent=1))
+
+
+if __name__ == "__main__":
+    main()

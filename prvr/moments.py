@@ -1,0 +1,102 @@
+"""Where a query matches inside one video: moments made of the video's own segments, and a heatmap.
+
+This is the results layer's localisation; it never changes a score or a ranking (MS-SL's key clip is kept
+beside it). Inputs, for one video: the query vector ``q`` (H,), the video's rows in the query space at the
+model's finest resolution with their seconds (``model.encode_rows``), and the video's query-independent
+segments on those rows (``prvr.segments.segment_video`` of the extracted feature rows, mapped onto the
+model's rows by ``prvr.segments.resample`` when the model re-bins them).
+
+1. ``s_t = cos(q, row_t)`` for every row.
+2. Candidates: every segment of every scale of the hierarchy (distinct spans): coherent stretches of the
+   video, from single shots to groups of them.
+3. Each candidate is scored by how much better the query matches inside it than in the rest of the video,
+   relative to how much of that difference could be chance: the two-sample t statistic
+   ``(mean_in - mean_out) / (sd * sqrt(1 / n_in + 1 / n_out))``, ``sd`` the video's own spread of
+   similarities. A one-row sliver needs a far larger contrast than a whole scene to win, and the score has
+   no unit: it depends neither on the model's cosine scale nor on the video's length.
+4. The key moment is the best candidate; up to ``n_moments - 1`` more follow, best first: each the best
+   candidate that overlaps no kept moment and still matches better inside than outside (t > 0).
+
+Each moment reports ``score`` (the mean similarity of its rows) and ``contrast`` (its t statistic, the
+order). The heatmap has one cell per row up to ``max_cells`` cells, then the rows' similarities averaged
+into ``max_cells`` equal bins. A threshold-and-run alternative that was measured and dropped is in
+benchmarks/RESULTS.md ("Moments").
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from prvr.segments import finest
+
+
+@dataclass(frozen=True)
+class MomentConfig:
+    n_moments: int = 3  # key moment + up to 2 more, non-overlapping
+    max_cells: int = 128  # heatmap cells at most (one per row below this)
+
+
+def contrast(sim: np.ndarray, spans: np.ndarray) -> np.ndarray:
+    """(C,) t statistic of the rows inside each [first, end) span (C, 2) against the rest of the video."""
+    n = len(sim)
+    csum = np.concatenate([[0.0], np.cumsum(sim, dtype=np.float64)])
+    n_in = (spans[:, 1] - spans[:, 0]).astype(np.float64)
+    n_out = np.maximum(n - n_in, 1)
+    sum_in = csum[spans[:, 1]] - csum[spans[:, 0]]
+    sd = max(float(sim.std()), 1e-9)
+    t = (sum_in / n_in - (csum[-1] - sum_in) / n_out) / (sd * np.sqrt(1 / n_in + 1 / n_out))
+    return np.where(n_in < n, t, 0.0)  # the whole video contrasts with nothing
+
+
+def _similarities(q: np.ndarray, vectors: np.ndarray, start: np.ndarray, end: np.ndarray) -> np.ndarray:
+    """(n,) cosine of the query with each unit row, after checking that the shapes agree."""
+    q, vectors = np.asarray(q, np.float32), np.asarray(vectors, np.float32)
+    if q.ndim != 1 or vectors.ndim != 2 or vectors.shape[1] != q.shape[0] or len(vectors) == 0:
+        raise ValueError(f"find_moments: query {q.shape} and rows {vectors.shape}: expected (H,) and (n, H)")
+    if np.shape(start) != (len(vectors),) or np.shape(end) != (len(vectors),):
+        raise ValueError(f"find_moments: {len(vectors)} rows, start {np.shape(start)}, end {np.shape(end)}")
+    norm = float(np.linalg.norm(q))
+    # einsum, not BLAS: a matrix-vector product this small is slower through threads on a busy machine
+    return np.einsum("nh,h->n", vectors, q / norm if norm > 0 else q)
+
+
+def heatmap(sim: np.ndarray, start: np.ndarray, end: np.ndarray, max_cells: int) -> dict:
+    """Row similarities as at most ``max_cells`` cells: {"start", "end", "score"} (seconds, mean cos)."""
+    n = len(sim)
+    edges = np.unique(np.linspace(0, n, min(n, max_cells) + 1).round().astype(np.int64))
+    score = np.add.reduceat(sim.astype(np.float64), edges[:-1]) / np.diff(edges)
+    return {"start": np.round(start[edges[:-1]], 3).tolist(), "end": np.round(end[edges[1:] - 1], 3).tolist(),
+            "score": np.round(score, 6).tolist()}
+
+
+def find_moments(q: np.ndarray, vectors: np.ndarray, start: np.ndarray, end: np.ndarray,
+                 segments: np.ndarray, cfg: MomentConfig | None = None) -> dict:
+    """{"key_moment", "moments", "heatmap"} of one video for query q (see the module docstring).
+
+    ``vectors`` (n, H) unit rows with ``start``/``end`` (n,) seconds; ``segments`` (S, 3) ``[scale, first,
+    end)`` over these n rows. A moment: {"start", "end" (seconds), "score", "contrast", "rows": [first, end)}.
+    """
+    cfg = cfg or MomentConfig()
+    sim = _similarities(q, vectors, start, end)
+    start, end = np.asarray(start, np.float64), np.asarray(end, np.float64)
+    finest(segments, len(sim))  # the segments must cover exactly these rows
+    seg = np.asarray(segments, np.int64)
+    code = np.unique(seg[:, 1] * (len(sim) + 1) + seg[:, 2])  # distinct candidates, as one int each
+    spans = np.stack([code // (len(sim) + 1), code % (len(sim) + 1)], axis=1)  # (C, 2)
+    t = contrast(sim, spans)
+    moments, taken = [], np.zeros(len(sim), bool)
+    for k in np.argsort(-t, kind="stable"):
+        first, stop = spans[k]
+        if moments and t[k] <= 0:
+            break
+        if taken[first:stop].any():
+            continue
+        taken[first:stop] = True
+        moments.append({"start": round(float(start[first]), 3), "end": round(float(end[stop - 1]), 3),
+                        "score": round(float(sim[first:stop].mean()), 6), "contrast": round(float(t[k]), 4),
+                        "rows": [int(first), int(stop)]})
+        if len(moments) == cfg.n_moments:
+            break
+    return {"key_moment": moments[0], "moments": moments, "heatmap": heatmap(sim, start, end, cfg.max_cells)}

@@ -1,0 +1,130 @@
+"""Moments among a video's own segments: whole coherent spans, in seconds, non-overlapping, best first."""
+
+import numpy as np
+import pytest
+
+from prvr.moments import MomentConfig, find_moments
+from prvr.segments import segment_video
+
+
+def unit(x: np.ndarray) -> np.ndarray:
+    """Rows (or a vector) scaled to unit length, float32."""
+    return (x / np.linalg.norm(x, axis=-1, keepdims=True)).astype(np.float32)
+
+
+def long_video(n: int = 1200, event: tuple[int, int] = (600, 645), dim: int = 64, seed: int = 0):
+    """A 20-minute video of 1 s rows: scenes of random lengths, and a planted event of its own direction."""
+    rng = np.random.default_rng(seed)
+    lengths = rng.integers(20, 90, n // 20)
+    bounds = np.concatenate([[0], np.cumsum(lengths)])
+    scene = np.searchsorted(bounds, np.arange(n), side="right") - 1
+    centres, event_dir = rng.normal(size=(len(lengths), dim)), rng.normal(size=dim)
+    rows = centres[scene] + 0.5 * rng.normal(size=(n, dim))
+    rows[event[0]:event[1]] = event_dir + 0.5 * rng.normal(size=(event[1] - event[0], dim))
+    start = np.arange(n, dtype=np.float32)
+    return unit(rows), start, start + 1, unit(event_dir + 0.3 * rng.normal(size=dim))
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_a_planted_event_in_a_20_minute_video_is_found_within_2_s(seed: int) -> None:
+    rows, start, end, query = long_video(seed=seed)
+    out = find_moments(query, rows, start, end, segment_video(rows))
+    key = out["key_moment"]
+    assert abs(key["start"] - 600) <= 2 and abs(key["end"] - 645) <= 2, key
+
+
+def test_a_whole_matching_scene_beats_its_single_best_row() -> None:
+    rng = np.random.default_rng(3)
+    dim = 32
+    query = unit(rng.normal(size=dim))
+    other = unit(rng.normal(size=(3, dim)))
+    rows = np.repeat(other, [20, 20, 20], axis=0)
+    rows[30] = query  # one row (a sliver inside scene 2) that matches the query exactly
+    rows[42:54] = 0.6 * query + 0.8 * other[2]  # a 12-row scene that matches it well throughout
+    rows = unit(rows + 0.05 * rng.normal(size=rows.shape))
+    start = np.arange(60, dtype=np.float32) * 0.5  # 2 rows per second: moments come in seconds
+    out = find_moments(query, rows, start, start + 0.5, segment_video(rows))
+    assert (out["key_moment"]["start"], out["key_moment"]["end"]) == (21.0, 27.0)  # rows 42..53
+    sliver = np.argmax(rows @ query)
+    assert sliver == 30
+
+
+def test_moments_do_not_overlap_come_best_first_and_lie_in_the_video() -> None:
+    rows, start, end, query = long_video(seed=4)
+    out = find_moments(query, rows, start, end, segment_video(rows))
+    moments = out["moments"]
+    assert 1 <= len(moments) <= 3 and moments[0] == out["key_moment"]
+    contrast = [m["contrast"] for m in moments]
+    assert contrast == sorted(contrast, reverse=True) and all(c > 0 for c in contrast)
+    spans = sorted((m["start"], m["end"]) for m in moments)
+    assert all(a[1] <= b[0] for a, b in zip(spans, spans[1:], strict=False))
+    for m in moments:
+        first, stop = m["rows"]
+        assert 0 <= m["start"] < m["end"] <= 1200
+        assert (m["start"], m["end"]) == (float(start[first]), float(end[stop - 1]))
+        assert m["score"] == pytest.approx(float((rows[first:stop] @ query).mean()), abs=1e-5)
+    assert len(find_moments(query, rows, start, end, segment_video(rows), MomentConfig(n_moments=1))
+               ["moments"]) == 1
+
+
+def test_heatmap_resolution_follows_the_length() -> None:
+    rows, start, end, query = long_video()
+    out = find_moments(query, rows, start, end, segment_video(rows))
+    heat = out["heatmap"]
+    assert len(heat["score"]) == 128 and heat["start"][0] == 0 and heat["end"][-1] == 1200
+    assert all(a == b for a, b in zip(heat["end"], heat["start"][1:], strict=False))  # contiguous cells
+    sim = rows @ query
+    cells = np.asarray(heat["start"], int), np.asarray(heat["end"], int)
+    np.testing.assert_allclose(heat["score"], [sim[a:b].mean() for a, b in zip(*cells, strict=True)],
+                               atol=1e-5)
+    short = find_moments(query, rows[:40], start[:40], end[:40], segment_video(rows[:40]))["heatmap"]
+    assert len(short["score"]) == 40  # one cell per row
+    np.testing.assert_allclose(short["score"], sim[:40], atol=1e-5)
+
+
+def test_constant_and_one_row_videos_give_the_whole_video() -> None:
+    rows = unit(np.ones((30, 8)))
+    start = np.arange(30, dtype=np.float32)
+    out = find_moments(unit(np.arange(8.0)), rows, start, start + 1, segment_video(rows))
+    assert (out["key_moment"]["start"], out["key_moment"]["end"]) == (0, 30) and len(out["moments"]) == 1
+    one = find_moments(unit(np.arange(8.0)), rows[:1], start[:1], start[:1] + 1, segment_video(rows[:1]))
+    assert (one["key_moment"]["start"], one["key_moment"]["end"]) == (0, 1)
+
+
+def test_bad_inputs_are_refused() -> None:
+    rows, start, end, query = long_video(n=100, event=(40, 50))
+    seg = segment_video(rows)
+    with pytest.raises(ValueError, match="expected"):
+        find_moments(query[:10], rows, start, end, seg)
+    with pytest.raises(ValueError, match="start"):
+        find_moments(query, rows, start[:50], end, seg)
+    with pytest.raises(ValueError, match="partition"):
+        find_moments(query, rows[:90], start[:90], end[:90], seg)
+
+
+def test_encode_rows_gives_each_models_finest_rows_in_the_query_space() -> None:
+    import torch
+
+    from prvr.bridge import BridgeConfig, BridgeModel
+    from prvr.model import MSSL, MSSLConfig
+    from prvr.search import frame_times
+
+    torch.manual_seed(0)
+    rng = np.random.default_rng(5)
+    mssl = MSSL(MSSLConfig(visual_dim=12, query_dim=6, hidden_size=16, max_ctx_l=64)).eval()
+    bridge = BridgeModel(torch.nn.Linear(12, 20), torch.randn(20, 6), BridgeConfig(max_ctx_l=64))
+    for n in (5, 200):  # within and past max_ctx_l
+        rows = rng.normal(size=(n, 12)).astype(np.float32)
+        start = np.arange(n, dtype=np.float32) * 0.5
+        vectors, s, e = mssl.encode_rows(rows, start, start + 0.5)
+        frames = mssl.encode_videos([rows]).frames[0, : min(n, 64)]
+        assert vectors.shape == (min(n, 64), 16) and vectors.dtype == np.float32
+        np.testing.assert_allclose(vectors, torch.nn.functional.normalize(frames, dim=-1).numpy(), atol=1e-5)
+        np.testing.assert_allclose((s + e) / 2, frame_times(start, start + 0.5, 64), atol=1e-5)
+        last = n if n <= 64 else n - 1  # the official re-binning never uses the last row
+        assert s[0] == 0 and e[-1] == last * 0.5
+        vectors, s, e = bridge.encode_rows(rows, start, start + 0.5)  # every row, no max_ctx_l cap
+        assert vectors.shape == (n, 6)
+        np.testing.assert_allclose(vectors, bridge.to_text_space(rows).numpy(), atol=1e-6)
+        np.testing.assert_allclose(np.linalg.norm(vectors, axis=1), 1, atol=1e-5)
+        np.testing.assert_array_equal(s, start)
