@@ -207,6 +207,40 @@ def caption_examples(captions: Sequence[object], limit: int = 24) -> list[str]:
     return list(dict.fromkeys(ordered))[:limit]
 
 
+def warm_search_kernels(model: object, profile: str) -> threading.Thread:
+    """Compile (first start in a checkout, about a minute on 2 cores) or load the index's numba search
+    kernels in a background thread, by searching a throwaway two-video index of random rows."""
+    from extract.profiles import get_profile
+    from prvr.gallery import GalleryVideo
+    from prvr.index import IndexConfig, VideoIndex
+
+    dims = get_profile(profile)
+
+    def run() -> None:
+        t0 = time.perf_counter()
+        log.info("preparing the search kernels in the background (about a minute on a checkout's first "
+                 "start, while numba compiles them; about a second once cached)")
+        rng = np.random.default_rng(0)
+        try:
+            with tempfile.TemporaryDirectory(prefix="prvr-kernels-") as tmp:
+                index = VideoIndex.create(Path(tmp) / "index", model, IndexConfig())
+                videos = []
+                for i, n in enumerate((40, 70)):
+                    rows = np.abs(rng.normal(size=(n, dims.visual_dim))).astype(np.float32)
+                    times = np.arange(n, dtype=np.float64)
+                    videos.append(GalleryVideo(f"warm{i}", rows, times, times + 1.0, float(n)))
+                index.add(videos)
+                index.search(rng.normal(size=(6, dims.text_dim)).astype(np.float32), k=1)
+        except Exception:  # noqa: BLE001 - only a head start: the first real search compiles instead
+            log.exception("warming the search kernels failed; the first search will compile them")
+            return
+        log.info("search kernels ready in %.1f s", time.perf_counter() - t0)
+
+    thread = threading.Thread(target=run, name="warm-search-kernels", daemon=True)
+    thread.start()
+    return thread
+
+
 class Predictor:
     """Model + shared index + upload pipeline; see the module docstring. Thread-safe."""
 
@@ -234,14 +268,22 @@ class Predictor:
     def from_settings(cls, settings: AppSettings) -> Predictor:
         """Load the model, open or build the shared index (demo gallery + optional folder)."""
         t0 = time.perf_counter()
+        log.info("loading the model and its feature extractors")
         model, info, profile = load_model(settings)
+        kernels = warm_search_kernels(model, profile)  # compiles while the gallery renders and extracts
         predictor = cls(settings, model, info, profile)
         predictor.sweep_media()
+        if not len(predictor.index):
+            log.info("first start with %s: rendering and indexing the demo gallery (about a minute on 2 "
+                     "cores; later starts reuse it)", settings.data_dir)
         predictor.add_demo_gallery()
         if settings.gallery is not None:
             predictor.sync_folder(settings.gallery)
         shutil.rmtree(predictor.sessions_dir, ignore_errors=True)  # sessions of a previous run are gone
-        if len(predictor.index):  # compile (first start) or load the search kernels now, not in a search
+        if kernels.is_alive():
+            log.info("waiting for the search kernels (still compiling)")
+        kernels.join()
+        if len(predictor.index):  # load the search kernels now (compiled above), not in a user's search
             predictor.index.search(predictor.examples[0] if predictor.examples else "a video", k=1)
         log.info("ready in %.1f s: %d videos in %s", time.perf_counter() - t0, len(predictor.index),
                  predictor.index_dir)

@@ -170,7 +170,8 @@ def test_uploaded_clip_becomes_searchable_in_its_session_only(app_url: str) -> N
     assert after["videos"] == before["videos"] + 1 and after["session_videos"] == 1
     results = mine.predict("a person drinks water from a cup", 10, 0.7, api_name="/search")["results"]
     hit = next(r for r in results if r["video_id"] == added["video_id"])
-    assert hit["video_file"].endswith(".mp4")  # the AVI was re-encoded to a browser-playable mp4
+    assert hit["video_url"].endswith(".mp4")  # the AVI was re-encoded to a browser-playable mp4
+    assert "path" not in hit and "video_file" not in hit  # no server paths in API results
     assert hit["duration"] == pytest.approx(3.43, abs=0.1)
     # another browser session does not see it, and the same bytes again are a recognised duplicate
     seen_by_other = other.predict("a person drinks water", 10, 0.7, api_name="/search")["results"]
