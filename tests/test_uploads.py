@@ -146,3 +146,17 @@ p.add_video({str(clip)!r})
     predictor.sweep_media()
     assert not any(p.is_file() for p in predictor.media_dir.rglob("*"))
     assert len(predictor.index) == 0
+
+
+def test_search_kernels_warm_in_the_background(model, caplog: pytest.LogCaptureFixture) -> None:  # noqa: ANN001
+    import logging
+
+    from prvr.predictor import warm_search_kernels
+
+    with caplog.at_level(logging.INFO, logger="prvr.predictor"):
+        thread = warm_search_kernels(model, "lite")
+        thread.join(timeout=300)
+    assert not thread.is_alive()
+    messages = [r.getMessage() for r in caplog.records if r.name == "prvr.predictor"]
+    assert messages[0].startswith("preparing the search kernels in the background")
+    assert messages[-1].startswith("search kernels ready in"), messages  # a failure logs an exception
