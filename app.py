@@ -23,6 +23,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import quote
 
+from starlette.requests import Request
+from starlette.responses import FileResponse, PlainTextResponse, Response
+from starlette.routing import Route
+
 import extract  # noqa: F401  - before gradio/torch: applies the torchvision CPU fix
 
 os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
@@ -378,6 +382,13 @@ class ClosedSessions:
                 self._galleries[request.session_hash] = gallery
         return gallery
 
+    def galleries(self) -> list[SessionGallery]:
+        """The live tracked galleries (those deleted by their time-to-live are forgotten here)."""
+        with self._lock:
+            for key in [k for k, g in self._galleries.items() if not g.root.exists()]:
+                del self._galleries[key]
+            return list(self._galleries.values())
+
     def close_later(self, request: gr.Request) -> None:
         """``demo.unload`` handler: delete the closed session's uploads after the grace period."""
         with self._lock:
@@ -391,6 +402,20 @@ class ClosedSessions:
 closed_sessions = ClosedSessions()
 
 
+VIDEO_ROUTE = "/prvr/video/"  # + a video id: the video file, for API clients (no server paths)
+
+
+def video_route(predictor: Predictor) -> Route:
+    """``GET /prvr/video/<video id>``: a gallery video (or a live session upload) by id, with HTTP ranges."""
+    async def serve(request: Request) -> Response:
+        path = predictor.video_file(request.path_params["video_id"], closed_sessions.galleries())
+        if path is None or not path.is_file():
+            return PlainTextResponse("no video with this id", status_code=404)
+        return FileResponse(path, media_type="video/mp4" if path.suffix == ".mp4" else None)
+
+    return Route(VIDEO_ROUTE + "{video_id:path}", serve, methods=["GET", "HEAD"])
+
+
 def api_result(result: dict) -> dict:
     """A result for API clients: no server path, but a ``video_url`` to fetch the video from this app
     and a ``moment_url`` that starts playback at the key moment (a media fragment, ``#t=<seconds>``).
@@ -399,7 +424,7 @@ def api_result(result: dict) -> dict:
     whole result by a downloaded video; the server path is no use to a remote client anyway.
     """
     out = {k: v for k, v in result.items() if k != "path"}
-    out["video_url"] = f"/gradio_api/file={quote(result['path'])}"
+    out["video_url"] = VIDEO_ROUTE + quote(result["video_id"])
     out["moment_url"] = f"{out['video_url']}#t={result['key_moment']['start']:.2f}"
     return out
 
@@ -478,7 +503,7 @@ def main(argv: list[str] | None = None) -> None:
     demo.launch(server_name=settings.host, server_port=settings.port, css=CSS,
                 theme=gr.themes.Soft(primary_hue="indigo"), allowed_paths=predictor.static_paths(),
                 max_file_size=settings.max_upload_mb * gr.FileSize.MB, footer_links=["api", "gradio"],
-                mcp_server=settings.mcp)
+                mcp_server=settings.mcp, app_kwargs={"routes": [video_route(predictor)]})
 
 
 if __name__ == "__main__":

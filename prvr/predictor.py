@@ -538,6 +538,14 @@ class Predictor:
                                       "per session.", "Start a new session to add more (in a browser: reload "
                                       "the page; through the API: connect a new client).")
 
+    def video_file(self, video_id: str, sessions: Sequence[SessionGallery] = ()) -> Path | None:
+        """The playable file of a live video of the shared gallery or of one of ``sessions``, or None."""
+        for index in [self.index] + [s.index for s in sessions]:
+            record = self._record(video_id, index)
+            if record is not None and record.get("path"):
+                return self.settings.data_dir / record["path"]  # joins a relative path, keeps an absolute
+        return None
+
     def _find_sha(self, sha: str, session: SessionGallery | None) -> dict | None:
         """The record of an indexed video with these bytes, in the shared or the session index."""
         for index in (self.index, session.index if session else None):
@@ -560,7 +568,8 @@ class Predictor:
                           "metrics": self.info.metrics, "fingerprint": self.model.fingerprint()[:12]},
                 "profile": {"name": self.profile, "description": get_profile(self.profile).description},
                 "videos": shared + private, "shared_videos": shared, "session_videos": private,
-                "index": f"{self.index.cfg.mode} search over all proposals, persistent in {self.index_dir}",
+                "index": f"{self.index.cfg.mode} search over all proposals, persistent in the data "
+                         f"directory (indexes/{self.index_dir.name})",  # no server paths in the API
                 "uploads": uploads}
 
     def example_queries(self) -> list[str]:

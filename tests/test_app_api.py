@@ -7,6 +7,7 @@ full server over the demo gallery is tests/test_app.py's.
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import socket
 from pathlib import Path
@@ -73,7 +74,8 @@ def served(tmp_path_factory: pytest.TempPathFactory):  # noqa: ANN201
     demo.queue()
     port = free_port()
     demo.launch(server_name="127.0.0.1", server_port=port, prevent_thread_lock=True, mcp_server=True,
-                allowed_paths=predictor.static_paths(), quiet=True)
+                allowed_paths=predictor.static_paths(), quiet=True,
+                app_kwargs={"routes": [app.video_route(predictor)]})
     try:
         yield f"http://127.0.0.1:{port}/", predictor
     finally:
@@ -102,13 +104,19 @@ def test_api_results_carry_urls_not_server_paths(served: tuple) -> None:
     from gradio_client import Client
 
     url, predictor = served
-    response = Client(url, verbose=False).predict("a colourful gradient", 5, 0.7, api_name="/search")
+    client = Client(url, verbose=False)
+    response = client.predict("a colourful gradient", 5, 0.7, api_name="/search")
     hit = response["results"][0]
-    assert "path" not in hit and "video_file" not in hit
-    assert hit["video_url"].startswith("/gradio_api/file=") and hit["moment_url"].startswith(hit["video_url"])
-    assert hit["moment_url"].endswith(f"#t={hit['key_moment']['start']:.2f}")
+    server_dirs = [str(predictor.settings.data_dir), str(predictor.settings.data_dir.resolve())]
+    for text in (json.dumps(response), json.dumps(client.predict(api_name="/info"))):
+        assert not any(d in text for d in server_dirs), text
+    assert hit["video_url"] == "/prvr/video/" + hit["video_id"].replace(":", "%3A")
+    assert hit["moment_url"] == hit["video_url"] + f"#t={hit['key_moment']['start']:.2f}"
     video = httpx.get(url.rstrip("/") + hit["video_url"], timeout=30)
     assert video.status_code == 200 and video.content[4:8] == b"ftyp"  # the mp4 itself
+    part = httpx.get(url.rstrip("/") + hit["video_url"], headers={"Range": "bytes=0-99"}, timeout=30)
+    assert part.status_code == 206 and part.content == video.content[:100]  # players seek with ranges
+    assert httpx.get(url + "prvr/video/upload%3Anothere", timeout=30).status_code == 404
 
 
 def test_mcp_lists_search_and_add_video_and_searches(served: tuple) -> None:
