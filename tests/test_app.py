@@ -286,7 +286,7 @@ def test_playable_mp4_is_kept_and_garbage_is_a_media_error(tmp_path: Path) -> No
 def test_settings_come_from_flags_then_environment_then_defaults(monkeypatch: pytest.MonkeyPatch) -> None:
     from prvr.predictor import AppSettings
 
-    for name in ("PRVR_UPLOADS", "PRVR_HOST", "PRVR_PORT", "PRVR_MAX_UPLOAD_MB", "SPACE_ID"):
+    for name in ("PRVR_UPLOADS", "PRVR_HOST", "PRVR_PORT", "PRVR_MAX_UPLOAD_MB", "SPACE_ID", "PRVR_MCP"):
         monkeypatch.delenv(name, raising=False)
     local = AppSettings.from_args([])
     assert (local.host, local.port, local.uploads) == ("127.0.0.1", 7860, "shared")
@@ -300,6 +300,12 @@ def test_settings_come_from_flags_then_environment_then_defaults(monkeypatch: py
     assert AppSettings.from_args(["--data-dir", "~/x"]).data_dir == Path.home() / "x"
     with pytest.raises(SystemExit):
         AppSettings.from_args(["--uploads", "everyone"])
+    assert not local.mcp and AppSettings.from_args(["--mcp"]).mcp
+    assert not AppSettings.from_args(["--mcp", "no"]).mcp
+    monkeypatch.setenv("PRVR_MCP", "1")
+    assert AppSettings.from_args([]).mcp and not AppSettings.from_args(["--mcp", "0"]).mcp
+    with pytest.raises(SystemExit):
+        AppSettings.from_args(["--mcp", "maybe"])
     monkeypatch.setenv("PRVR_MAX_UPLOAD_MB", "0")
     with pytest.raises(SystemExit):
         AppSettings.from_args([])
