@@ -118,3 +118,16 @@ def test_reference_bank_is_large_and_not_the_demo_captions() -> None:
     spec = json.loads((REFERENCE_CAPTIONS.parent / "demo_gallery.json").read_text())
     demo = {c for photo in spec["photos"].values() for c in photo["captions"]}
     assert not demo & set(captions)
+
+
+def test_demo_gallery_meets_the_issue_targets() -> None:
+    """Issue 20's acceptance on the real default model: no off-topic or nonsense query is a strong match,
+    >= 80 % of the captions label their own video high or medium, labels survive 10 new videos."""
+    from benchmarks.confidence import run
+
+    report = run()
+    got = report["calibrated"]
+    assert got["off_topic_high"] == 0 and got["nonsense_high"] == 0, got
+    assert got["captions_high_or_medium"] >= 0.8, got
+    assert report["stable_when_gallery_grows"] == 1.0
+    assert report["ms_per_search_10_hits"] < 1.0
