@@ -8,8 +8,9 @@ depends only on that pair's score, on numbers stored with the video, on the mode
 Charades caption), never on what else is in the gallery. This is query-bank normalisation (Bogolin et al.,
 "Cross Modal Retrieval with Querybank Normalisation", CVPR 2022) reduced to two cuts per video:
 
-- at indexing time ``Calibrator.video_nulls`` scores each video against every reference caption and keeps
-  two quantiles of those scores (a ``VideoNull``: two floats, stored in the video's record);
+- at indexing time ``Calibrator.video_nulls`` (or ``nulls_for_rows`` on raw rows) scores each video against
+  every reference caption and keeps two quantiles of those scores (a ``VideoNull``: two floats, stored in
+  the video's record under ``NULL_FIELD``; ``Calibrator.fingerprint()`` says when they must be recomputed);
 - at search time a hit is ``high`` when its score beats every reference caption on that video
   (``high_quantile`` = 1.0), ``medium`` when it beats ``medium_quantile`` = 80 % of them, ``low`` otherwise,
   and a response has no strong match when no hit is ``high``.
@@ -36,6 +37,7 @@ log = logging.getLogger(__name__)
 
 REFERENCE_CAPTIONS = Path(__file__).resolve().parents[1] / "assets" / "reference_captions.txt"
 LABELS = ("high", "medium", "low")
+NULL_FIELD = "confidence_null"  # the video record's key for ``VideoNull.to_list()``
 
 
 def load_reference_captions(path: Path = REFERENCE_CAPTIONS) -> list[str]:
@@ -73,6 +75,12 @@ class VideoNull:
         """Inverse of ``to_list``."""
         medium, high = (float(v) for v in values)
         return cls(medium, high)
+
+    @classmethod
+    def from_record(cls, record: dict) -> VideoNull | None:
+        """The cuts stored in a video record under ``NULL_FIELD``; None when it has none (older index)."""
+        values = record.get(NULL_FIELD)
+        return None if values is None else cls.from_list(values)
 
 
 def _cached_tokens(text_encoder, captions: list[str], cache_dir: Path | None) -> list[np.ndarray]:  # noqa: ANN001
@@ -137,13 +145,15 @@ class Calibrator:
         return out
 
     @staticmethod
-    def label(score: float, null: VideoNull) -> str:
-        """high / medium / low for one (query, video) score given that video's cuts."""
+    def label(score: float, null: VideoNull | None) -> str:
+        """high / medium / low for one (query, video) score given that video's cuts (None: unknown, low)."""
+        if null is None:
+            return "low"  # never claim a strong match without the video's cuts
         if score > null.high:
             return "high"
         return "medium" if score > null.medium else "low"
 
-    def labels(self, scores: Sequence[float], nulls: Sequence[VideoNull]) -> list[str]:
+    def labels(self, scores: Sequence[float], nulls: Sequence[VideoNull | None]) -> list[str]:
         """One label per hit: ``scores[i]`` is the query's score on the video with cuts ``nulls[i]``."""
         if len(scores) != len(nulls):
             raise ValueError(f"{len(scores)} scores but {len(nulls)} video nulls")

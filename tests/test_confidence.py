@@ -12,6 +12,7 @@ import torch.nn.functional as F
 import prvr  # noqa: F401  - applies the compatibility fix first
 from prvr.bridge import BridgeConfig, BridgeModel
 from prvr.confidence import (
+    NULL_FIELD,
     REFERENCE_CAPTIONS,
     Calibrator,
     ConfidenceConfig,
@@ -94,6 +95,9 @@ def test_cuts_are_strict_and_abstain_means_no_high(cal: Calibrator) -> None:
     assert got == ["low", "medium", "medium", "high"]
     assert Calibrator.no_strong_match(["medium", "low"]) and not Calibrator.no_strong_match(["low", "high"])
     assert VideoNull.from_list(json.loads(json.dumps(null.to_list()))) == null
+    record = json.loads(json.dumps({"id": "v", NULL_FIELD: null.to_list()}))
+    assert VideoNull.from_record(record) == null and VideoNull.from_record({"id": "old"}) is None
+    assert cal.labels([0.9, 0.9], [null, None]) == ["high", "low"]  # no stored cuts: never strong
     with pytest.raises(ValueError, match="2 scores but 1 video nulls"):
         cal.labels([0.1, 0.2], [null])
     with pytest.raises(ValueError, match="medium_quantile"):
