@@ -236,8 +236,10 @@ def info_markdown(info: dict) -> str:
 # ---------------------------------------------------------------------------------------------- UI
 
 
-def build_ui(predictor: Predictor) -> gr.Blocks:
-    """All widgets and events; per-user data lives only in the session state."""
+def build_ui(predictor: Predictor, sessions: ClosedSessions | None = None) -> gr.Blocks:
+    """All widgets and events; per-user data lives only in the session state (``sessions`` only maps a
+    browser session to its private gallery, to delete it when the tab closes and to serve its videos)."""
+    sessions = sessions if sessions is not None else ClosedSessions()
     settings = predictor.settings
     with gr.Blocks(title="PRVR video search", delete_cache=(3600, 6 * 3600)) as demo:
         # Session-private uploads (public host): a small index in a temp dir, deleted with the session.
@@ -260,7 +262,7 @@ def build_ui(predictor: Predictor) -> gr.Blocks:
             summary = gr.HTML()
             slots = [result_card() for _ in range(MAX_CARDS)]
         with gr.Tab("Add videos"):
-            added = add_videos_tab(predictor, session)
+            added = add_videos_tab(predictor, session, sessions)
         with gr.Tab("About this model"):
             info = gr.Markdown(info_markdown(predictor.describe()))
 
@@ -289,8 +291,8 @@ def build_ui(predictor: Predictor) -> gr.Blocks:
 
         demo.load(refresh_info, [session], [info], api_visibility="private")
         added.then(refresh_info, [session], [info], api_visibility="private")
-        api_endpoints(predictor, session)
-        demo.unload(closed_sessions.close_later)
+        api_endpoints(predictor, session, sessions)
+        demo.unload(sessions.close_later)
     return demo
 
 
@@ -311,7 +313,7 @@ def result_card() -> CardSlot:
     return CardSlot(group, info, player)
 
 
-def add_videos_tab(predictor: Predictor, session: gr.State) -> gr.events.Dependency:
+def add_videos_tab(predictor: Predictor, session: gr.State, sessions: ClosedSessions) -> gr.events.Dependency:
     """Upload one or more videos; each goes validate -> transcode -> extract -> index, with progress."""
     settings = predictor.settings
     limits = f"Up to {settings.max_upload_mb} MB and {settings.max_duration_s / 60:.0f} minutes each"
@@ -331,7 +333,7 @@ def add_videos_tab(predictor: Predictor, session: gr.State) -> gr.events.Depende
             return "Choose one or more video files first.", state
         rows = ["| file | result | details |", "|---|---|---|"]
         for i, path in enumerate(paths):
-            state = closed_sessions.track(request, predictor.ensure_session(state))
+            state = sessions.track(request, predictor.ensure_session(state))
             name = os.path.basename(path)  # Gradio keeps the user's file name on its copy
             report = file_progress(progress, i, len(paths), name)
             outcome = predictor.add_video(path, state, progress=report, name=name)
@@ -399,16 +401,14 @@ class ClosedSessions:
             timer.start()
 
 
-closed_sessions = ClosedSessions()
-
 
 VIDEO_ROUTE = "/prvr/video/"  # + a video id: the video file, for API clients (no server paths)
 
 
-def video_route(predictor: Predictor) -> Route:
+def video_route(predictor: Predictor, sessions: ClosedSessions) -> Route:
     """``GET /prvr/video/<video id>``: a gallery video (or a live session upload) by id, with HTTP ranges."""
     async def serve(request: Request) -> Response:
-        path = predictor.video_file(request.path_params["video_id"], closed_sessions.galleries())
+        path = predictor.video_file(request.path_params["video_id"], sessions.galleries())
         if path is None or not path.is_file():
             return PlainTextResponse("no video with this id", status_code=404)
         return FileResponse(path, media_type="video/mp4" if path.suffix == ".mp4" else None)
@@ -429,7 +429,7 @@ def api_result(result: dict) -> dict:
     return out
 
 
-def api_endpoints(predictor: Predictor, session: gr.State) -> None:
+def api_endpoints(predictor: Predictor, session: gr.State, sessions: ClosedSessions) -> None:
     """Named endpoints for programs: /search, /add_video and /info (the session state is implicit).
 
     The functions' names and docstrings are also the MCP tools' names and descriptions (``--mcp``).
@@ -476,7 +476,7 @@ def api_endpoints(predictor: Predictor, session: gr.State) -> None:
         """
         if not video:
             raise gr.Error("No file was sent.", print_exception=False)
-        state = closed_sessions.track(request, predictor.ensure_session(state))
+        state = sessions.track(request, predictor.ensure_session(state))
         outcome = predictor.add_video(video, state, name=os.path.basename(video))
         discard_upload_copy(video)
         return outcome, state
@@ -498,12 +498,13 @@ def main(argv: list[str] | None = None) -> None:
     settings = AppSettings.from_args(argv)
     predictor = Predictor.from_settings(settings)
     gr.set_static_paths(predictor.static_paths())  # gallery videos are served in place, never copied
-    demo = build_ui(predictor)
+    sessions = ClosedSessions()
+    demo = build_ui(predictor, sessions)
     demo.queue(max_size=64, default_concurrency_limit=2)
     demo.launch(server_name=settings.host, server_port=settings.port, css=CSS,
                 theme=gr.themes.Soft(primary_hue="indigo"), allowed_paths=predictor.static_paths(),
                 max_file_size=settings.max_upload_mb * gr.FileSize.MB, footer_links=["api", "gradio"],
-                mcp_server=settings.mcp, app_kwargs={"routes": [video_route(predictor)]})
+                mcp_server=settings.mcp, app_kwargs={"routes": [video_route(predictor, sessions)]})
 
 
 if __name__ == "__main__":

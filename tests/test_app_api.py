@@ -70,12 +70,13 @@ def served(tmp_path_factory: pytest.TempPathFactory):  # noqa: ANN201
     assert predictor.add_video(write_clip(tmp / "gradient.mp4"))["status"] == "added"
     predictor.settings.uploads = "session"
     gr.set_static_paths(predictor.static_paths())
-    demo = app.build_ui(predictor)
+    sessions = app.ClosedSessions()
+    demo = app.build_ui(predictor, sessions)
     demo.queue()
     port = free_port()
     demo.launch(server_name="127.0.0.1", server_port=port, prevent_thread_lock=True, mcp_server=True,
                 allowed_paths=predictor.static_paths(), quiet=True,
-                app_kwargs={"routes": [app.video_route(predictor)]})
+                app_kwargs={"routes": [app.video_route(predictor, sessions)]})
     try:
         yield f"http://127.0.0.1:{port}/", predictor
     finally:
@@ -159,3 +160,21 @@ def test_a_closed_tab_private_uploads_are_deleted_after_the_grace(tmp_path: Path
     while mine.exists() and time.monotonic() < deadline:
         time.sleep(0.05)
     assert not mine.exists() and other.exists()
+
+
+def test_a_session_upload_is_served_and_gradio_keeps_no_copy(served: tuple, tmp_path: Path) -> None:
+    import gradio as gr
+    import httpx
+    from gradio_client import Client, handle_file
+
+    url, _ = served
+    clip = write_clip(tmp_path / "my holiday clip.mp4", frames=30, size=(80, 48))
+    client = Client(url, verbose=False)
+    added = client.predict(handle_file(str(clip)), api_name="/add_video")
+    assert added["status"] == "added", added
+    assert added["message"].startswith("my holiday clip.mp4: added in your session")
+    assert not list(Path(gr.utils.get_upload_folder()).rglob("my holiday clip.mp4"))  # Gradio's copy is gone
+    hits = client.predict("a colourful gradient", 10, 0.7, api_name="/search")["results"]
+    mine = next(h for h in hits if h["video_id"] == added["video_id"])
+    video = httpx.get(url.rstrip("/") + mine["video_url"], timeout=30)
+    assert video.status_code == 200 and video.content == clip.read_bytes()
