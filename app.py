@@ -322,15 +322,16 @@ def add_videos_tab(predictor: Predictor, session: gr.State, sessions: ClosedSess
                     f"{settings.max_uploads_per_session} per session.")
     else:
         gr.Markdown(f"Videos you add join the shared gallery and stay after a restart. {limits}.")
-    files = gr.File(file_count="multiple", file_types=["video"], label="Videos")
+    files = gr.File(file_count="multiple", file_types=["video"], label="Videos", elem_id="upload-files")
     add_btn = gr.Button("Add to gallery", variant="primary")
     status = gr.Markdown("One row per file will appear here.", min_height=90)  # room for the progress bar
 
     def add_files(paths: list[str] | None, state: SessionGallery | None, request: gr.Request,
-                  progress: gr.Progress = gr.Progress()) -> tuple[str, SessionGallery | None]:  # noqa: B008
-        """Add every file, one after the other, and report per file."""
+                  progress: gr.Progress = gr.Progress()) -> tuple[str, SessionGallery | None, None]:  # noqa: B008
+        """Add every file, one after the other, and report per file; the file list is emptied (the
+        server's copies are deleted once handled, so a second click could not read them)."""
         if not paths:
-            return "Choose one or more video files first.", state
+            return "Choose one or more video files first.", state, None
         rows = ["| file | result | details |", "|---|---|---|"]
         for i, path in enumerate(paths):
             state = sessions.track(request, predictor.ensure_session(state))
@@ -339,9 +340,9 @@ def add_videos_tab(predictor: Predictor, session: gr.State, sessions: ClosedSess
             outcome = predictor.add_video(path, state, progress=report, name=name)
             discard_upload_copy(path)
             rows.append(f"| {md_cell(name)} | {outcome['status']} | {md_cell(outcome['message'])} |")
-        return "\n".join(rows), state
+        return "\n".join(rows), state, None
 
-    return add_btn.click(add_files, [files, session], [status, session], api_visibility="private",
+    return add_btn.click(add_files, [files, session], [status, session, files], api_visibility="private",
                          concurrency_id="heavy", concurrency_limit=1)
 
 
