@@ -59,7 +59,8 @@ def test_gradio_copy_of_an_upload_is_removed_but_nothing_else(tmp_path: Path,
 
 @pytest.fixture(scope="module")
 def served(tmp_path_factory: pytest.TempPathFactory):  # noqa: ANN201
-    """(URL, predictor) of the app with MCP on, over one indexed synthetic clip; closed afterwards."""
+    """(URL, predictor, session registry) of the app with MCP on, over one indexed synthetic clip (session
+    uploads; a closed tab's uploads are deleted 1 s after); closed afterwards."""
     import gradio as gr
 
     from prvr.bridge import BridgeModel
@@ -70,7 +71,7 @@ def served(tmp_path_factory: pytest.TempPathFactory):  # noqa: ANN201
     assert predictor.add_video(write_clip(tmp / "gradient.mp4"))["status"] == "added"
     predictor.settings.uploads = "session"
     gr.set_static_paths(predictor.static_paths())
-    sessions = app.ClosedSessions()
+    sessions = app.ClosedSessions(grace_s=1.0)
     demo = app.build_ui(predictor, sessions)
     demo.queue()
     port = free_port()
@@ -78,7 +79,7 @@ def served(tmp_path_factory: pytest.TempPathFactory):  # noqa: ANN201
                 allowed_paths=predictor.static_paths(), quiet=True,
                 app_kwargs={"routes": [app.video_route(predictor, sessions)]})
     try:
-        yield f"http://127.0.0.1:{port}/", predictor
+        yield f"http://127.0.0.1:{port}/", predictor, sessions
     finally:
         demo.close()
 
@@ -104,7 +105,7 @@ def test_api_results_carry_urls_not_server_paths(served: tuple) -> None:
     import httpx
     from gradio_client import Client
 
-    url, predictor = served
+    url, predictor, _ = served
     client = Client(url, verbose=False)
     response = client.predict("a colourful gradient", 5, 0.7, api_name="/search")
     hit = response["results"][0]
@@ -167,7 +168,7 @@ def test_a_session_upload_is_served_and_gradio_keeps_no_copy(served: tuple, tmp_
     import httpx
     from gradio_client import Client, handle_file
 
-    url, _ = served
+    url = served[0]
     clip = write_clip(tmp_path / "my holiday clip.mp4", frames=30, size=(80, 48))
     client = Client(url, verbose=False)
     added = client.predict(handle_file(str(clip)), api_name="/add_video")
@@ -178,3 +179,33 @@ def test_a_session_upload_is_served_and_gradio_keeps_no_copy(served: tuple, tmp_
     mine = next(h for h in hits if h["video_id"] == added["video_id"])
     video = httpx.get(url.rstrip("/") + mine["video_url"], timeout=30)
     assert video.status_code == 200 and video.content == clip.read_bytes()
+
+
+def test_closing_the_tab_deletes_its_uploads_within_seconds(served: tuple, tmp_path: Path) -> None:
+    import shutil
+    import time
+
+    sync_api = pytest.importorskip("playwright.sync_api", reason="the playwright package is not installed")
+    chromium = shutil.which("chromium")
+    if chromium is None:
+        pytest.skip("no chromium: install Debian's chromium package to run the browser test")
+    url, predictor, sessions = served
+    clip = write_clip(tmp_path / "tab clip.mp4", frames=26, size=(96, 48))
+    before = {g.root for g in sessions.galleries()}  # other tests' sessions
+    with sync_api.sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=chromium, args=["--headless", "--no-sandbox"])
+        page = browser.new_page()
+        page.goto(url)
+        page.get_by_role("tab", name="Add videos").click()
+        page.locator("#upload-files input[type=file]").set_input_files(str(clip))
+        page.locator("#upload-files").get_by_text("tab clip.mp4").wait_for(timeout=30_000)
+        page.get_by_role("button", name="Add to gallery").click()
+        page.wait_for_selector("text=added in your session", timeout=120_000)
+        roots = [g.root for g in sessions.galleries() if g.root not in before]
+        assert len(roots) == 1 and any(roots[0].rglob("*.mp4"))
+        page.close()
+        browser.close()
+    deadline = time.monotonic() + 90  # Gradio notices the closed tab at its next heartbeat
+    while roots[0].exists() and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert not roots[0].exists(), "the closed tab's private uploads are still on disk"
