@@ -294,8 +294,14 @@ class Predictor:
         """Every file in the media dir that an index names: this index's live videos, and (conservatively)
         any video record of the other models' indexes in the data dir, which may share the media dir."""
         paths = [self.index.videos[p].get("path", "") for p in self.index.position.values()]
-        for records in (self.settings.data_dir / "indexes").glob("*/*/videos.json"):
-            if records.parent.parent != self.index_dir:
+        indexes = (self.settings.data_dir / "indexes").glob("*")
+        others = [d for d in indexes if d.is_dir() and d != self.index_dir]
+        for other in others:
+            files = list(other.glob("*/videos.json"))
+            if not files and any(p.is_dir() or p.suffix not in (".json", "") for p in other.iterdir()):
+                log.info("index %s has a layout this release does not read; keeping all media", other)
+                return {Path("/")}  # cannot tell what it names: delete nothing
+            for records in files:
                 try:
                     paths += [v.get("path", "") for v in json.loads(records.read_text())]
                 except (OSError, ValueError):

@@ -110,6 +110,12 @@ def test_start_sweeps_what_an_interrupted_upload_left(tmp_path: Path, model) -> 
     predictor.sweep_media()
     left = {p for p in predictor.media_dir.rglob("*")}
     assert left == stored | {predictor.media_dir / "aaaaaaaaaaaaaaaa.mp4"}
+    # an index in a layout this code cannot read: nothing is deleted
+    (data / "indexes" / "future-v9").mkdir()
+    (data / "indexes" / "future-v9" / "records.bin").write_bytes(b"?")
+    (predictor.media_dir / "bbbbbbbbbbbbbbbb.mp4").write_bytes(b"\0" * 10)
+    predictor.sweep_media()
+    assert (predictor.media_dir / "bbbbbbbbbbbbbbbb.mp4").exists()
 
 
 def test_a_killed_upload_leaves_nothing_after_the_next_start(tmp_path: Path) -> None:
