@@ -14,11 +14,19 @@ this file only turns its results into widgets.
 
 from __future__ import annotations
 
+import contextlib
 import html
 import logging
 import os
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
+from urllib.parse import quote
+
+from starlette.requests import Request
+from starlette.responses import FileResponse, PlainTextResponse, Response
+from starlette.routing import Route
 
 import extract  # noqa: F401  - before gradio/torch: applies the torchvision CPU fix
 
@@ -32,6 +40,7 @@ from prvr.search import QueryError, SearchResponse  # noqa: E402
 log = logging.getLogger(__name__)
 
 MAX_CARDS = 10  # card slots created at build time; the top-k slider cannot go beyond
+CLOSED_SESSION_GRACE_S = 120.0  # a closed browser tab's private uploads are deleted this long after
 CONFIDENCE_WORDS = {"high": "strong match", "medium": "possible match", "low": "weak match"}
 HEAT_STOPS = ((238, 242, 255), (129, 140, 248), (190, 18, 60))  # pale -> indigo -> crimson
 
@@ -160,17 +169,30 @@ def card_html(result: dict, clip_weight: float, score_range: tuple[float, float]
             f'<div class="hint">{hint}</div>')
 
 
+def searched_note(query: dict) -> str:
+    """What cleaning did to the query, in words ("" when it was searched as typed)."""
+    notes = []
+    if query.get("truncated"):
+        notes.append(f"your {query['original_chars']:,}-character query was shortened to its first "
+                     f"{len(query['text']):,} characters (the limit is {query['max_chars']:,})")
+    if query.get("replaced_controls"):
+        n = query["replaced_controls"]
+        notes.append(f"{n} control character{'s' if n > 1 else ''} became space{'s' if n > 1 else ''}")
+    return f'<div class="hint">Note: {"; ".join(notes)}.</div>' if notes else ""
+
+
 def summary_html(query: str, response: SearchResponse) -> str:
-    """One line above the cards; says plainly when nothing matches well instead of pretending."""
+    """One line above the cards: what was searched (as cleaned) and plainly when nothing matches well."""
     if not response.results:
         return '<div class="summary">The gallery is empty: add videos in the "Add videos" tab.</div>'
-    q = html.escape(query)
+    searched = response.query.get("text", query)  # the cleaned, possibly shortened text
+    q, note = html.escape(searched), searched_note(response.query)
     if response.no_strong_match:
         return (f'<div class="summary abstain"><b>No strong match</b> for “{q}”. These are the closest '
-                "videos, but none clearly contains the moment: treat them as guesses.</div>")
+                f"videos, but none clearly contains the moment: treat them as guesses.{note}</div>")
     counts = {c: sum(r["confidence"] == c for r in response.results) for c in ("high", "medium")}
     parts = [f"{n} {CONFIDENCE_WORDS[c]}{'es' if n > 1 else ''}" for c, n in counts.items() if n]
-    return f'<div class="summary">{" and ".join(parts)} for “{q}”.</div>'
+    return f'<div class="summary">{" and ".join(parts)} for “{q}”.{note}</div>'
 
 
 def score_range(results: list[dict]) -> tuple[float, float]:
@@ -232,8 +254,10 @@ def info_markdown(info: dict) -> str:
 # ---------------------------------------------------------------------------------------------- UI
 
 
-def build_ui(predictor: Predictor) -> gr.Blocks:
-    """All widgets and events; per-user data lives only in the session state."""
+def build_ui(predictor: Predictor, sessions: ClosedSessions | None = None) -> gr.Blocks:
+    """All widgets and events; per-user data lives only in the session state (``sessions`` only maps a
+    browser session to its private gallery, to delete it when the tab closes and to serve its videos)."""
+    sessions = sessions if sessions is not None else ClosedSessions()
     settings = predictor.settings
     with gr.Blocks(title="PRVR video search", delete_cache=(3600, 6 * 3600)) as demo:
         # Session-private uploads (public host): a small index in a temp dir, deleted with the session.
@@ -256,7 +280,7 @@ def build_ui(predictor: Predictor) -> gr.Blocks:
             summary = gr.HTML()
             slots = [result_card() for _ in range(MAX_CARDS)]
         with gr.Tab("Add videos"):
-            added = add_videos_tab(predictor, session)
+            added = add_videos_tab(predictor, session, sessions)
         with gr.Tab("About this model"):
             info = gr.Markdown(info_markdown(predictor.describe()))
 
@@ -267,6 +291,7 @@ def build_ui(predictor: Predictor) -> gr.Blocks:
             try:
                 response = predictor.search(text, int(k), w, state)
             except QueryError as problem:
+                log.warning("search refused: %s", problem)
                 return [f'<div class="summary">{html.escape(str(problem))}</div>', []] + card_updates([], w)
             results = response.results
             return [summary_html(text, response), start_positions(results)] + card_updates(results, w)
@@ -292,7 +317,8 @@ def build_ui(predictor: Predictor) -> gr.Blocks:
 
         demo.load(refresh_info, [session], [info], api_visibility="private")
         added.then(refresh_info, [session], [info], api_visibility="private")
-        api_endpoints(predictor, session)
+        api_endpoints(predictor, session, sessions)
+        demo.unload(sessions.close_later)
     return demo
 
 
@@ -313,7 +339,7 @@ def result_card() -> CardSlot:
     return CardSlot(group, info, player)
 
 
-def add_videos_tab(predictor: Predictor, session: gr.State) -> gr.events.Dependency:
+def add_videos_tab(predictor: Predictor, session: gr.State, sessions: ClosedSessions) -> gr.events.Dependency:
     """Upload one or more videos; each goes validate -> transcode -> extract -> index, with progress."""
     settings = predictor.settings
     limits = f"Up to {settings.max_upload_mb} MB and {settings.max_duration_s / 60:.0f} minutes each"
@@ -322,25 +348,27 @@ def add_videos_tab(predictor: Predictor, session: gr.State) -> gr.events.Depende
                     f"{settings.max_uploads_per_session} per session.")
     else:
         gr.Markdown(f"Videos you add join the shared gallery and stay after a restart. {limits}.")
-    files = gr.File(file_count="multiple", file_types=["video"], label="Videos")
+    files = gr.File(file_count="multiple", file_types=["video"], label="Videos", elem_id="upload-files")
     add_btn = gr.Button("Add to gallery", variant="primary")
     status = gr.Markdown("One row per file will appear here.", min_height=90)  # room for the progress bar
 
-    def add_files(paths: list[str] | None, state: SessionGallery | None,
-                  progress: gr.Progress = gr.Progress()) -> tuple[str, SessionGallery | None]:  # noqa: B008
-        """Add every file, one after the other, and report per file."""
+    def add_files(paths: list[str] | None, state: SessionGallery | None, request: gr.Request,
+                  progress: gr.Progress = gr.Progress()) -> tuple[str, SessionGallery | None, None]:  # noqa: B008
+        """Add every file, one after the other, and report per file; the file list is emptied (the
+        server's copies are deleted once handled, so a second click could not read them)."""
         if not paths:
-            return "Choose one or more video files first.", state
+            return "Choose one or more video files first.", state, None
         rows = ["| file | result | details |", "|---|---|---|"]
         for i, path in enumerate(paths):
-            state = predictor.ensure_session(state)
-            report = file_progress(progress, i, len(paths), os.path.basename(path))
-            outcome = predictor.add_video(path, state, progress=report)
-            rows.append(f"| {md_cell(os.path.basename(path))} | {outcome['status']} | "
-                        f"{md_cell(outcome['message'])} |")
-        return "\n".join(rows), state
+            state = sessions.track(request, predictor.ensure_session(state))
+            name = os.path.basename(path)  # Gradio keeps the user's file name on its copy
+            report = file_progress(progress, i, len(paths), name)
+            outcome = predictor.add_video(path, state, progress=report, name=name)
+            discard_upload_copy(path)
+            rows.append(f"| {md_cell(name)} | {outcome['status']} | {md_cell(outcome['message'])} |")
+        return "\n".join(rows), state, None
 
-    return add_btn.click(add_files, [files, session], [status, session], api_visibility="private",
+    return add_btn.click(add_files, [files, session], [status, session, files], api_visibility="private",
                          concurrency_id="heavy", concurrency_limit=1)
 
 
@@ -357,47 +385,138 @@ def md_cell(text: str) -> str:
     return html.escape(text).replace("|", "\\|").replace("\n", " ")
 
 
+def discard_upload_copy(path: str) -> None:
+    """Delete Gradio's cached copy of an upload once handled: the index keeps its own playable copy, and
+    Gradio's would otherwise stay until its cache sweep (hours), doubling the disk an upload takes."""
+    cache = Path(gr.utils.get_upload_folder()).resolve()
+    copy = Path(path).resolve()
+    if copy.is_relative_to(cache) and copy.parent != cache:
+        copy.unlink(missing_ok=True)
+        with contextlib.suppress(OSError):
+            copy.parent.rmdir()  # Gradio's per-upload folder, once empty
+
+
+class ClosedSessions:
+    """Deletes a browser session's private uploads shortly after its tab closes (Gradio itself keeps a
+    closed session's state for an hour, and ``time_to_live`` counts from the session's start)."""
+
+    def __init__(self, grace_s: float = CLOSED_SESSION_GRACE_S) -> None:
+        self.grace_s, self._lock = grace_s, threading.Lock()
+        self._galleries: dict[str, SessionGallery] = {}
+
+    def track(self, request: gr.Request | None, gallery: SessionGallery | None) -> SessionGallery | None:
+        """Remember which browser session owns ``gallery`` (None: shared uploads, nothing to track)."""
+        if gallery is not None and request is not None and request.session_hash:
+            with self._lock:
+                self._galleries[request.session_hash] = gallery
+        return gallery
+
+    def galleries(self) -> list[SessionGallery]:
+        """The live tracked galleries (those deleted by their time-to-live are forgotten here)."""
+        with self._lock:
+            for key in [k for k, g in self._galleries.items() if not g.root.exists()]:
+                del self._galleries[key]
+            return list(self._galleries.values())
+
+    def close_later(self, request: gr.Request) -> None:
+        """``demo.unload`` handler: delete the closed session's uploads after the grace period."""
+        with self._lock:
+            gallery = self._galleries.pop(request.session_hash, None) if request.session_hash else None
+        if gallery is not None:
+            timer = threading.Timer(self.grace_s, gallery.close)
+            timer.daemon = True
+            timer.start()
+
+
+
+VIDEO_ROUTE = "/prvr/video/"  # + a video id: the video file, for API clients (no server paths)
+
+
+def video_route(predictor: Predictor, sessions: ClosedSessions) -> Route:
+    """``GET /prvr/video/<video id>``: a gallery video (or a live session upload) by id, with HTTP ranges."""
+    async def serve(request: Request) -> Response:
+        path = predictor.video_file(request.path_params["video_id"], sessions.galleries())
+        if path is None or not path.is_file():
+            return PlainTextResponse("no video with this id", status_code=404)
+        return FileResponse(path, media_type="video/mp4" if path.suffix == ".mp4" else None)
+
+    return Route(VIDEO_ROUTE + "{video_id:path}", serve, methods=["GET", "HEAD"])
+
+
 def api_result(result: dict) -> dict:
-    """A result for API clients: ``path`` becomes ``video_file`` plus a fetchable ``video_url``.
+    """A result for API clients: no server path, but a ``video_url`` to fetch the video from this app
+    and a ``moment_url`` that starts playback at the key moment (a media fragment, ``#t=<seconds>``).
 
     gradio_client treats any dict with a string "path" as a file to download, which would replace the
-    whole result by a downloaded video; the server path alone is no use to a remote client anyway.
+    whole result by a downloaded video; the server path is no use to a remote client anyway.
     """
     out = {k: v for k, v in result.items() if k != "path"}
-    out["video_file"] = result["path"]
-    out["video_url"] = f"/gradio_api/file={result['path']}"
+    out["video_url"] = VIDEO_ROUTE + quote(result["video_id"])
+    out["moment_url"] = f"{out['video_url']}#t={result['key_moment']['start']:.2f}"
     return out
 
 
-def api_endpoints(predictor: Predictor, session: gr.State) -> None:
-    """Named endpoints for programs: /search, /add_video and /info (the session state is implicit)."""
+def api_endpoints(predictor: Predictor, session: gr.State, sessions: ClosedSessions) -> None:
+    """Named endpoints for programs: /search, /add_video and /info (the session state is implicit).
+
+    The functions' names and docstrings are also the MCP tools' names and descriptions (``--mcp``).
+    """
     with gr.Row(visible=False):
-        query, top_k = gr.Textbox(label="query"), gr.Number(value=5, precision=0, label="top_k")
-        weight = gr.Number(value=predictor.default_clip_weight, label="clip_weight")
-        upload = gr.File(label="video")
-        results, added, info = gr.JSON(label="results"), gr.JSON(label="status"), gr.JSON(label="info")
+        query_in, top_k_in = gr.Textbox(label="query"), gr.Number(value=5, precision=0, label="top_k")
+        weight_in = gr.Number(value=predictor.default_clip_weight, label="clip_weight")
+        upload_in = gr.File(label="video")
+        results_out, status_out = gr.JSON(label="results"), gr.JSON(label="status")
+        info_out = gr.JSON(label="info")
         search_trigger, add_trigger, info_trigger = gr.Button(), gr.Button(), gr.Button()
 
-    def api_search(text: str, k: float, w: float, state: SessionGallery | None) -> dict:
-        """Ranked results (docs/design.md Contract 4) with the no-strong-match flag and timings."""
+    def search(query: str, top_k: float, clip_weight: float, state: SessionGallery | None) -> dict:
+        """Find the videos of the gallery that contain a moment matching a sentence, best first.
+
+        Each result has the video id, title, duration, total score and its clip-scale and frame-scale
+        parts, a confidence label (high, medium, low), the key moment and up to 3 moments (start/end in
+        seconds), a per-moment similarity heatmap, and video_url / moment_url to play it from this app.
+        "no_strong_match" is true when no result is a high-confidence match.
+
+        Args:
+            query: what happens in the moment, in a few words (e.g. "a cat looking at the camera").
+            top_k: how many videos to return (1-100).
+            clip_weight: share of the clip-scale branch in the score, 0 to 1 (the model's default: 0.7).
+        """
         try:
-            response = predictor.search(text, int(k), float(w), state)
+            response = predictor.search(query, int(top_k), float(clip_weight), state)
         except QueryError as problem:
-            raise gr.Error(str(problem)) from None
+            log.warning("search refused: %s", problem)
+            raise gr.Error(str(problem), print_exception=False) from None
         return dict(response.to_dict(), results=[api_result(r) for r in response.results])
 
-    def api_add(path: str | None, state: SessionGallery | None) -> tuple[dict, SessionGallery | None]:
-        """Add one video: {status, video_id, message}."""
-        if not path:
-            raise gr.Error("No file was sent.")
-        state = predictor.ensure_session(state)
-        return predictor.add_video(path, state), state
+    def add_video(video: str | None, state: SessionGallery | None,
+                request: gr.Request) -> tuple[dict, SessionGallery | None]:
+        """Add a video to the searchable gallery (validated, made playable, indexed).
 
-    search_trigger.click(api_search, [query, top_k, weight, session], results, api_name="search",
+        Returns {status, video_id, message}: status is "added", "duplicate" (the same file is already
+        indexed; video_id is the existing one), "rejected" (the message says what is wrong with the file)
+        or "error". With session-private uploads (a public host) the video is searchable only in the
+        session that added it; each MCP call is a session of its own.
+
+        Args:
+            video: the video file (MP4, MKV, MOV, WebM or AVI).
+        """
+        if not video:
+            raise gr.Error("No file was sent.", print_exception=False)
+        state = sessions.track(request, predictor.ensure_session(state))
+        outcome = predictor.add_video(video, state, name=os.path.basename(video))
+        discard_upload_copy(video)
+        return outcome, state
+
+    def info(state: SessionGallery | None) -> dict:
+        """Describe the model, its feature profile, the number of videos (shared and yours) and the index."""
+        return predictor.describe(state)
+
+    search_trigger.click(search, [query_in, top_k_in, weight_in, session], results_out, api_name="search",
                          concurrency_id="search", concurrency_limit=8)
-    add_trigger.click(api_add, [upload, session], [added, session], api_name="add_video",
+    add_trigger.click(add_video, [upload_in, session], [status_out, session], api_name="add_video",
                       concurrency_id="heavy", concurrency_limit=1)
-    info_trigger.click(predictor.describe, [session], info, api_name="info", concurrency_limit=None)
+    info_trigger.click(info, [session], info_out, api_name="info", concurrency_limit=None)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -406,11 +525,13 @@ def main(argv: list[str] | None = None) -> None:
     settings = AppSettings.from_args(argv)
     predictor = Predictor.from_settings(settings)
     gr.set_static_paths(predictor.static_paths())  # gallery videos are served in place, never copied
-    demo = build_ui(predictor)
+    sessions = ClosedSessions()
+    demo = build_ui(predictor, sessions)
     demo.queue(max_size=64, default_concurrency_limit=2)
     demo.launch(server_name=settings.host, server_port=settings.port, css=CSS,
                 theme=gr.themes.Soft(primary_hue="indigo"), allowed_paths=predictor.static_paths(),
-                max_file_size=settings.max_upload_mb * gr.FileSize.MB, footer_links=["api", "gradio"])
+                max_file_size=settings.max_upload_mb * gr.FileSize.MB, footer_links=["api", "gradio"],
+                mcp_server=settings.mcp, app_kwargs={"routes": [video_route(predictor, sessions)]})
 
 
 if __name__ == "__main__":

@@ -47,6 +47,10 @@ class NotAVideo(MediaError):
     """The file is not a media container at all (text, random bytes, an image...)."""
 
 
+class ImageNotVideo(NotAVideo):
+    """A still image (PNG, JPEG, WebP...), whatever its file name says."""
+
+
 class NoVideoStream(MediaError):
     """A media file without a video stream (audio only)."""
 
@@ -128,6 +132,9 @@ def probe(path: str | Path, limits: DecodeLimits | None = None) -> VideoInfo:
 
     path, limits = Path(path), limits or DecodeLimits()
     _check_file(path)
+    image = image_signature(path)
+    if image:
+        raise _image_error(path, image)
     try:
         container = av.open(str(path))
     except av.error.FFmpegError as e:
@@ -149,6 +156,9 @@ def probe(path: str | Path, limits: DecodeLimits | None = None) -> VideoInfo:
         rotation = _rotation(container, stream)
         codec = stream.codec_context.name
         num_frames = int(stream.frames or 0)
+        demuxer = container.format.name
+    if demuxer.endswith("_pipe") or demuxer == "image2" or (demuxer == "gif" and num_frames <= 1):
+        raise _image_error(path, codec.upper())  # FFmpeg reads a still image as a one-frame "video"
     if width <= 0 or height <= 0 or width * height > limits.max_pixels:
         raise BadDimensions(path, f"frame size {width}x{height} is not usable (limit {limits.max_pixels} "
                                   "pixels).", "Re-encode the video at a normal resolution.")
@@ -161,6 +171,25 @@ def probe(path: str | Path, limits: DecodeLimits | None = None) -> VideoInfo:
         raise TooLong(path, f"{duration / 60:.1f} minutes is longer than the limit of "
                             f"{limits.max_duration_s / 60:.1f} minutes.", "Cut the video into shorter parts.")
     return VideoInfo(str(path), duration, fps, num_frames, width, height, rotation, codec, True, has_audio)
+
+
+_IMAGE_SIGNATURES = ((0, b"\x89PNG\r\n\x1a\n", "PNG"), (0, b"\xff\xd8\xff", "JPEG"), (8, b"WEBP", "WebP"),
+                     (0, b"BM", "BMP"), (0, b"II*\x00", "TIFF"), (0, b"MM\x00*", "TIFF"),
+                     (0, b"\x00\x00\x01\x00", "ICO"), (8, b"heic", "HEIC"), (8, b"heix", "HEIC"),
+                     (8, b"mif1", "HEIF"), (8, b"avif", "AVIF"))
+
+
+def image_signature(path: str | Path) -> str:
+    """The still-image format its first bytes announce (PNG, JPEG, WebP...), or "" for anything else."""
+    with open(path, "rb") as f:
+        head = f.read(16)
+    return next((kind for at, magic, kind in _IMAGE_SIGNATURES if head[at : at + len(magic)] == magic), "")
+
+
+def _image_error(path: Path, kind: str) -> ImageNotVideo:
+    """The message for a still image given where a video was expected."""
+    return ImageNotVideo(path, f"this is a {kind} image, not a video; there is no moment in it to find.",
+                         "Upload a video file (MP4, MKV, MOV, WebM or AVI).")
 
 
 _SIGNATURES = ((4, b"ftyp", "MP4/MOV"), (0, b"\x1aE\xdf\xa3", "MKV/WebM"), (0, b"RIFF", "AVI"),

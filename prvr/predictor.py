@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 import logging
 import os
 import shutil
@@ -73,6 +74,7 @@ class AppSettings:
     max_duration_s: float = 20 * 60.0  # longer uploads are refused (extraction runs ~1 s of video per 50 ms)
     session_ttl_s: float = 6 * 3600.0  # a session's private uploads are deleted after this much idle time
     demo_videos: str | None = None  # comma-separated demo video ids to index; None: all (fewer: faster start)
+    mcp: bool = False  # also serve the named endpoints as MCP tools at /gradio_api/mcp/ (needs gradio[mcp])
 
     def __post_init__(self) -> None:
         if self.uploads not in UPLOAD_MODES:
@@ -107,10 +109,11 @@ class AppSettings:
                                     "(repeatable; env PRVR_WEIGHTS, comma-separated)")
                 continue
             kind = {"port": int, "max_upload_mb": int, "max_uploads_per_session": int,
-                    "max_duration_s": float, "session_ttl_s": float}.get(f.name, str)
+                    "max_duration_s": float, "session_ttl_s": float, "mcp": _yes}.get(f.name, str)
+            flag = {"nargs": "?", "const": True} if kind is _yes else {}  # ``--mcp`` alone means yes
             parser.add_argument(f"--{f.name.replace('_', '-')}", type=kind, default=env,
                                 choices=UPLOAD_MODES if f.name == "uploads" else None,
-                                help=f"(env PRVR_{f.name.upper()})")
+                                help=f"(env PRVR_{f.name.upper()})", **flag)
         # argparse converts string defaults (the environment's values) with ``type`` too
         given = {k: v for k, v in vars(parser.parse_args(argv)).items() if v is not None}
         if "weights" not in given and os.environ.get("PRVR_WEIGHTS"):
@@ -120,6 +123,14 @@ class AppSettings:
         except ValueError as err:
             parser.error(str(err))
             raise  # unreachable: parser.error exits
+
+
+def _yes(text: str) -> bool:
+    """A boolean flag or variable: 1/true/yes/on or 0/false/no/off."""
+    value = str(text).strip().lower()
+    if value not in ("1", "true", "yes", "on", "0", "false", "no", "off", ""):
+        raise argparse.ArgumentTypeError(f"expected yes or no (1/0, true/false), got {text!r}")
+    return value in ("1", "true", "yes", "on")
 
 
 class UploadRefused(MediaError):
@@ -281,6 +292,40 @@ def caption_examples(captions: Sequence[object], limit: int = 24) -> list[str]:
     return list(dict.fromkeys(ordered))[:limit]
 
 
+def warm_search_kernels(model: object, profile: str) -> threading.Thread:
+    """Compile (first start in a checkout, about a minute on 2 cores) or load the index's numba search
+    kernels in a background thread, by searching a throwaway two-video index of random rows."""
+    from extract.profiles import get_profile
+    from prvr.gallery import GalleryVideo
+    from prvr.index import IndexConfig, VideoIndex
+
+    dims = get_profile(profile)
+
+    def run() -> None:
+        t0 = time.perf_counter()
+        log.info("preparing the search kernels in the background (about a minute on a checkout's first "
+                 "start, while numba compiles them; about a second once cached)")
+        rng = np.random.default_rng(0)
+        try:
+            with tempfile.TemporaryDirectory(prefix="prvr-kernels-") as tmp:
+                index = VideoIndex.create(Path(tmp) / "index", model, IndexConfig())
+                videos = []
+                for i, n in enumerate((40, 70)):
+                    rows = np.abs(rng.normal(size=(n, dims.visual_dim))).astype(np.float32)
+                    times = np.arange(n, dtype=np.float64)
+                    videos.append(GalleryVideo(f"warm{i}", rows, times, times + 1.0, float(n)))
+                index.add(videos)
+                index.search(rng.normal(size=(6, dims.text_dim)).astype(np.float32), k=1)
+        except Exception:  # noqa: BLE001 - only a head start: the first real search compiles instead
+            log.exception("warming the search kernels failed; the first search will compile them")
+            return
+        log.info("search kernels ready in %.1f s", time.perf_counter() - t0)
+
+    thread = threading.Thread(target=run, name="warm-search-kernels", daemon=True)
+    thread.start()
+    return thread
+
+
 class Predictor:
     """Model + shared index + upload pipeline; see the module docstring. Thread-safe."""
 
@@ -316,17 +361,67 @@ class Predictor:
     def from_settings(cls, settings: AppSettings) -> Predictor:
         """Load the model, open or build the shared index (demo gallery + optional folder)."""
         t0 = time.perf_counter()
+        log.info("loading the model and its feature extractors")
         model, info, profile = load_model(settings)
+        kernels = warm_search_kernels(model, profile)  # compiles while the gallery renders and extracts
         predictor = cls(settings, model, info, profile)
+        predictor.sweep_media()
+        if not len(predictor.index):
+            log.info("first start with %s: rendering and indexing the demo gallery (about a minute on 2 "
+                     "cores; later starts reuse it)", settings.data_dir)
         predictor.add_demo_gallery()
         if settings.gallery is not None:
             predictor.sync_folder(settings.gallery)
         shutil.rmtree(predictor.sessions_dir, ignore_errors=True)  # sessions of a previous run are gone
-        if len(predictor.index):  # compile (first start) or load the search kernels now, not in a search
+        if kernels.is_alive():
+            log.info("waiting for the search kernels (still compiling)")
+        kernels.join()
+        if len(predictor.index):  # load the search kernels now (compiled above), not in a user's search
             predictor.index.search(predictor.examples[0] if predictor.examples else "a video", k=1)
         log.info("ready in %.1f s: %d videos in %s", time.perf_counter() - t0, len(predictor.index),
                  predictor.index_dir)
         return predictor
+
+    # ------------------------------------------------------------------ leaving nothing behind
+    def referenced_media(self) -> set[Path]:
+        """Every file in the media dir that an index names: this index's live videos, and (conservatively)
+        any video record of the other models' indexes in the data dir, which may share the media dir."""
+        paths = [self.index.videos[p].get("path", "") for p in self.index.position.values()]
+        indexes = (self.settings.data_dir / "indexes").glob("*")
+        others = [d for d in indexes if d.is_dir() and d != self.index_dir]
+        for other in others:
+            files = list(other.glob("*/videos.json"))
+            if not files and any(p.is_dir() or p.suffix not in (".json", "") for p in other.iterdir()):
+                log.info("index %s has a layout this release does not read; keeping all media", other)
+                return {Path("/")}  # cannot tell what it names: delete nothing
+            for records in files:
+                try:
+                    paths += [v.get("path", "") for v in json.loads(records.read_text())]
+                except (OSError, ValueError):
+                    log.warning("cannot read %s; keeping all media", records)
+                    return {Path("/")}  # an unreadable record: delete nothing
+        return {(self.settings.data_dir / p).resolve() for p in paths if p}
+
+    def sweep_media(self) -> None:
+        """Delete what a crash left in the media dir: ``upload-*`` work dirs, half-written copies, and
+        stored files no index names (an upload killed between storing and indexing)."""
+        if not self.media_dir.is_dir():
+            return
+        keep = self.referenced_media()
+        if Path("/") in keep:
+            return
+        removed = 0
+        for work in self.media_dir.glob("upload-*"):
+            shutil.rmtree(work, ignore_errors=True)
+            removed += 1
+        for path in sorted(self.media_dir.rglob("*"), key=lambda p: -len(p.parts)):  # files before dirs
+            if path.is_file() and path.resolve() not in keep:
+                path.unlink(missing_ok=True)
+                removed += 1
+            elif path.is_dir() and not any(path.iterdir()):
+                path.rmdir()
+        if removed:
+            log.info("removed %d leftovers of interrupted uploads from %s", removed, self.media_dir)
 
     # ------------------------------------------------------------------ building the shared gallery
     def _encode_text(self, texts: list[str]) -> list:
@@ -457,28 +552,31 @@ class Predictor:
         return SessionGallery(root, index)
 
     def add_video(self, path: str | Path, session: SessionGallery | None = None,
-                  progress: Progress | None = None) -> dict:
+                  progress: Progress | None = None, name: str | None = None) -> dict:
         """Validate, make playable, extract and index one video: ``{status, video_id, message}``.
 
         status: "added", "duplicate" (already indexed; video_id is the existing one), "rejected" (the
         message says what is wrong with the file) or "error" (unexpected; logged with the error id).
+        ``name``: the file name the user knows (default: the path's); every message names it, never the
+        server's temporary or stored copy.
         """
         path, report = Path(path), progress or (lambda fraction, stage: None)
+        shown = Path(name).name if name else path.name
         try:
-            return self._add(path, session, report)
+            return self._add(path, session, report, shown)
         except MediaError as err:
-            log.info("upload %s rejected: %s", path.name, err)
-            return {"status": "rejected", "video_id": None, "message": str(err)}
+            log.warning("upload %s rejected: %s", shown, err.reason)
+            return {"status": "rejected", "video_id": None, "message": f"{shown}: {err.reason}"}
         except Exception:  # noqa: BLE001 - the UI must never show a stack trace; the log keeps it
             error_id = uuid.uuid4().hex[:8]
-            log.exception("upload %s failed (error id %s)", path.name, error_id)
+            log.exception("upload %s failed (error id %s)", shown, error_id)
             return {"status": "error", "video_id": None,
-                    "message": f"{path.name}: unexpected server error (error id {error_id}); nothing was "
+                    "message": f"{shown}: unexpected server error (error id {error_id}); nothing was "
                                "added."}
         finally:
             report(1.0, "done")
 
-    def _add(self, path: Path, session: SessionGallery | None, report: Progress) -> dict:
+    def _add(self, path: Path, session: SessionGallery | None, report: Progress, shown: str) -> dict:
         """The upload stages; raises MediaError for bad files, leaving every index unchanged."""
         from prvr.index import GalleryVideo
 
@@ -489,7 +587,7 @@ class Predictor:
         duplicate = self._find_sha(sha, session)
         if duplicate is not None:
             return {"status": "duplicate", "video_id": duplicate["id"],
-                    "message": f"{path.name}: already in the gallery as “{duplicate['title']}”."}
+                    "message": f"{shown}: already in the gallery as “{duplicate['title']}”."}
         index, media = (session.index, session.root / "media") if session else (self.index, self.media_dir)
         stored = self._store_playable(path, sha, media, report)
         try:
@@ -498,7 +596,8 @@ class Predictor:
             report(0.9, "indexing")
             video_id = f"upload:{sha[:12]}"
             with self._lock:
-                index.add([GalleryVideo.from_features(video_id, features, path.stem, self._portable(stored))])
+                title = Path(shown).stem
+                index.add([GalleryVideo.from_features(video_id, features, title, self._portable(stored))])
         except BaseException:
             stored.unlink(missing_ok=True)  # nothing indexed: leave no orphan file behind
             raise
@@ -507,7 +606,7 @@ class Predictor:
         notes = "".join(f" Note: {w}." for w in features.warnings)
         where = "in your session" if session is not None else "in the shared gallery"
         return {"status": "added", "video_id": video_id,
-                "message": f"{path.name}: added {where} as “{path.stem}” ({features.duration:.0f} s); "
+                "message": f"{shown}: added {where} as “{title}” ({features.duration:.0f} s); "
                            f"searchable now.{notes}"}
 
     def _store_playable(self, path: Path, sha: str, target_dir: Path, report: Progress) -> Path:
@@ -519,7 +618,9 @@ class Predictor:
         try:
             playable = ensure_browser_playable(path, work)
             stored = target_dir / f"{sha[:16]}{playable.suffix.lower()}"
-            shutil.copyfile(playable, stored)
+            if playable.parent != work:  # already playable: copy it in, then rename (whole or absent)
+                playable = Path(shutil.copyfile(playable, work / f"copy{playable.suffix.lower()}"))
+            os.replace(playable, stored)
         finally:
             shutil.rmtree(work, ignore_errors=True)
         return stored
@@ -532,8 +633,17 @@ class Predictor:
             raise UploadRefused(path, f"{size_mb:.0f} MB is more than the {limit} MB limit.",
                                 "Trim or compress the video first.")
         if session is not None and session.uploads >= self.settings.max_uploads_per_session:
-            raise UploadRefused(path, f"this session already added {session.uploads} videos, the maximum.",
-                                "Reload the page to start a new session.")
+            raise UploadRefused(path, f"this session already added {session.uploads} videos, the maximum "
+                                      "per session.", "Start a new session to add more (in a browser: reload "
+                                      "the page; through the API: connect a new client).")
+
+    def video_file(self, video_id: str, sessions: Sequence[SessionGallery] = ()) -> Path | None:
+        """The playable file of a live video of the shared gallery or of one of ``sessions``, or None."""
+        for index in [self.index] + [s.index for s in sessions]:
+            record = self._record(video_id, index)
+            if record is not None and record.get("path"):
+                return self.settings.data_dir / record["path"]  # joins a relative path, keeps an absolute
+        return None
 
     def _find_sha(self, sha: str, session: SessionGallery | None) -> dict | None:
         """The record of an indexed video with these bytes, in the shared or the session index."""
@@ -557,7 +667,8 @@ class Predictor:
                           "metrics": self.info.metrics, "fingerprint": self.model.fingerprint()[:12]},
                 "profile": {"name": self.profile, "description": get_profile(self.profile).description},
                 "videos": shared + private, "shared_videos": shared, "session_videos": private,
-                "index": f"{self.index.cfg.mode} search over all proposals, persistent in {self.index_dir}",
+                "index": f"{self.index.cfg.mode} search over all proposals, persistent in the data "
+                         f"directory (indexes/{self.index_dir.name})",  # no server paths in the API
                 "uploads": uploads}
 
     def example_queries(self) -> list[str]:

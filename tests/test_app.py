@@ -144,7 +144,7 @@ def test_demo_caption_finds_its_video_first(app_url: str, demo_gallery: tuple, c
     assert any(max(a, key["start"]) < min(b, key["end"]) for a, b in spans), (key, spans)
     assert [r["rank"] for r in results] == list(range(1, len(results) + 1))
     assert len(top["heatmap"]["score"]) == 32 and 1 <= len(top["moments"]) <= 3
-    assert top["video_url"].endswith(f"{top['video_id']}.mp4")
+    assert top["video_url"] == f"/prvr/video/{top['video_id']}"
 
 
 def test_bad_query_is_a_clear_error(app_url: str) -> None:
@@ -170,7 +170,11 @@ def test_uploaded_clip_becomes_searchable_in_its_session_only(app_url: str) -> N
     assert after["videos"] == before["videos"] + 1 and after["session_videos"] == 1
     results = mine.predict("a person drinks water from a cup", 10, 0.7, api_name="/search")["results"]
     hit = next(r for r in results if r["video_id"] == added["video_id"])
-    assert hit["video_file"].endswith(".mp4")  # the AVI was re-encoded to a browser-playable mp4
+    import httpx
+
+    video = httpx.get(app_url.rstrip("/") + hit["video_url"], timeout=30)
+    assert video.content[4:8] == b"ftyp"  # the AVI was re-encoded to a browser-playable mp4
+    assert "path" not in hit and "video_file" not in hit  # no server paths in API results
     assert hit["duration"] == pytest.approx(3.43, abs=0.1)
     # another browser session does not see it, and the same bytes again are a recognised duplicate
     seen_by_other = other.predict("a person drinks water", 10, 0.7, api_name="/search")["results"]
@@ -282,7 +286,7 @@ def test_playable_mp4_is_kept_and_garbage_is_a_media_error(tmp_path: Path) -> No
 def test_settings_come_from_flags_then_environment_then_defaults(monkeypatch: pytest.MonkeyPatch) -> None:
     from prvr.predictor import AppSettings
 
-    for name in ("PRVR_UPLOADS", "PRVR_HOST", "PRVR_PORT", "PRVR_MAX_UPLOAD_MB", "SPACE_ID"):
+    for name in ("PRVR_UPLOADS", "PRVR_HOST", "PRVR_PORT", "PRVR_MAX_UPLOAD_MB", "SPACE_ID", "PRVR_MCP"):
         monkeypatch.delenv(name, raising=False)
     local = AppSettings.from_args([])
     assert (local.host, local.port, local.uploads) == ("127.0.0.1", 7860, "shared")
@@ -296,6 +300,12 @@ def test_settings_come_from_flags_then_environment_then_defaults(monkeypatch: py
     assert AppSettings.from_args(["--data-dir", "~/x"]).data_dir == Path.home() / "x"
     with pytest.raises(SystemExit):
         AppSettings.from_args(["--uploads", "everyone"])
+    assert not local.mcp and AppSettings.from_args(["--mcp"]).mcp
+    assert not AppSettings.from_args(["--mcp", "no"]).mcp
+    monkeypatch.setenv("PRVR_MCP", "1")
+    assert AppSettings.from_args([]).mcp and not AppSettings.from_args(["--mcp", "0"]).mcp
+    with pytest.raises(SystemExit):
+        AppSettings.from_args(["--mcp", "maybe"])
     monkeypatch.setenv("PRVR_MAX_UPLOAD_MB", "0")
     with pytest.raises(SystemExit):
         AppSettings.from_args([])

@@ -95,6 +95,7 @@ def test_top_k_slider_reranks_live(page) -> None:  # noqa: ANN001
 
 def search(page, text: str) -> None:  # noqa: ANN001
     """Type a query, press Search and wait until the summary names it."""
+    page.get_by_role("tab", name="Search").click()
     page.get_by_label("What happens in the moment").fill(text)
     page.get_by_role("button", name="Search", exact=True).click()
     deadline = time.monotonic() + 60
@@ -116,3 +117,22 @@ def test_every_search_starts_each_player_at_its_key_moment(page) -> None:  # noq
             assert wait_for_time(video, expected) == pytest.approx(expected, abs=0.5), (text, i)
             seeked += expected > 0
     assert seeked >= 2  # not only weak matches: some players really had to move
+
+
+def test_upload_in_the_page_names_the_file_and_empties_the_list(page, tmp_path: Path) -> None:  # noqa: ANN001
+    from PIL import Image
+
+    image = tmp_path / "beach photo.mp4"  # an image renamed: rejected, named as the user named it
+    Image.new("RGB", (64, 48), "orange").save(image, "JPEG")
+    page.get_by_role("tab", name="Add videos").click()
+    chosen = page.locator("#upload-files")
+    chosen.locator("input[type=file]").set_input_files(str(image))
+    chosen.get_by_text("beach photo.mp4").wait_for(timeout=30_000)
+    page.get_by_role("button", name="Add to gallery").click()
+    page.wait_for_selector("text=this is a JPEG image, not a video", timeout=60_000)
+    row = page.locator("table tr", has_text="beach photo.mp4").first
+    assert "rejected" in row.inner_text() and "beach photo.mp4: this is a JPEG image" in row.inner_text()
+    deadline = time.monotonic() + 30  # the file list is emptied once handled
+    while chosen.get_by_text("beach photo.mp4").count() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert chosen.get_by_text("beach photo.mp4").count() == 0

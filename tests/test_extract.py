@@ -26,6 +26,7 @@ from extract.decode import (
     FileMissing,
     FrameBatch,
     FrameReader,
+    ImageNotVideo,
     NotAVideo,
     NoVideoStream,
     TooLong,
@@ -170,6 +171,27 @@ def test_bad_media_raise_typed_errors(media: dict[str, Path], name: str, error: 
     with pytest.raises(error) as info:
         probe(media[name])
     assert media[name].name in str(info.value) and len(info.value.reason) > 20  # names the file, explains
+
+
+@pytest.mark.parametrize("fmt", ["PNG", "JPEG", "WEBP", "BMP", "TIFF", "GIF"])
+def test_an_image_renamed_mp4_is_called_an_image(tmp_path: Path, fmt: str) -> None:
+    from PIL import Image
+
+    path = tmp_path / "holiday.mp4"
+    Image.fromarray(np.random.default_rng(0).integers(0, 255, (48, 64, 3), dtype=np.uint8)).save(path, fmt)
+    with pytest.raises(ImageNotVideo) as info:
+        probe(path)
+    message = str(info.value)
+    assert message.startswith("holiday.mp4: this is a") and "image, not a video" in message
+    assert "remux" not in message and "damaged" not in message
+
+
+def test_an_animated_gif_is_still_a_video(tmp_path: Path) -> None:
+    from PIL import Image
+
+    frames = [Image.new("RGB", (64, 48), (10 * i, 0, 0)) for i in range(12)]
+    frames[0].save(tmp_path / "anim.gif", save_all=True, append_images=frames[1:], duration=100)
+    assert probe(tmp_path / "anim.gif").duration == pytest.approx(1.2, abs=0.15)
 
 
 def test_missing_file_and_limits(media: dict[str, Path], tmp_path: Path) -> None:

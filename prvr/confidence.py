@@ -1,0 +1,165 @@
+"""Confidence that means the same in any gallery: each video's score against a fixed bank of captions.
+
+A raw MS-SL score is not comparable across queries or videos (the training-free model's scores of a
+relevant pair run from 0.09 to 0.6, those of unrelated pairs up to 0.43 on the demo gallery), and a z-score
+against the other videos of the gallery changes whenever the gallery does. Here a (query, video) label
+depends only on that pair's score, on numbers stored with the video, on the model and on
+``assets/reference_captions.txt`` (261 everyday captions written for this purpose; none is a demo or
+Charades caption), never on what else is in the gallery. This is query-bank normalisation (Bogolin et al.,
+"Cross Modal Retrieval with Querybank Normalisation", CVPR 2022) reduced to two cuts per video:
+
+- at indexing time ``Calibrator.video_nulls`` (or ``nulls_for_rows`` on raw rows) scores each video against
+  every reference caption and keeps two quantiles of those scores (a ``VideoNull``: two floats, stored in
+  the video's record under ``NULL_FIELD``; ``Calibrator.fingerprint()`` says when they must be recomputed);
+- at search time a hit is ``high`` when its score beats every reference caption on that video
+  (``high_quantile`` = 1.0), ``medium`` when it beats ``medium_quantile`` = 80 % of them, ``low`` otherwise,
+  and a response has no strong match when no hit is ``high``.
+
+The cuts are quantiles of the reference bank, not numbers fitted to the demo gallery:
+``python -m benchmarks.confidence`` measures them there (and evaluates the alternatives that were dropped).
+The reference captions' token features are computed once per text encoder and cached in ``cache_dir``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+log = logging.getLogger(__name__)
+
+REFERENCE_CAPTIONS = Path(__file__).resolve().parents[1] / "assets" / "reference_captions.txt"
+LABELS = ("high", "medium", "low")
+NULL_FIELD = "confidence_null"  # the video record's key for ``VideoNull.to_list()``
+
+
+def load_reference_captions(path: Path = REFERENCE_CAPTIONS) -> list[str]:
+    """The reference captions: one per line, ``#`` comment lines and blank lines skipped."""
+    lines = [line.strip() for line in Path(path).read_text(encoding="utf-8").splitlines()]
+    captions = [line for line in lines if line and not line.startswith("#")]
+    if len(captions) < 50:
+        raise ValueError(f"{path}: {len(captions)} reference captions; calibration needs at least 50")
+    return captions
+
+
+@dataclass(frozen=True)
+class ConfidenceConfig:
+    medium_quantile: float = 0.8  # medium: the score beats this fraction of the reference captions
+    high_quantile: float = 1.0  # high: ... this fraction (1.0: every one of them)
+
+    def __post_init__(self) -> None:
+        if not 0.0 < self.medium_quantile <= self.high_quantile <= 1.0:
+            raise ValueError(f"need 0 < medium_quantile <= high_quantile <= 1, got {self}")
+
+
+@dataclass(frozen=True)
+class VideoNull:
+    """A video's score cuts from the reference bank: what a query must beat to be medium / high."""
+
+    medium: float
+    high: float
+
+    def to_list(self) -> list[float]:
+        """[medium, high] as plain floats, for the video's stored record."""
+        return [float(self.medium), float(self.high)]
+
+    @classmethod
+    def from_list(cls, values: Sequence[float]) -> VideoNull:
+        """Inverse of ``to_list``."""
+        medium, high = (float(v) for v in values)
+        return cls(medium, high)
+
+    @classmethod
+    def from_record(cls, record: dict) -> VideoNull | None:
+        """The cuts stored in a video record under ``NULL_FIELD``; None when it has none (older index)."""
+        values = record.get(NULL_FIELD)
+        return None if values is None else cls.from_list(values)
+
+
+def _cached_tokens(text_encoder, captions: list[str], cache_dir: Path | None) -> list[np.ndarray]:  # noqa: ANN001
+    """Token features of the reference captions, cached per text model identity and caption list."""
+    backbone = getattr(text_encoder, "backbone", None)
+    identity = getattr(getattr(backbone, "weights", None), "identity", None)
+    if cache_dir is None or identity is None:
+        return text_encoder.encode(captions)
+    key = hashlib.sha256(json.dumps([backbone.name, identity, captions]).encode()).hexdigest()[:16]
+    path = Path(cache_dir) / f"reference-tokens-{key}.npz"
+    if path.exists():
+        with np.load(path) as z:
+            rows, lengths = z["rows"], z["lengths"]
+        return np.split(rows, np.cumsum(lengths)[:-1])
+    log.info("encoding %d reference captions for confidence (once; cached in %s)", len(captions), path)
+    tokens = text_encoder.encode(captions)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.stem}.{os.getpid()}.npz")
+    np.savez(tmp, rows=np.concatenate(tokens), lengths=np.array([len(t) for t in tokens]))
+    os.replace(tmp, path)
+    return tokens
+
+
+class Calibrator:
+    """Labels (query, video) scores high / medium / low against a fixed reference caption bank."""
+
+    def __init__(self, model, reference_tokens: Sequence[np.ndarray],  # noqa: ANN001
+                 cfg: ConfidenceConfig = ConfidenceConfig(), reference_id: str = "") -> None:
+        self.model, self.cfg = model, cfg
+        self.references = model.encode_queries(list(reference_tokens))  # what model.score takes
+        self.reference_id = reference_id
+
+    @classmethod
+    def for_model(cls, model, text_encoder, cache_dir: str | Path | None = None,  # noqa: ANN001
+                  cfg: ConfidenceConfig = ConfidenceConfig(),
+                  captions_path: Path = REFERENCE_CAPTIONS) -> Calibrator:
+        """Build once per model: encode the reference captions (cached) with the model's text encoder."""
+        captions = load_reference_captions(captions_path)
+        tokens = _cached_tokens(text_encoder, captions, Path(cache_dir) if cache_dir else None)
+        digest = hashlib.sha256("\n".join(captions).encode()).hexdigest()[:16]
+        return cls(model, tokens, cfg, reference_id=digest)
+
+    def fingerprint(self) -> str:
+        """Identifies the stored nulls: model, reference bank and cuts. Stale nulls must be recomputed."""
+        model = self.model.fingerprint() if hasattr(self.model, "fingerprint") else type(self.model).__name__
+        key = json.dumps([model, self.reference_id, asdict(self.cfg)])
+        return hashlib.sha256(key.encode()).hexdigest()[:16]
+
+    @torch.no_grad()
+    def video_nulls(self, videos) -> list[VideoNull]:  # noqa: ANN001
+        """Each encoded video's cuts (``model.encode_videos`` output); run once per video at indexing."""
+        scores = self.model.score(self.references, videos).total.float().cpu().numpy()  # (R, Nv)
+        medium = np.quantile(scores, self.cfg.medium_quantile, axis=0, method="higher")
+        high = np.quantile(scores, self.cfg.high_quantile, axis=0, method="higher")
+        return [VideoNull(float(m), float(h)) for m, h in zip(medium, high, strict=True)]
+
+    def nulls_for_rows(self, rows_list: Sequence[np.ndarray], batch: int = 64) -> list[VideoNull]:
+        """Cuts for videos given as raw feature rows (n_i, Dv), encoded in batches."""
+        out: list[VideoNull] = []
+        for lo in range(0, len(rows_list), batch):
+            out += self.video_nulls(self.model.encode_videos(list(rows_list[lo : lo + batch])))
+        return out
+
+    @staticmethod
+    def label(score: float, null: VideoNull | None) -> str:
+        """high / medium / low for one (query, video) score given that video's cuts (None: unknown, low)."""
+        if null is None:
+            return "low"  # never claim a strong match without the video's cuts
+        if score > null.high:
+            return "high"
+        return "medium" if score > null.medium else "low"
+
+    def labels(self, scores: Sequence[float], nulls: Sequence[VideoNull | None]) -> list[str]:
+        """One label per hit: ``scores[i]`` is the query's score on the video with cuts ``nulls[i]``."""
+        if len(scores) != len(nulls):
+            raise ValueError(f"{len(scores)} scores but {len(nulls)} video nulls")
+        return [self.label(float(s), n) for s, n in zip(scores, nulls, strict=True)]
+
+    @staticmethod
+    def no_strong_match(labels: Sequence[str]) -> bool:
+        """The response abstains ("no strong match") when no hit is labelled high."""
+        return "high" not in labels

@@ -1,0 +1,211 @@
+"""The app in process: what the page says about a query, clean errors and API results, MCP tools.
+
+One in-process server (``served``) over a small index of one synthetic clip keeps this module fast; the
+full server over the demo gallery is tests/test_app.py's.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import socket
+from pathlib import Path
+
+import pytest
+
+import app
+from prvr.search import SearchResponse, clean_query
+from tests.test_uploads import make_predictor, write_clip
+
+
+def free_port() -> int:
+    """A TCP port nobody listens on right now."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def response_for(query: str | bytes, confidence: str = "low") -> SearchResponse:
+    """A one-result response for ``query`` as the predictor would clean it."""
+    result = {"confidence": confidence, "score": 0.3}
+    return SearchResponse([result], clean_query(query).to_dict(), confidence != "high", (0.7, 0.3), False)
+
+
+def test_summary_shows_the_searched_text_not_the_input() -> None:
+    long_query = "a cat looks at the camera " * 400  # 10,400 characters
+    page = app.summary_html(long_query, response_for(long_query))
+    assert len(page) < 1500 and "shortened" in page and "10,400-character" in page
+    assert "a cat looks at the camera" in page
+    weird = "a cat\x00 on\x1b[31m a <b>mat</b>\u202e"
+    page = app.summary_html(weird, response_for(weird, "high"))
+    assert "\x00" not in page and "\x1b" not in page and "\u202e" not in page and "<b>mat" not in page
+    assert "&lt;b&gt;mat&lt;/b&gt;" in page and "3 control characters became spaces" in page
+    assert "shortened" not in app.summary_html("a cat", response_for("a cat"))
+
+
+def test_gradio_copy_of_an_upload_is_removed_but_nothing_else(tmp_path: Path,
+                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("GRADIO_TEMP_DIR", str(tmp_path / "gradio"))
+    copy = tmp_path / "gradio" / "abc123" / "clip.mp4"
+    copy.parent.mkdir(parents=True)
+    copy.write_bytes(b"x")
+    outside = tmp_path / "mine.mp4"
+    outside.write_bytes(b"x")
+    app.discard_upload_copy(str(copy))
+    app.discard_upload_copy(str(outside))
+    assert not copy.parent.exists() and outside.exists()
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory: pytest.TempPathFactory):  # noqa: ANN201
+    """(URL, predictor, session registry) of the app with MCP on, over one indexed synthetic clip (session
+    uploads; a closed tab's uploads are deleted 1 s after); closed afterwards."""
+    import gradio as gr
+
+    from prvr.bridge import BridgeModel
+
+    tmp = tmp_path_factory.mktemp("served")
+    predictor = make_predictor(tmp / "data", BridgeModel.from_pretrained(), uploads="session")
+    predictor.settings.uploads = "shared"  # index one clip in the shared gallery, then serve sessions
+    assert predictor.add_video(write_clip(tmp / "gradient.mp4"))["status"] == "added"
+    predictor.settings.uploads = "session"
+    gr.set_static_paths(predictor.static_paths())
+    sessions = app.ClosedSessions(grace_s=1.0)
+    demo = app.build_ui(predictor, sessions)
+    demo.queue()
+    port = free_port()
+    demo.launch(server_name="127.0.0.1", server_port=port, prevent_thread_lock=True, mcp_server=True,
+                allowed_paths=predictor.static_paths(), quiet=True,
+                app_kwargs={"routes": [app.video_route(predictor, sessions)]})
+    try:
+        yield f"http://127.0.0.1:{port}/", predictor, sessions
+    finally:
+        demo.close()
+
+
+def test_user_errors_are_one_line_warnings(served: tuple, caplog: pytest.LogCaptureFixture,
+                                           capfd: pytest.CaptureFixture) -> None:
+    from gradio_client import Client
+    from gradio_client.exceptions import AppError
+
+    client = Client(served[0], verbose=False)
+    cases = [(("   ", 5, 0.7), "query is empty"), (("a cat", 0, 0.7), "k must be a positive integer"),
+             (("a cat", 5, 1.5), "clip_weight must be between 0 and 1")]
+    with caplog.at_level(logging.WARNING):
+        for args, message in cases:
+            with pytest.raises(AppError, match=message):
+                client.predict(*args, api_name="/search")
+    refused = [r for r in caplog.records if r.getMessage().startswith("search refused")]
+    assert len(refused) == 3 and all(r.levelno == logging.WARNING and not r.exc_info for r in refused)
+    assert "Traceback" not in capfd.readouterr().err
+
+
+def test_api_results_carry_urls_not_server_paths(served: tuple) -> None:
+    import httpx
+    from gradio_client import Client
+
+    url, predictor, _ = served
+    client = Client(url, verbose=False)
+    response = client.predict("a colourful gradient", 5, 0.7, api_name="/search")
+    hit = response["results"][0]
+    server_dirs = [str(predictor.settings.data_dir), str(predictor.settings.data_dir.resolve())]
+    for text in (json.dumps(response), json.dumps(client.predict(api_name="/info"))):
+        assert not any(d in text for d in server_dirs), text
+    assert hit["video_url"] == "/prvr/video/" + hit["video_id"].replace(":", "%3A")
+    assert hit["moment_url"] == hit["video_url"] + f"#t={hit['key_moment']['start']:.2f}"
+    video = httpx.get(url.rstrip("/") + hit["video_url"], timeout=30)
+    assert video.status_code == 200 and video.content[4:8] == b"ftyp"  # the mp4 itself
+    part = httpx.get(url.rstrip("/") + hit["video_url"], headers={"Range": "bytes=0-99"}, timeout=30)
+    assert part.status_code == 206 and part.content == video.content[:100]  # players seek with ranges
+    assert httpx.get(url + "prvr/video/upload%3Anothere", timeout=30).status_code == 404
+
+
+def test_mcp_lists_search_and_add_video_and_searches(served: tuple) -> None:
+    from mcp import ClientSession
+    from mcp.client.streamable_http import streamablehttp_client
+
+    async def talk() -> tuple[dict, str]:
+        async with streamablehttp_client(served[0] + "gradio_api/mcp/") as (read, write, _), \
+                ClientSession(read, write) as session:
+            await session.initialize()
+            tools = {t.name: t for t in (await session.list_tools()).tools}
+            result = await session.call_tool("search", {"query": "a colourful gradient", "top_k": 3})
+            return tools, result.content[0].text
+
+    tools, text = asyncio.run(asyncio.wait_for(talk(), 120))
+    assert {"search", "add_video", "info"} <= set(tools)
+    search, add = tools["search"], tools["add_video"]
+    assert "moment" in search.description and search.inputSchema["required"] == ["query"]
+    assert "Add a video" in add.description and "video" in add.inputSchema["properties"]
+    assert "upload:" in text and "key_moment" in text  # the indexed clip, found through MCP
+
+
+def test_a_closed_tab_private_uploads_are_deleted_after_the_grace(tmp_path: Path) -> None:
+    import time
+    from types import SimpleNamespace
+
+    from prvr.predictor import SessionGallery
+
+    sessions = app.ClosedSessions(grace_s=0.2)
+    mine, other = tmp_path / "session-a", tmp_path / "session-b"
+    for root in (mine, other):
+        (root / "media").mkdir(parents=True)
+    sessions.track(SimpleNamespace(session_hash="a"), SessionGallery(mine, index=None))
+    sessions.track(SimpleNamespace(session_hash="b"), SessionGallery(other, index=None))
+    assert sessions.track(SimpleNamespace(session_hash="c"), None) is None  # shared uploads: nothing
+    sessions.close_later(SimpleNamespace(session_hash="a"))
+    sessions.close_later(SimpleNamespace(session_hash="never-uploaded"))
+    assert mine.exists()  # a grace period, not at once
+    deadline = time.monotonic() + 10
+    while mine.exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not mine.exists() and other.exists()
+
+
+def test_a_session_upload_is_served_and_gradio_keeps_no_copy(served: tuple, tmp_path: Path) -> None:
+    import gradio as gr
+    import httpx
+    from gradio_client import Client, handle_file
+
+    url = served[0]
+    clip = write_clip(tmp_path / "my holiday clip.mp4", frames=30, size=(80, 48))
+    client = Client(url, verbose=False)
+    added = client.predict(handle_file(str(clip)), api_name="/add_video")
+    assert added["status"] == "added", added
+    assert added["message"].startswith("my holiday clip.mp4: added in your session")
+    assert not list(Path(gr.utils.get_upload_folder()).rglob("my holiday clip.mp4"))  # Gradio's copy is gone
+    hits = client.predict("a colourful gradient", 10, 0.7, api_name="/search")["results"]
+    mine = next(h for h in hits if h["video_id"] == added["video_id"])
+    video = httpx.get(url.rstrip("/") + mine["video_url"], timeout=30)
+    assert video.status_code == 200 and video.content == clip.read_bytes()
+
+
+def test_closing_the_tab_deletes_its_uploads_within_seconds(served: tuple, tmp_path: Path) -> None:
+    import shutil
+    import time
+
+    sync_api = pytest.importorskip("playwright.sync_api", reason="the playwright package is not installed")
+    chromium = shutil.which("chromium")
+    if chromium is None:
+        pytest.skip("no chromium: install Debian's chromium package to run the browser test")
+    url, predictor, sessions = served
+    clip = write_clip(tmp_path / "tab clip.mp4", frames=26, size=(96, 48))
+    before = {g.root for g in sessions.galleries()}  # other tests' sessions
+    with sync_api.sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=chromium, args=["--headless", "--no-sandbox"])
+        page = browser.new_page()
+        page.goto(url)
+        page.get_by_role("tab", name="Add videos").click()
+        page.locator("#upload-files input[type=file]").set_input_files(str(clip))
+        page.locator("#upload-files").get_by_text("tab clip.mp4").wait_for(timeout=30_000)
+        page.get_by_role("button", name="Add to gallery").click()
+        page.wait_for_selector("text=added in your session", timeout=120_000)
+        roots = [g.root for g in sessions.galleries() if g.root not in before]
+        assert len(roots) == 1 and any(roots[0].rglob("*.mp4"))
+        page.close()
+        browser.close()
+    deadline = time.monotonic() + 90  # Gradio notices the closed tab at its next heartbeat
+    while roots[0].exists() and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert not roots[0].exists(), "the closed tab's private uploads are still on disk"

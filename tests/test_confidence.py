@@ -1,0 +1,137 @@
+"""Confidence labels depend on the pair, the video's stored cuts, the model and the reference bank only."""
+
+import json
+import zlib
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+import prvr  # noqa: F401  - applies the compatibility fix first
+from prvr.bridge import BridgeConfig, BridgeModel
+from prvr.confidence import (
+    NULL_FIELD,
+    REFERENCE_CAPTIONS,
+    Calibrator,
+    ConfidenceConfig,
+    VideoNull,
+    load_reference_captions,
+)
+
+DIM_V, DIM_T, CLASSES = 12, 16, 10
+
+
+def random_model(seed: int = 0) -> BridgeModel:
+    """A bridge with a random classifier over random 'class embeddings' (no downloads)."""
+    gen = torch.Generator().manual_seed(seed)
+    head = torch.nn.Linear(DIM_V, CLASSES)
+    with torch.no_grad():
+        head.weight.copy_(torch.randn(CLASSES, DIM_V, generator=gen) * 3)
+        head.bias.zero_()
+    return BridgeModel(head, torch.randn(CLASSES, DIM_T, generator=gen), BridgeConfig(top_k=3),
+                       profile={"name": "toy"})
+
+
+class HashEncoder:
+    """A deterministic stand-in text encoder: token rows seeded by the text; counts its calls."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+        self.backbone = type("B", (), {"name": "hash", "weights": type("W", (), {"identity": "hash-v1"})()})()
+
+    def encode(self, texts: list[str]) -> list[np.ndarray]:
+        self.calls += 1
+        gens = [np.random.default_rng(zlib.crc32(t.encode())) for t in texts]
+        shapes = [(3 + len(t) % 4, DIM_T) for t in texts]
+        return [g.normal(size=s).astype(np.float32) for g, s in zip(gens, shapes, strict=True)]
+
+
+def videos(n: int, seed: int) -> list[np.ndarray]:
+    """``n`` random raw videos of 10-40 rows."""
+    gen = np.random.default_rng(seed)
+    return [gen.normal(size=(int(gen.integers(10, 40)), DIM_V)).astype(np.float32) for _ in range(n)]
+
+
+@pytest.fixture(scope="module")
+def cal() -> Calibrator:
+    return Calibrator.for_model(random_model(), HashEncoder())
+
+
+def labels_of(cal: Calibrator, queries: torch.Tensor, rows: list[np.ndarray]) -> np.ndarray:
+    """(Nq, Nv) labels of every query on every video of a gallery, computed as a search would."""
+    scores = cal.model.score(queries, cal.model.encode_videos(rows)).total.numpy()
+    nulls = cal.nulls_for_rows(rows)
+    return np.array([cal.labels(row, nulls) for row in scores])
+
+
+def test_a_label_does_not_change_when_unrelated_videos_join(cal: Calibrator) -> None:
+    gallery, extra = videos(6, seed=1), videos(10, seed=2)
+    queries = F.normalize(torch.randn(40, DIM_T, generator=torch.Generator().manual_seed(3)), dim=-1)
+    # queries aimed at the gallery's own content, so that all three labels occur
+    own = cal.model.encode_videos(gallery).proposals[:, 0]
+    queries = torch.cat([queries, F.normalize(own, dim=-1)])
+    before = labels_of(cal, queries, gallery)
+    after = labels_of(cal, queries, gallery + extra)[:, : len(gallery)]
+    assert set(before.ravel()) == {"high", "medium", "low"}
+    np.testing.assert_array_equal(before, after)
+
+
+def test_a_reference_caption_is_never_high_and_a_fifth_beat_the_medium_cut(cal: Calibrator) -> None:
+    rows = videos(5, seed=4)
+    enc = cal.model.encode_videos(rows)
+    scores = cal.model.score(cal.references, enc).total.numpy()  # (R, Nv): the bank itself
+    nulls = cal.video_nulls(enc)
+    for row in scores:
+        assert "high" not in cal.labels(row, nulls)
+    medium = [(scores[:, j] > null.medium).mean() for j, null in enumerate(nulls)]
+    assert all(0.15 <= m <= 0.25 for m in medium)  # 80th percentile: about a fifth of the bank beats it
+
+
+def test_cuts_are_strict_and_abstain_means_no_high(cal: Calibrator) -> None:
+    null = VideoNull(medium=0.3, high=0.5)
+    got = [Calibrator.label(s, null) for s in (0.3, 0.30001, 0.5, 0.50001)]
+    assert got == ["low", "medium", "medium", "high"]
+    assert Calibrator.no_strong_match(["medium", "low"]) and not Calibrator.no_strong_match(["low", "high"])
+    assert VideoNull.from_list(json.loads(json.dumps(null.to_list()))) == null
+    record = json.loads(json.dumps({"id": "v", NULL_FIELD: null.to_list()}))
+    assert VideoNull.from_record(record) == null and VideoNull.from_record({"id": "old"}) is None
+    assert cal.labels([0.9, 0.9], [null, None]) == ["high", "low"]  # no stored cuts: never strong
+    with pytest.raises(ValueError, match="2 scores but 1 video nulls"):
+        cal.labels([0.1, 0.2], [null])
+    with pytest.raises(ValueError, match="medium_quantile"):
+        ConfidenceConfig(medium_quantile=0.9, high_quantile=0.8)
+
+
+def test_reference_tokens_are_cached_and_fingerprint_tracks_model_and_cuts(tmp_path: Path) -> None:
+    enc = HashEncoder()
+    a = Calibrator.for_model(random_model(), enc, cache_dir=tmp_path)
+    b = Calibrator.for_model(random_model(), enc, cache_dir=tmp_path)
+    assert enc.calls == 1 and len(list(tmp_path.glob("reference-tokens-*.npz"))) == 1
+    torch.testing.assert_close(a.references, b.references)
+    assert a.fingerprint() == b.fingerprint()
+    assert Calibrator.for_model(random_model(seed=1), enc, tmp_path).fingerprint() != a.fingerprint()
+    stricter = Calibrator.for_model(random_model(), enc, tmp_path, ConfidenceConfig(0.9))
+    assert stricter.fingerprint() != a.fingerprint()
+
+
+def test_reference_bank_is_large_and_not_the_demo_captions() -> None:
+    captions = load_reference_captions()
+    assert len(captions) >= 200 and len(set(captions)) == len(captions)
+    spec = json.loads((REFERENCE_CAPTIONS.parent / "demo_gallery.json").read_text())
+    demo = {c for photo in spec["photos"].values() for c in photo["captions"]}
+    assert not demo & set(captions)
+
+
+def test_demo_gallery_meets_the_issue_targets() -> None:
+    """Issue 20's acceptance on the real default model: no off-topic or nonsense query is a strong match,
+    >= 80 % of the captions label their own video high or medium, labels survive 10 new videos."""
+    from benchmarks.confidence import run
+
+    report = run()
+    got = report["calibrated"]
+    assert got["off_topic_high"] == 0 and got["nonsense_high"] == 0, got
+    assert got["captions_high_or_medium"] >= 0.8, got
+    assert report["stable_when_gallery_grows"] == 1.0
+    assert report["ms_per_search_10_hits"] < 1.0

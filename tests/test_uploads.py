@@ -1,0 +1,168 @@
+"""Uploads through the Predictor (in process): messages name the user's file; nothing is left behind."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import extract  # noqa: F401  - the torchvision fix, before any backbone
+from extract.decode import CorruptVideo
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def write_clip(path: Path, frames: int = 24, size: tuple[int, int] = (64, 48)) -> Path:
+    """A 2 s H.264 clip (a moving gradient) with PyAV."""
+    import av
+
+    width, height = size
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with av.open(str(path), "w") as container:
+        stream = container.add_stream("libx264", rate=12)
+        stream.width, stream.height, stream.pix_fmt = width, height, "yuv420p"
+        x = np.linspace(0, 255, width, dtype=np.float32)[None, :, None]
+        for i in range(frames):
+            image = np.ascontiguousarray(np.broadcast_to((x + 10 * i) % 256, (height, width, 3)), np.uint8)
+            container.mux(stream.encode(av.VideoFrame.from_ndarray(image, format="rgb24")))
+        container.mux(stream.encode())
+    return path
+
+
+@pytest.fixture(scope="module")
+def model():  # noqa: ANN201
+    """The default model (real lite backbones, installed from PyPI; class names cached)."""
+    from prvr.bridge import BridgeModel
+
+    return BridgeModel.from_pretrained()
+
+
+def make_predictor(data_dir: Path, model, **settings):  # noqa: ANN001, ANN201, ANN003
+    """A Predictor over an empty shared index in ``data_dir`` (no demo gallery: fast)."""
+    from prvr.predictor import AppSettings, ModelInfo, Predictor
+
+    return Predictor(AppSettings(data_dir=data_dir, **settings), model, ModelInfo("m", "d"), "lite")
+
+
+def test_messages_name_the_uploaded_file_not_the_stored_copy(tmp_path: Path, model,  # noqa: ANN001
+                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    predictor = make_predictor(tmp_path / "data", model)
+    clip = write_clip(tmp_path / "gradio" / "Birthday party.mp4")
+    original = predictor.extractor.extract
+
+    def damaged(path, **kw):  # noqa: ANN001, ANN003 - the stored copy fails to decode half way
+        raise CorruptVideo(path, "the video is damaged: only 3 of 24 frames decode.", "Re-encode it.")
+
+    monkeypatch.setattr(predictor.extractor, "extract", damaged)
+    out = predictor.add_video(clip, name="Birthday party.mp4")
+    assert out["status"] == "rejected", out
+    expected = "Birthday party.mp4: the video is damaged: only 3 of 24 frames decode. Re-encode it."
+    assert out["message"] == expected
+    assert not any(p.is_file() for p in predictor.media_dir.rglob("*"))  # no stored copy left
+    monkeypatch.setattr(predictor.extractor, "extract", original)
+    image = tmp_path / "6071e39394409f3b.mp4"  # a server-side name; the user called it cat.mp4
+    from PIL import Image
+
+    Image.new("RGB", (64, 48), "red").save(image, "PNG")
+    out = predictor.add_video(image, name="cat.mp4")
+    assert out["status"] == "rejected"
+    assert out["message"].startswith("cat.mp4: this is a PNG image, not a video")
+    assert "6071e39394409f3b" not in out["message"]
+    added = predictor.add_video(clip, name="/some/client/dir/Birthday party.mp4")
+    assert added["status"] == "added", added
+    assert added["message"].startswith("Birthday party.mp4: added") and "“Birthday party”" in added["message"]
+
+
+def test_session_limit_message_suits_browser_and_api(tmp_path: Path, model) -> None:  # noqa: ANN001
+    predictor = make_predictor(tmp_path / "data", model, uploads="session", max_uploads_per_session=1)
+    session = predictor.ensure_session(None)
+    session.uploads = 1
+    out = predictor.add_video(write_clip(tmp_path / "a.mp4"), session)
+    assert out["status"] == "rejected" and "maximum per session" in out["message"]
+    assert "new client" in out["message"] and "reload the page" in out["message"]
+
+
+def test_start_sweeps_what_an_interrupted_upload_left(tmp_path: Path, model) -> None:  # noqa: ANN001
+    data = tmp_path / "data"
+    predictor = make_predictor(data, model)
+    kept = predictor.add_video(write_clip(tmp_path / "kept.mp4"))
+    assert kept["status"] == "added"
+    stored = {p for p in predictor.media_dir.rglob("*") if p.is_file()}
+    assert len(stored) == 1
+    # what a kill leaves: a work dir with a half-written transcode, a stored copy never indexed,
+    # a half-written folder-video transcode
+    (predictor.media_dir / "upload-x1y2").mkdir()
+    (predictor.media_dir / "upload-x1y2" / "clip.mp4").write_bytes(b"\0" * 100)
+    (predictor.media_dir / "0123456789abcdef.mp4").write_bytes(b"\0" * 100)
+    (predictor.media_dir / "fedcba9876543210").mkdir()
+    (predictor.media_dir / "fedcba9876543210" / ".clip.k3j2.mp4").write_bytes(b"\0" * 100)
+    # a video another model's index names stays (indexes of several models share the media dir)
+    other = data / "indexes" / "lite-othermodel-v5" / "seg-1"
+    other.mkdir(parents=True)
+    (predictor.media_dir / "aaaaaaaaaaaaaaaa.mp4").write_bytes(b"\0" * 10)
+    (other / "videos.json").write_text('[{"id": "upload:a", "path": "media/aaaaaaaaaaaaaaaa.mp4"}]')
+    predictor.sweep_media()
+    left = {p for p in predictor.media_dir.rglob("*")}
+    assert left == stored | {predictor.media_dir / "aaaaaaaaaaaaaaaa.mp4"}
+    # an index in a layout this code cannot read: nothing is deleted
+    (data / "indexes" / "future-v9").mkdir()
+    (data / "indexes" / "future-v9" / "records.bin").write_bytes(b"?")
+    (predictor.media_dir / "bbbbbbbbbbbbbbbb.mp4").write_bytes(b"\0" * 10)
+    predictor.sweep_media()
+    assert (predictor.media_dir / "bbbbbbbbbbbbbbbb.mp4").exists()
+
+
+def test_a_killed_upload_leaves_nothing_after_the_next_start(tmp_path: Path) -> None:
+    """SIGKILL while an upload's copy is being stored; the next start removes every trace of it."""
+    data, clip = tmp_path / "data", write_clip(tmp_path / "slow.mp4", frames=48)
+    script = f"""
+import sys, time, shutil
+sys.path.insert(0, {str(REPO)!r})
+import extract
+from prvr.bridge import BridgeModel
+from prvr.predictor import AppSettings, ModelInfo, Predictor
+p = Predictor(AppSettings(data_dir={str(data)!r}), BridgeModel.from_pretrained(), ModelInfo("m", "d"), "lite")
+real_copy = shutil.copyfile
+def slow_copy(src, dst, **kw):
+    out = real_copy(src, dst, **kw)
+    print("COPIED", flush=True)
+    time.sleep(60)
+    return out
+shutil.copyfile = slow_copy
+p.add_video({str(clip)!r})
+"""
+    proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True, cwd=REPO)
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and proc.stdout.readline().strip() != "COPIED":
+            assert proc.poll() is None, "the upload process exited early"
+        os.kill(proc.pid, signal.SIGKILL)
+    finally:
+        proc.wait(timeout=30)
+    assert any(p.is_file() for p in (data / "media").rglob("*"))  # the kill left a partial upload
+    from prvr.bridge import BridgeModel
+
+    predictor = make_predictor(data, BridgeModel.from_pretrained())
+    predictor.sweep_media()
+    assert not any(p.is_file() for p in predictor.media_dir.rglob("*"))
+    assert len(predictor.index) == 0
+
+
+def test_search_kernels_warm_in_the_background(model, caplog: pytest.LogCaptureFixture) -> None:  # noqa: ANN001
+    import logging
+
+    from prvr.predictor import warm_search_kernels
+
+    with caplog.at_level(logging.INFO, logger="prvr.predictor"):
+        thread = warm_search_kernels(model, "lite")
+        thread.join(timeout=300)
+    assert not thread.is_alive()
+    messages = [r.getMessage() for r in caplog.records if r.name == "prvr.predictor"]
+    assert messages[0].startswith("preparing the search kernels in the background")
+    assert messages[-1].startswith("search kernels ready in"), messages  # a failure logs an exception
