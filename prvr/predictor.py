@@ -31,11 +31,11 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import NamedTuple
 
-import numpy as np
-
 from extract.decode import DecodeLimits, MediaError, find_videos, probe, sha256_file
 from extract.transcode import ensure_browser_playable, unplayable_reason
-from prvr.search import ConfidenceRule, QueryError, SearchResponse, clean_query
+from prvr.query import QueryError
+from prvr.results import GalleryConfidence, SearchResponse
+from prvr.search import search_text
 
 log = logging.getLogger(__name__)
 
@@ -152,7 +152,7 @@ def load_model(settings: AppSettings) -> tuple[object, ModelInfo, str]:
         if settings.profile not in (None, bridge.PROFILE):
             raise ValueError(f"the training-free default reads only the {bridge.PROFILE!r} profile, not "
                              f"{settings.profile!r}; give a --checkpoint trained on {settings.profile!r}")
-        model = bridge.BridgeModel.from_pretrained()
+        model = bridge.BridgeModel.from_pretrained(cache_dir=settings.data_dir / "bridge")
         about = ("No PRVR training: EfficientNet-Lite0's ImageNet classes mapped into MiniLM's sentence "
                  "space, scored with MS-SL's clip-scale and frame-scale branches. Give `--checkpoint` to use "
                  "a trained MS-SL model.")
@@ -202,7 +202,7 @@ class Predictor:
     def __init__(self, settings: AppSettings, model: object, info: ModelInfo, profile: str) -> None:
         from extract.pipeline import TextEncoder, VideoExtractor
         from prvr.index import IndexConfig, VideoIndex
-        from prvr.index_store import SCHEMA_VERSION
+        from prvr.index.store import SCHEMA_VERSION
 
         self.settings, self.model, self.info, self.profile = settings, model, info, profile
         self.extractor = VideoExtractor(profile)
@@ -210,13 +210,13 @@ class Predictor:
         # one directory per model and index schema: an index written by an older release is left alone
         name = f"{profile}-{model.fingerprint()[:12]}-v{SCHEMA_VERSION}"
         self.index_dir = settings.data_dir / "indexes" / name
-        self.index = VideoIndex.open_or_create(self.index_dir, model, IndexConfig(),
-                                               text_encoder=self._encode_text)
+        self.index = VideoIndex.open_or_create(self.index_dir, model, IndexConfig())
         self.media_dir = settings.data_dir / "media"  # playable copies of uploads and folder videos
         self.sessions_dir = settings.data_dir / "sessions"
-        # One lock orders searches against index updates (a search must not see half of a reload) and
-        # serialises the text tokenizer, which HF's fast tokenizers require ("Already borrowed").
-        self._lock = threading.RLock()
+        # Searches run in parallel: each index serves reads from an immutable snapshot and serialises its
+        # own writes. Only the text tokenizer needs a lock: HF's fast tokenizers refuse concurrent calls
+        # ("Already borrowed").
+        self._text_lock = threading.Lock()
         self.examples: list[str] = []
 
     @classmethod
@@ -230,15 +230,15 @@ class Predictor:
             predictor.sync_folder(settings.gallery)
         shutil.rmtree(predictor.sessions_dir, ignore_errors=True)  # sessions of a previous run are gone
         if len(predictor.index):  # compile (first start) or load the search kernels now, not in a search
-            predictor.index.search(predictor.examples[0] if predictor.examples else "a video", k=1)
+            predictor.search(predictor.examples[0] if predictor.examples else "a video", k=1)
         log.info("ready in %.1f s: %d videos in %s", time.perf_counter() - t0, len(predictor.index),
                  predictor.index_dir)
         return predictor
 
     # ------------------------------------------------------------------ building the shared gallery
     def _encode_text(self, texts: list[str]) -> list:
-        """The profile's text backbone, serialised (see ``_lock``)."""
-        with self._lock:
+        """The profile's text backbone, serialised (see ``_text_lock``)."""
+        with self._text_lock:
             return self.text.encode(texts)
 
     def add_demo_gallery(self) -> None:
@@ -273,8 +273,7 @@ class Predictor:
         changed = {p.video_id for p in wanted}
         stale = [i for i in self.index.ids if i.startswith("folder:") and (i not in present or i in changed)]
         if stale:
-            with self._lock:
-                self.index.remove(stale)
+            self.index.remove(stale)
         self._index_files(wanted, f"folder {folder}", make_playable=True)
 
     def _index_files(self, items: list[Pending], what: str, make_playable: bool = False) -> None:
@@ -296,8 +295,7 @@ class Predictor:
             stored = self._portable(playable)
             batch.append(GalleryVideo.from_features(item.video_id, features, item.title, stored))
         if batch:
-            with self._lock:
-                self.index.add(batch)
+            self.index.add(batch)
             log.info("indexed %d videos of the %s in %.1f s", len(batch), what, time.perf_counter() - t0)
 
     def _portable(self, path: Path) -> str:
@@ -330,26 +328,15 @@ class Predictor:
         if not 0.0 <= weight <= 1.0:
             raise QueryError(f"clip_weight must be between 0 and 1, got {weight}")
         weights = (weight, 1.0 - weight)
-        cleaned = clean_query(query)  # QueryError for an empty or undecodable query
-        with self._lock:
-            tokens = self._encode_text([cleaned.text])[0]  # encoded once, searched in both indexes
-            shared = self.index.search(tokens, k=k, weights=weights)
-            shared.query = cleaned.to_dict()
-            if session is None or len(session.index) == 0:
-                return dataclasses.replace(shared, results=[self._located(r) for r in shared.results])
-            private = session.index.search(tokens, k=k, weights=weights)
-            # Private hits are judged against the shared gallery's score distribution: a session index
-            # of one or two videos has no distribution of its own.
-            q, _ = self.index.encode_query(tokens)
-            background = self.index.rank(q, self.index.cfg.background, weights)[1]
-        rule = ConfidenceRule()
-        z = rule.z_scores(np.array([r["score"] for r in private.results]), background)
-        relabelled = [dict(r, confidence=rule.label(None if z is None else float(z[i])), source="session")
-                      for i, r in enumerate(private.results)]
-        merged = sorted(shared.results + relabelled, key=lambda r: -r["score"])[:k]
-        merged = [dict(self._located(r), rank=i + 1) for i, r in enumerate(merged)]
-        no_strong_match = not merged or merged[0]["confidence"] == "low"  # the index's rule: best z < medium
-        return SearchResponse(merged, shared.query, no_strong_match, weights, False, shared.stats)
+        indexes = [self.index] + ([session.index] if session is not None and len(session.index) else [])
+        # encoded once, ranked in every index; one confidence rule for all hits: the shared gallery's
+        # score distribution (a session index of one or two videos has none of its own)
+        response = search_text(indexes, query, self._encode_text, k, weights,
+                               confidence=GalleryConfidence(self.index))
+        private = session.index.position if len(indexes) > 1 else {}
+        located = [dict(self._located(r), **({"source": "session"} if r["video_id"] in private else {}))
+                   for r in response.results]
+        return dataclasses.replace(response, results=located)
 
     # ------------------------------------------------------------------ uploads
     def ensure_session(self, session: SessionGallery | None) -> SessionGallery | None:
@@ -360,7 +347,7 @@ class Predictor:
 
         self.sessions_dir.mkdir(parents=True, exist_ok=True)
         root = Path(tempfile.mkdtemp(prefix="session-", dir=self.sessions_dir))
-        index = VideoIndex.create(root / "index", self.model, IndexConfig(), text_encoder=self._encode_text)
+        index = VideoIndex.create(root / "index", self.model, IndexConfig())
         return SessionGallery(root, index)
 
     def add_video(self, path: str | Path, session: SessionGallery | None = None,
@@ -404,8 +391,7 @@ class Predictor:
             features = self.extractor.extract(stored, sha256=sha)
             report(0.9, "indexing")
             video_id = f"upload:{sha[:12]}"
-            with self._lock:
-                index.add([GalleryVideo.from_features(video_id, features, path.stem, self._portable(stored))])
+            index.add([GalleryVideo.from_features(video_id, features, path.stem, self._portable(stored))])
         except BaseException:
             stored.unlink(missing_ok=True)  # nothing indexed: leave no orphan file behind
             raise
