@@ -23,7 +23,7 @@ from prvr.index.sketch import BoundQuery, quantize, sketch, window_factors
 from prvr.model import MSSL, MSSLConfig
 from prvr.preprocess import window_table
 
-SHARED = Path(__file__).resolve().parents[2] / "shared"
+SHARED = Path(os.environ.get("PRVR_SHARED", Path(__file__).resolve().parents[2] / "shared"))
 REPO = Path(__file__).resolve().parents[1]
 SMALL = dict(visual_dim=24, query_dim=16, hidden_size=32, n_heads=2, max_ctx_l=32)
 
@@ -382,9 +382,60 @@ def test_persistence_add_remove_compact(tmp_path: Path) -> None:
     compacted = VideoIndex.open(tmp_path / "ix", model)
     ids = [compacted.videos[p]["id"] for p in ranked(compacted, q, 27)[0]]
     assert ids == [videos[p].id for p in before[0][3:]]
-    assert len(list((tmp_path / "ix").glob("seg-*"))) == 1  # old segments deleted after the swap
+    # the old segments are retired, kept for lock-free readers of the old manifest, deleted after a grace
+    retired = {r["name"] for r in compacted.manifest["retired"]}
+    assert retired == {s["name"] for s in index.manifest["segments"]}
+    store.remove_debris(tmp_path / "ix", compacted.manifest, grace=0.0)
+    assert len(list((tmp_path / "ix").glob("seg-*"))) == 1
     with pytest.raises(GalleryError, match="no video with id"):
         compacted.remove(["missing"])
+
+
+def test_removing_an_id_twice_removes_only_that_video(tmp_path: Path) -> None:
+    model = small_model()
+    index = VideoIndex.create(tmp_path / "ix", model)
+    a, b = gallery(2, seed=21)
+    index.add([a, b])  # one segment of two videos
+    index.remove([a.id, a.id])
+    assert index.ids == [b.id] and VideoIndex.open(tmp_path / "ix", model).ids == [b.id]
+
+
+def test_open_leaves_the_given_config_alone_and_restores_the_stored_one(tmp_path: Path) -> None:
+    model = small_model()
+    created = IndexConfig(mode="compact", frame_balls=8, segment_videos=3, encode_batch=5)
+    VideoIndex.create(tmp_path / "ix", model, created).add(gallery(4, seed=22))
+    given = IndexConfig(nprobe=7)
+    opened = VideoIndex.open(tmp_path / "ix", model, given)
+    assert given == IndexConfig(nprobe=7)  # not mutated
+    assert (opened.cfg.mode, opened.cfg.frame_balls, opened.cfg.nprobe) == ("compact", 8, 7)
+    assert VideoIndex.open(tmp_path / "ix", model).cfg == created  # all of it, not only two fields
+
+
+def test_a_reader_of_the_old_manifest_can_still_open_its_segments(tmp_path: Path) -> None:
+    """Readers take no lock: one that read the manifest just before a compaction must still find the
+    segments it names (the writer keeps retired segments for a grace period)."""
+    model = small_model()
+    index = VideoIndex.create(tmp_path / "ix", model)
+    index.add(gallery(3, seed=23))
+    index.add(gallery(3, seed=24))
+    old = store.read_manifest(tmp_path / "ix")  # a reader, between reading the manifest and the segments
+    index.remove([index.ids[0]])
+    index.compact()
+    index.add(gallery(1, seed=25))
+    for entry in old["segments"]:
+        arrays, videos = store.load_segment(tmp_path / "ix", entry, (), checksum=True)
+        assert len(videos) == 3 and len(arrays["units"]) == 3
+
+
+def test_durable_writes_do_not_sleep(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    def no_sleep(seconds: float) -> None:
+        raise AssertionError(f"time.sleep({seconds}) in a write")
+
+    model = small_model()
+    index = VideoIndex.create(tmp_path / "ix", model)
+    monkeypatch.setattr(time, "sleep", no_sleep)
+    index.add(gallery(2, seed=26))
+    assert len(index) == 2
 
 
 def test_refuses_other_model_schema_and_corruption(tmp_path: Path) -> None:
