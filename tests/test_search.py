@@ -209,3 +209,41 @@ def test_search_ranks_by_model_score_over_several_indexes(tmp_path: Path) -> Non
     np.testing.assert_allclose([r["frame_score"] for r in response], scores.frame[0].numpy()[expected],
                                atol=1e-5)
     assert [r["rank"] for r in response] == list(range(1, 7)) and response.stats["videos"] == 8
+
+
+def test_concurrent_searches_equal_serial_ones_while_the_index_is_written(tmp_path: Path) -> None:
+    """Searches run in parallel (no global lock) over immutable snapshots: 4 threads searching while
+    another thread adds videos get, for every query, either the result of the index before the add or the
+    result after it, never a mix."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    torch.manual_seed(0)
+    model = MSSL(MSSLConfig(visual_dim=24, query_dim=16, hidden_size=32, n_heads=2, max_ctx_l=32)).eval()
+    rng = np.random.default_rng(7)
+
+    def videos(n: int, prefix: str) -> list[GalleryVideo]:
+        out = []
+        for i in range(n):
+            rows = int(rng.integers(1, 40))
+            t = np.arange(rows, dtype=np.float32)
+            out.append(GalleryVideo(f"{prefix}{i}", rng.standard_normal((rows, 24)).astype(np.float32), t,
+                                    t + 1, float(rows)))
+        return out
+
+    index = VideoIndex.create(tmp_path / "ix", model)
+    index.add(videos(300, "a"))
+    later = videos(100, "b")
+    texts = [f"query number {i} about a {w}" for i, w in enumerate(["cat", "dog", "car", "tree"] * 3)]
+    before = [search_text([index], t, fake_text_encoder, k=5).results for t in texts]
+    with ThreadPoolExecutor(5) as pool:
+        writer = pool.submit(index.add, later)
+        during = list(pool.map(lambda t: search_text([index], t, fake_text_encoder, k=5).results, texts * 3))
+        writer.result()
+    after = [search_text([index], t, fake_text_encoder, k=5).results for t in texts]
+    assert before != after  # the add changed some rankings
+    for j, got in enumerate(during):
+        assert got in (before[j % len(texts)], after[j % len(texts)])
+    with ThreadPoolExecutor(4) as pool:
+        together = list(pool.map(lambda t: search_text([index], t, fake_text_encoder, k=5).results,
+                                 texts * 2))
+    assert together == after * 2
