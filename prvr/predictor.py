@@ -126,6 +126,20 @@ class SessionGallery:
             session.close()
 
 
+class Serialised:
+    """A callable that runs one call at a time (for objects that refuse concurrent calls)."""
+
+    def __init__(self, fn: Callable) -> None:
+        self.fn, self.lock = fn, threading.Lock()
+
+    def __call__(self, *args: object, **kwargs: object) -> object:
+        with self.lock:
+            return self.fn(*args, **kwargs)
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self.fn, name)
+
+
 class Pending(NamedTuple):
     """A video to extract and index at start-up."""
 
@@ -207,6 +221,9 @@ class Predictor:
         self.settings, self.model, self.info, self.profile = settings, model, info, profile
         self.extractor = VideoExtractor(profile)
         self.text = TextEncoder(profile)
+        # HF's fast tokenizers refuse concurrent calls ("Already borrowed"): only the tokenizer is
+        # serialised, the text model runs in parallel for concurrent searches
+        self.text.backbone.tokenizer = Serialised(self.text.backbone.tokenizer)
         # one directory per model and index schema: an index written by an older release is left alone
         name = f"{profile}-{model.fingerprint()[:12]}-v{SCHEMA_VERSION}"
         self.index_dir = settings.data_dir / "indexes" / name
@@ -214,9 +231,7 @@ class Predictor:
         self.media_dir = settings.data_dir / "media"  # playable copies of uploads and folder videos
         self.sessions_dir = settings.data_dir / "sessions"
         # Searches run in parallel: each index serves reads from an immutable snapshot and serialises its
-        # own writes. Only the text tokenizer needs a lock: HF's fast tokenizers refuse concurrent calls
-        # ("Already borrowed").
-        self._text_lock = threading.Lock()
+        # own writes; nothing else here is shared mutable state.
         self.examples: list[str] = []
 
     @classmethod
@@ -237,9 +252,8 @@ class Predictor:
 
     # ------------------------------------------------------------------ building the shared gallery
     def _encode_text(self, texts: list[str]) -> list:
-        """The profile's text backbone, serialised (see ``_text_lock``)."""
-        with self._text_lock:
-            return self.text.encode(texts)
+        """The profile's text backbone: token features of each text."""
+        return self.text.encode(texts)
 
     def add_demo_gallery(self) -> None:
         """Render the demo videos (first start only) and index those not indexed yet, in one update."""
