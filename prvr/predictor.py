@@ -324,9 +324,7 @@ class Predictor:
 
     def _record(self, video_id: str, index: object | None = None) -> dict | None:
         """The stored record (id, title, path, sha256...) of a live video, or None."""
-        index = index or self.index
-        position = index.position.get(video_id)
-        return None if position is None else index.videos[position]
+        return (index or self.index).record(video_id)
 
     # ------------------------------------------------------------------ searching
     @property
@@ -447,9 +445,9 @@ class Predictor:
         for index in (self.index, session.index if session else None):
             if index is None:
                 continue
-            for position in list(index.position.values()):
-                if index.videos[position].get("sha256") == sha:
-                    return index.videos[position]
+            for record in index.records():
+                if record.get("sha256") == sha:
+                    return record
         return None
 
     # ------------------------------------------------------------------ describing

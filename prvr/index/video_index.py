@@ -250,6 +250,17 @@ class VideoIndex:
         snap = self.snapshot
         return [snap.videos[i]["id"] for i in snap.live]
 
+    def record(self, video_id: str) -> dict | None:
+        """The stored record (id, title, path, duration, sha256) of a live video, or None."""
+        snap = self.snapshot
+        position = snap.position.get(video_id)
+        return None if position is None else snap.videos[position]
+
+    def records(self) -> list[dict]:
+        """The stored records of the live videos, in index order."""
+        snap = self.snapshot
+        return [snap.videos[i] for i in snap.live]
+
     def first_pass_bytes(self) -> int:
         """Bytes an exact query reads for every video (the 8-bit sketch); the rest is read per candidate."""
         snap = self.snapshot
