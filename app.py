@@ -35,7 +35,8 @@ os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
 import gradio as gr  # noqa: E402
 
 from prvr.predictor import AppSettings, Predictor, SessionGallery  # noqa: E402
-from prvr.search import QueryError, SearchResponse  # noqa: E402
+from prvr.query import QueryError  # noqa: E402
+from prvr.results import SearchResponse  # noqa: E402
 
 log = logging.getLogger(__name__)
 

@@ -24,7 +24,7 @@ import numpy as np
 import torch
 
 from prvr.confidence import Calibrator, ConfidenceConfig
-from prvr.search import ConfidenceRule
+from prvr.results import ConfidenceRule
 
 OFF_TOPIC = [
     "a dog playing football", "a chef cooking pasta in a kitchen", "a man swimming in the ocean",

@@ -37,7 +37,9 @@ import numpy as np
 
 from extract.decode import DecodeLimits, MediaError, find_videos, probe, sha256_file
 from extract.transcode import ensure_browser_playable, unplayable_reason
-from prvr.search import ConfidenceRule, QueryError, SearchResponse, clean_query
+from prvr.query import QueryError
+from prvr.results import GalleryConfidence, SearchResponse
+from prvr.search import search_text
 
 log = logging.getLogger(__name__)
 
@@ -157,6 +159,20 @@ class SessionGallery:
             session.close()
 
 
+class Serialised:
+    """A callable that runs one call at a time (for objects that refuse concurrent calls)."""
+
+    def __init__(self, fn: Callable) -> None:
+        self.fn, self.lock = fn, threading.Lock()
+
+    def __call__(self, *args: object, **kwargs: object) -> object:
+        with self.lock:
+            return self.fn(*args, **kwargs)
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self.fn, name)
+
+
 class Pending(NamedTuple):
     """A video to extract and index at start-up."""
 
@@ -221,7 +237,7 @@ def _training_free(settings: AppSettings) -> tuple[object, ModelInfo, str]:
     if set(settings.weight_specs()) & {b for b, _ in _profile(bridge.PROFILE).weights}:
         raise ValueError(f"the {bridge.PROFILE!r} training-free model uses its packaged weights; --weights "
                          "applies to the clip profile or to a checkpoint's profile")
-    model = bridge.BridgeModel.from_pretrained()
+    model = bridge.BridgeModel.from_pretrained(cache_dir=settings.data_dir / "bridge")
     why = "chosen with --profile lite" if choice else f"chosen automatically: {fallback}"
     log.info("model: %s (%s)", bridge.NAME, why)
     about = ("No PRVR training: EfficientNet-Lite0's ImageNet classes mapped into MiniLM's sentence "
@@ -296,8 +312,8 @@ def warm_search_kernels(model: object, profile: str) -> threading.Thread:
     """Compile (first start in a checkout, about a minute on 2 cores) or load the index's numba search
     kernels in a background thread, by searching a throwaway two-video index of random rows."""
     from extract.profiles import get_profile
-    from prvr.gallery import GalleryVideo
-    from prvr.index import IndexConfig, VideoIndex
+    from prvr.index import GalleryVideo, IndexConfig, VideoIndex
+    from prvr.search import search
 
     dims = get_profile(profile)
 
@@ -315,7 +331,7 @@ def warm_search_kernels(model: object, profile: str) -> threading.Thread:
                     times = np.arange(n, dtype=np.float64)
                     videos.append(GalleryVideo(f"warm{i}", rows, times, times + 1.0, float(n)))
                 index.add(videos)
-                index.search(rng.normal(size=(6, dims.text_dim)).astype(np.float32), k=1)
+                search([index], rng.normal(size=(6, dims.text_dim)).astype(np.float32), k=1)
         except Exception:  # noqa: BLE001 - only a head start: the first real search compiles instead
             log.exception("warming the search kernels failed; the first search will compile them")
             return
@@ -333,7 +349,7 @@ class Predictor:
         from extract.pipeline import TextEncoder, VideoExtractor
         from extract.profiles import ProfileMismatch, check_identity
         from prvr.index import IndexConfig, VideoIndex
-        from prvr.index_store import SCHEMA_VERSION
+        from prvr.index.store import SCHEMA_VERSION
 
         self.settings, self.model, self.info, self.profile = settings, model, info, profile
         weights = profile_weights(settings, profile) or None
@@ -345,16 +361,17 @@ class Predictor:
             except ProfileMismatch as err:
                 raise ProfileMismatch(f"{err} Pass the weights the model was made with (--weights).") \
                     from None
+        # HF's fast tokenizers refuse concurrent calls ("Already borrowed"): only the tokenizer is
+        # serialised, the text model runs in parallel for concurrent searches
+        self.text.backbone.tokenizer = Serialised(self.text.backbone.tokenizer)
         # one directory per model and index schema: an index written by an older release is left alone
         name = f"{profile}-{model.fingerprint()[:12]}-v{SCHEMA_VERSION}"
         self.index_dir = settings.data_dir / "indexes" / name
-        self.index = VideoIndex.open_or_create(self.index_dir, model, IndexConfig(),
-                                               text_encoder=self._encode_text)
+        self.index = VideoIndex.open_or_create(self.index_dir, model, IndexConfig())
         self.media_dir = settings.data_dir / "media"  # playable copies of uploads and folder videos
         self.sessions_dir = settings.data_dir / "sessions"
-        # One lock orders searches against index updates (a search must not see half of a reload) and
-        # serialises the text tokenizer, which HF's fast tokenizers require ("Already borrowed").
-        self._lock = threading.RLock()
+        # Searches run in parallel: each index serves reads from an immutable snapshot and serialises its
+        # own writes; nothing else here is shared mutable state.
         self.examples: list[str] = []
 
     @classmethod
@@ -377,7 +394,7 @@ class Predictor:
             log.info("waiting for the search kernels (still compiling)")
         kernels.join()
         if len(predictor.index):  # load the search kernels now (compiled above), not in a user's search
-            predictor.index.search(predictor.examples[0] if predictor.examples else "a video", k=1)
+            predictor.search(predictor.examples[0] if predictor.examples else "a video", k=1)
         log.info("ready in %.1f s: %d videos in %s", time.perf_counter() - t0, len(predictor.index),
                  predictor.index_dir)
         return predictor
@@ -425,9 +442,8 @@ class Predictor:
 
     # ------------------------------------------------------------------ building the shared gallery
     def _encode_text(self, texts: list[str]) -> list:
-        """The profile's text backbone, serialised (see ``_lock``)."""
-        with self._lock:
-            return self.text.encode(texts)
+        """The profile's text backbone: token features of each text."""
+        return self.text.encode(texts)
 
     def add_demo_gallery(self) -> None:
         """Render the demo videos (first start only) and index those not indexed yet, in one update."""
@@ -461,8 +477,7 @@ class Predictor:
         changed = {p.video_id for p in wanted}
         stale = [i for i in self.index.ids if i.startswith("folder:") and (i not in present or i in changed)]
         if stale:
-            with self._lock:
-                self.index.remove(stale)
+            self.index.remove(stale)
         self._index_files(wanted, f"folder {folder}", make_playable=True)
 
     def _index_files(self, items: list[Pending], what: str, make_playable: bool = False) -> None:
@@ -484,8 +499,7 @@ class Predictor:
             stored = self._portable(playable)
             batch.append(GalleryVideo.from_features(item.video_id, features, item.title, stored))
         if batch:
-            with self._lock:
-                self.index.add(batch)
+            self.index.add(batch)
             log.info("indexed %d videos of the %s in %.1f s", len(batch), what, time.perf_counter() - t0)
 
     def _portable(self, path: Path) -> str:
@@ -500,9 +514,7 @@ class Predictor:
 
     def _record(self, video_id: str, index: object | None = None) -> dict | None:
         """The stored record (id, title, path, sha256...) of a live video, or None."""
-        index = index or self.index
-        position = index.position.get(video_id)
-        return None if position is None else index.videos[position]
+        return (index or self.index).record(video_id)
 
     # ------------------------------------------------------------------ searching
     @property
@@ -518,26 +530,15 @@ class Predictor:
         if not 0.0 <= weight <= 1.0:
             raise QueryError(f"clip_weight must be between 0 and 1, got {weight}")
         weights = (weight, 1.0 - weight)
-        cleaned = clean_query(query)  # QueryError for an empty or undecodable query
-        with self._lock:
-            tokens = self._encode_text([cleaned.text])[0]  # encoded once, searched in both indexes
-            shared = self.index.search(tokens, k=k, weights=weights)
-            shared.query = cleaned.to_dict()
-            if session is None or len(session.index) == 0:
-                return dataclasses.replace(shared, results=[self._located(r) for r in shared.results])
-            private = session.index.search(tokens, k=k, weights=weights)
-            # Private hits are judged against the shared gallery's score distribution: a session index
-            # of one or two videos has no distribution of its own.
-            q, _ = self.index.encode_query(tokens)
-            background = self.index.rank(q, self.index.cfg.background, weights)[1]
-        rule = ConfidenceRule()
-        z = rule.z_scores(np.array([r["score"] for r in private.results]), background)
-        relabelled = [dict(r, confidence=rule.label(None if z is None else float(z[i])), source="session")
-                      for i, r in enumerate(private.results)]
-        merged = sorted(shared.results + relabelled, key=lambda r: -r["score"])[:k]
-        merged = [dict(self._located(r), rank=i + 1) for i, r in enumerate(merged)]
-        no_strong_match = not merged or merged[0]["confidence"] == "low"  # the index's rule: best z < medium
-        return SearchResponse(merged, shared.query, no_strong_match, weights, False, shared.stats)
+        indexes = [self.index] + ([session.index] if session is not None and len(session.index) else [])
+        # encoded once, ranked in every index; one confidence rule for all hits: the shared gallery's
+        # score distribution (a session index of one or two videos has none of its own)
+        response = search_text(indexes, query, self._encode_text, k, weights,
+                               confidence=GalleryConfidence(self.index))
+        private = session.index.position if len(indexes) > 1 else {}
+        located = [dict(self._located(r), **({"source": "session"} if r["video_id"] in private else {}))
+                   for r in response.results]
+        return dataclasses.replace(response, results=located)
 
     # ------------------------------------------------------------------ uploads
     def ensure_session(self, session: SessionGallery | None) -> SessionGallery | None:
@@ -548,7 +549,7 @@ class Predictor:
 
         self.sessions_dir.mkdir(parents=True, exist_ok=True)
         root = Path(tempfile.mkdtemp(prefix="session-", dir=self.sessions_dir))
-        index = VideoIndex.create(root / "index", self.model, IndexConfig(), text_encoder=self._encode_text)
+        index = VideoIndex.create(root / "index", self.model, IndexConfig())
         return SessionGallery(root, index)
 
     def add_video(self, path: str | Path, session: SessionGallery | None = None,
@@ -595,9 +596,8 @@ class Predictor:
             features = self.extractor.extract(stored, sha256=sha)
             report(0.9, "indexing")
             video_id = f"upload:{sha[:12]}"
-            with self._lock:
-                title = Path(shown).stem
-                index.add([GalleryVideo.from_features(video_id, features, title, self._portable(stored))])
+            title = Path(shown).stem
+            index.add([GalleryVideo.from_features(video_id, features, title, self._portable(stored))])
         except BaseException:
             stored.unlink(missing_ok=True)  # nothing indexed: leave no orphan file behind
             raise
@@ -650,9 +650,9 @@ class Predictor:
         for index in (self.index, session.index if session else None):
             if index is None:
                 continue
-            for position in list(index.position.values()):
-                if index.videos[position].get("sha256") == sha:
-                    return index.videos[position]
+            for record in index.records():
+                if record.get("sha256") == sha:
+                    return record
         return None
 
     # ------------------------------------------------------------------ describing

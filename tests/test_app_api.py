@@ -15,7 +15,8 @@ from pathlib import Path
 import pytest
 
 import app
-from prvr.search import SearchResponse, clean_query
+from prvr.query import clean_query
+from prvr.results import SearchResponse
 from tests.test_uploads import make_predictor, write_clip
 
 

@@ -13,7 +13,7 @@ import prvr  # noqa: F401  - applies the torchvision CPU fix first
 from prvr import ral, regularizers
 from prvr.model import MSSL, EncodedQueries, MSSLConfig
 from prvr.preprocess import pad
-from prvr.search import QueryError
+from prvr.query import QueryError
 
 H = 16
 
@@ -326,6 +326,7 @@ def test_csa_changes_the_frame_score_at_inference():
 
 def test_index_scores_a_csa_model_exactly(tmp_path):
     from prvr.index import GalleryVideo, VideoIndex
+    from prvr.search import encode_query, search
 
     torch.manual_seed(9)
     model = MSSL(MSSLConfig(visual_dim=DV, query_dim=DQ, csa=True, **SMALL)).eval()
@@ -340,12 +341,12 @@ def test_index_scores_a_csa_model_exactly(tmp_path):
     index.add(videos)
     expected = model.score(model.encode_queries(tokens), model.encode_videos([v.features for v in videos]))
     for j, t in enumerate(tokens):
-        q, _ = index.encode_query(t)
-        positions, totals, _ = index.rank(q, k=4)
+        evidence = index.rank(encode_query(model, t), k=4)
+        positions, totals = np.array([index.position[h.id] for h in evidence.hits]), evidence.totals
         best = np.lexsort((np.arange(len(videos)), -expected.total[j].numpy()))[:4]
         assert positions.tolist() == best.tolist()
         np.testing.assert_allclose(totals, expected.total[j].numpy()[best], atol=1e-5)
-        hits = index.search(t, k=2).results
+        hits = search([index], t, k=2).results
         np.testing.assert_allclose([h["frame_score"] for h in hits], expected.frame[j].numpy()[best[:2]],
                                    atol=1e-5)
     with pytest.raises(QueryError, match="needs the query's tokens"):

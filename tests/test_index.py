@@ -12,33 +12,18 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-import numba
 import numpy as np
 import pytest
 import torch
 
 import prvr  # noqa: F401
-from prvr import index_store as store
-from prvr.index import GalleryError, GalleryVideo, IndexConfig, IndexMismatchError, VideoIndex
-from prvr.index_scan import (
-    BoundQuery,
-    Stored,
-    _grid_max,
-    _grid_values,
-    _int_dots,
-    clip_upper,
-    exact_scores,
-    frame_upper,
-    quantize,
-    sketch,
-    swept_top_k,
-    top_k,
-    window_factors,
-)
+from prvr.index import GalleryError, GalleryVideo, IndexConfig, IndexMismatchError, VideoIndex, store
+from prvr.index.rank import Stored, clip_bounds, exact_rows, frame_bounds, top_k
+from prvr.index.sketch import BoundQuery, quantize, sketch, window_factors
 from prvr.model import MSSL, MSSLConfig
 from prvr.preprocess import window_table
 
-SHARED = Path(__file__).resolve().parents[2] / "shared"
+SHARED = Path(os.environ.get("PRVR_SHARED", Path(__file__).resolve().parents[2] / "shared"))
 REPO = Path(__file__).resolve().parents[1]
 SMALL = dict(visual_dim=24, query_dim=16, hidden_size=32, n_heads=2, max_ctx_l=32)
 
@@ -67,6 +52,35 @@ def queries(n: int, seed: int = 1, dim: int = 16) -> list[np.ndarray]:
     return [rng.standard_normal((int(rng.integers(1, 36)), dim)).astype(np.float32) for _ in range(n)]
 
 
+def ranked(index: VideoIndex, q: np.ndarray, k: int, **kw) -> tuple[np.ndarray, np.ndarray, int]:
+    """(positions, totals, scored exactly) of ``index.rank``'s Evidence."""
+    ev = index.rank(q, k, **kw)
+    return (np.array([index.position[h.id] for h in ev.hits], dtype=np.int64), ev.totals, ev.scored_exactly)
+
+
+def _one_segment(arrays: dict) -> tuple[Stored, np.ndarray]:
+    """The typed Lists and seg_start of one segment's arrays."""
+    return Stored.of([arrays]), np.array([0, len(arrays["units"])])
+
+
+def clip_upper(arrays: dict, rows: np.ndarray, q: BoundQuery, table: np.ndarray | None = None) -> tuple:
+    """rank.clip_bounds of one segment's arrays."""
+    return clip_bounds(arrays, rows, q, table, 1)
+
+
+def frame_upper(arrays: dict, rows: np.ndarray, hi: np.ndarray, q: BoundQuery,
+                table: np.ndarray | None = None, enough: np.ndarray | None = None) -> np.ndarray:
+    """rank.frame_bounds of one segment's arrays (enough: -inf, every tier)."""
+    enough = np.full(len(rows), -np.inf) if enough is None else enough
+    return frame_bounds(*_one_segment(arrays), rows, hi, np.arange(len(rows)), q, table, enough, 1)
+
+
+def exact_scores(arrays: dict, rows: np.ndarray, q: np.ndarray, w: tuple,
+                 table: np.ndarray | None = None):  # noqa: ANN201
+    """rank.exact_rows of one segment's arrays."""
+    return exact_rows(*_one_segment(arrays), rows, BoundQuery.of(q), w, table)
+
+
 def assert_matches_model(index: VideoIndex, model, videos: list[GalleryVideo], tokens: list[np.ndarray],  # noqa: ANN001
                          k: int = 10) -> None:
     """Index scores == model.score within 1e-5 and the same top-k (ties by position)."""
@@ -78,7 +92,7 @@ def assert_matches_model(index: VideoIndex, model, videos: list[GalleryVideo], t
         ex = index.exact(everything, q[j], w)
         for mine, theirs in ((ex.total, scores.total), (ex.clip, scores.clip), (ex.frame, scores.frame)):
             np.testing.assert_allclose(mine, theirs[j].numpy(), atol=1e-5)
-        positions, totals, _ = index.rank(q[j], k)
+        positions, totals, _ = ranked(index, q[j], k)
         expected = np.lexsort((everything, -scores.total[j].numpy()))[:k]
         assert positions.tolist() == expected.tolist()
         np.testing.assert_allclose(totals, scores.total[j].numpy()[expected], atol=1e-5)
@@ -117,12 +131,13 @@ def test_exact_on_random_gallery_of_1000(tmp_path: Path) -> None:
     narrow = VideoIndex.open(tmp_path / "ix", model, IndexConfig(candidate_units=400, candidate_videos=100))
     wide = VideoIndex.open(tmp_path / "ix", model, IndexConfig(candidate_videos=1000))
     for q in model.encode_queries(queries(4, seed=5)).numpy():
-        positions, totals, scored = narrow.rank(q, 10, approximate=True)
-        assert len(positions) == 10 and scored <= 100 and narrow._faiss is not None
+        positions, totals, scored = ranked(narrow, q, 10, approximate=True)
+        assert len(positions) == 10 and scored <= 100
         np.testing.assert_array_equal(totals, narrow.exact(np.sort(positions), q, w).total[
             np.argsort(np.argsort(positions))])
-        exact = wide.rank(q, 10)
-        assert [x.tolist() for x in wide.rank(q, 10, approximate=True)[:2]] == [x.tolist() for x in exact[:2]]
+        exact = ranked(wide, q, 10)
+        approx = ranked(wide, q, 10, approximate=True)
+        assert [x.tolist() for x in approx[:2]] == [x.tolist() for x in exact[:2]]
 
 
 def test_concurrent_searches_return_what_each_returns_alone(tmp_path: Path) -> None:
@@ -134,9 +149,9 @@ def test_concurrent_searches_return_what_each_returns_alone(tmp_path: Path) -> N
     index.add(videos[:250])
     index.add(videos[250:])
     qs = model.encode_queries(queries(12, seed=9)).numpy()
-    alone = [index.rank(q, 10) for q in qs]
+    alone = [ranked(index, q, 10) for q in qs]
     with ThreadPoolExecutor(4) as pool:
-        together = list(pool.map(lambda q: index.rank(q, 10), [*qs, *qs[::-1]]))
+        together = list(pool.map(lambda q: ranked(index, q, 10), [*qs, *qs[::-1]]))
     for (pos, tot, n), (pos2, tot2, n2) in zip(alone + alone[::-1], together, strict=True):
         assert pos.tolist() == pos2.tolist() and n == n2
         np.testing.assert_array_equal(tot, tot2)
@@ -147,7 +162,7 @@ def test_compact_is_exact_for_msslpp(tmp_path: Path) -> None:
     videos = gallery(40, seed=3)
     index = VideoIndex.create(tmp_path / "ix", model, IndexConfig(mode="compact"))
     index.add(videos)
-    assert index.segments[0]["zhat"].shape[1] == 32
+    assert index.snapshot.segments[0]["zhat"].shape[1] == 32
     plus = small_model(clusters=32)  # same weights, MS-SL++ inference
     plus.load_state_dict(model.state_dict())
     assert_matches_model(index, plus, videos, queries(6, seed=4))
@@ -194,14 +209,19 @@ def test_pruned_top_k_equals_full_scan_with_ties(rank: int) -> None:
             # the bounds are tight: a few thousandths above the exact clip score
             assert np.median(clip - ex.clip) < 0.02
             full = ex.total
-            loose = w[0] * clip + w[1] + 1e-4
             expected = np.lexsort((rows, -full))[:10]
-            ranked = [top_k(loose, rows, score, 10)]
-            if w[1] > 0:  # with the frame bound, in one compiled call (over two "segments" of the arrays)
+            runs = [top_k(clip, rows, w, 10, score, None)]
+            if w[1] > 0:  # with the frame bound (over two "segments" of the arrays)
                 halves = [{f: a[cut] for f, a in arrays.items()} for cut in (slice(n // 2), slice(n // 2, n))]
-                ranked.append(swept_top_k(arrays, Stored.of(halves), np.array([0, n // 2, n]), rows, qc, w,
-                                          10, threads=2))
-            for positions, totals, scored in ranked:
+                stored, seg_start = Stored.of(halves), np.array([0, n // 2, n])
+
+                def frame_bound(at: np.ndarray, enough: np.ndarray, qc: BoundQuery = qc,
+                                prefix: np.ndarray = prefix, stored: Stored = stored,
+                                seg_start: np.ndarray = seg_start) -> np.ndarray:
+                    return frame_bounds(stored, seg_start, rows[at], prefix, at, qc, None, enough, 2)
+
+                runs.append(top_k(clip, rows, w, 10, score, frame_bound))
+            for positions, totals, scored in runs:
                 assert positions.tolist() == expected.tolist()
                 np.testing.assert_array_equal(totals, full[expected])  # the same totals, to the last bit
                 assert scored < n // 4  # the bounds prune most videos
@@ -299,22 +319,36 @@ def test_quantized_bounds_hold_for_every_window(M: int) -> None:
 @pytest.mark.parametrize("H", [7, 16, 40, 384, 1000])
 def test_integer_unit_dots_are_exact(H: int) -> None:
     """The first pass's dot products of 8-bit codes with the query's 16-bit levels are exact integers, even
-    at the extremes of both, and the levels are within ``spread`` of the query."""
+    at the extremes of both: units that are exactly their codes (no quantisation error) get a clip bound
+    within the query's own rounding of the exact score, never below it; the levels are within ``spread``."""
     rng = np.random.default_rng(H)
     q = rng.standard_normal(H).astype(np.float32) * 1e3
     bq = BoundQuery.of(q)
     assert np.linalg.norm(q.astype(np.float64) - bq.levels * bq.step) <= bq.spread
-    codes = rng.integers(-127, 128, (11, H)).astype(np.int8)  # rows in fours and three left over
-    codes[0], codes[9] = 127 * np.sign(bq.levels), -127 * np.sign(bq.levels)  # the largest sums
-    dots = np.empty(len(codes), np.int32)
-    numba.njit(lambda c, lv, out: _int_dots(c, lv, out))(codes, bq.levels, dots)
-    np.testing.assert_array_equal(dots, codes.astype(np.int64) @ bq.levels.astype(np.int64))
+    M = 7
+    codes = rng.integers(-127, 128, (6, M, H)).astype(np.int8)
+    codes[0], codes[1] = 127 * np.sign(bq.levels), -127 * np.sign(bq.levels)  # the largest sums
+    codes[:, :, 0] = 127  # every unit's peak is 127: scale 1, the codes are the units exactly
+    units = codes.astype(np.float32)
+    table = window_table(M).numpy()
+    windows = np.broadcast_to(table, (len(units), len(table), 2))
+    csum = np.concatenate([np.zeros((len(units), 1, H)), units.astype(np.float64).cumsum(1)], 1)
+    props = (csum[:, table[:, 1]] - csum[:, table[:, 0]]) / (table[:, 1] - table[:, 0])[:, None]
+    pnorm = np.linalg.norm(props, axis=-1).astype(np.float32)
+    zhat = (props / np.linalg.norm(props, axis=-1, keepdims=True)).astype(np.float32)
+    arrays = {"units": units, "pnorm": pnorm, "zhat": zhat, **sketch(units, pnorm, windows, zhat, n_balls=4)}
+    assert (arrays["err"] < 1e-20).all()
+    rows = np.arange(len(units))
+    clip = clip_upper(arrays, rows, bq)[0]
+    exact = exact_scores(arrays, rows, q, (1.0, 0.0)).clip
+    slack = bq.spread * np.linalg.norm(units, axis=-1).max() / bq.norm  # the query's rounding, per unit
+    assert (clip >= exact - 1e-6).all() and (clip <= exact + 2 * slack + 1e-4).all()
 
 
 @pytest.mark.parametrize("M", [1, 2, 7, 16, 32, 40])
 def test_window_factor_grid_holds_every_window_once(M: int) -> None:
-    """All M (M + 1) / 2 windows land on distinct grid cells, each within one step above 1 / (k |p|); the
-    grid kernel reads each cell as its window's sum."""
+    """All M (M + 1) / 2 windows land on distinct grid cells, each within one step above 1 / (k |p|) (the
+    clip pass reads them: test_quantized_bounds_hold_for_every_window)."""
     rng = np.random.default_rng(M)
     table = window_table(M).numpy()
     pnorm = rng.uniform(0.05, 3.0, (4, len(table))).astype(np.float32)
@@ -325,24 +359,6 @@ def test_window_factor_grid_holds_every_window_once(M: int) -> None:
     values = factors * scale[:, None].astype(np.float64)
     inv = 1.0 / (k * pnorm.astype(np.float64))
     assert (values[:, cell] >= inv).all() and (values[:, cell] <= inv + scale[:, None]).all()
-    csum = np.concatenate([[0.0], np.cumsum(rng.standard_normal(M))])  # the kernel's cells: sums x factors
-    lanes, out, cc = np.empty(M + 1), np.empty(factors.shape[1]), np.empty(2 * M + 2)
-    _grid_values.py_func(csum, factors[0], np.float64(scale[0]), cc, out, lanes)
-    expected = (csum[table[:, 1]] - csum[table[:, 0]]) * values[0, cell]
-    np.testing.assert_allclose(out[cell], expected, rtol=1e-12, atol=1e-15)
-    assert np.isinf(np.delete(out, cell)).all()
-    np.testing.assert_array_equal(lanes, out.reshape(-1, M + 1).max(0))  # the column maxima
-    grid_max = numba.njit(lambda c, f, s: _grid_max(c, f, s, np.empty(2 * len(c))))
-    for sign in (1, -1):  # the compiled maximum (vector code over 8 columns at a time, plain code over the
-        c = sign * np.arange(M + 1.0)  # rest): every unit sum 1 (or -1), a window's value is +-k f: each
-        for top in cell:  # window in turn the largest; empty cells (-inf) never win, not even over -k f
-            f = np.where(factors[0] > 0, 60000 if sign < 0 else 1, 0).astype(np.uint16)
-            f[top] = 1 if sign < 0 else 60000
-            assert grid_max(c, f, 0.5) == sign * k[cell == top][0] * float(f[top]) * 0.5
-    for _ in range(20):  # random sums and factors: the maximum of the cells as _grid_values computes them
-        c = np.concatenate([[0.0], np.cumsum(rng.standard_normal(M) * 10.0 ** rng.uniform(-3, 3))])
-        _grid_values.py_func(c, factors[0], np.float64(scale[0]), cc, out, lanes)
-        assert grid_max(c, factors[0], np.float64(scale[0])) == pytest.approx(out.max(), rel=1e-12)
 
 
 def test_persistence_add_remove_compact(tmp_path: Path) -> None:
@@ -355,20 +371,71 @@ def test_persistence_add_remove_compact(tmp_path: Path) -> None:
     assert manifest["schema_version"] == store.SCHEMA_VERSION and manifest["counts"]["videos"] == 30
     assert manifest["model_fingerprint"] == model.fingerprint() and manifest["mode"] == "exact"
     q = model.encode_queries(queries(1, seed=6)).numpy()[0]
-    before = index.rank(q, 30)
+    before = ranked(index, q, 30)
     gone = [videos[i].id for i in before[0][:3]]
     index.remove(gone)
     reopened = VideoIndex.open(tmp_path / "ix", model)
     assert len(reopened) == 27 and not set(gone) & set(reopened.ids)
-    after = reopened.rank(q, 27)
+    after = ranked(reopened, q, 27)
     assert [reopened.videos[p]["id"] for p in after[0]] == [videos[p].id for p in before[0][3:]]
     reopened.compact()
     compacted = VideoIndex.open(tmp_path / "ix", model)
-    ids = [compacted.videos[p]["id"] for p in compacted.rank(q, 27)[0]]
+    ids = [compacted.videos[p]["id"] for p in ranked(compacted, q, 27)[0]]
     assert ids == [videos[p].id for p in before[0][3:]]
-    assert len(list((tmp_path / "ix").glob("seg-*"))) == 1  # old segments deleted after the swap
+    # the old segments are retired, kept for lock-free readers of the old manifest, deleted after a grace
+    retired = {r["name"] for r in compacted.manifest["retired"]}
+    assert retired == {s["name"] for s in index.manifest["segments"]}
+    store.remove_debris(tmp_path / "ix", compacted.manifest, grace=0.0)
+    assert len(list((tmp_path / "ix").glob("seg-*"))) == 1
     with pytest.raises(GalleryError, match="no video with id"):
         compacted.remove(["missing"])
+
+
+def test_removing_an_id_twice_removes_only_that_video(tmp_path: Path) -> None:
+    model = small_model()
+    index = VideoIndex.create(tmp_path / "ix", model)
+    a, b = gallery(2, seed=21)
+    index.add([a, b])  # one segment of two videos
+    index.remove([a.id, a.id])
+    assert index.ids == [b.id] and VideoIndex.open(tmp_path / "ix", model).ids == [b.id]
+
+
+def test_open_leaves_the_given_config_alone_and_restores_the_stored_one(tmp_path: Path) -> None:
+    model = small_model()
+    created = IndexConfig(mode="compact", frame_balls=8, segment_videos=3, encode_batch=5)
+    VideoIndex.create(tmp_path / "ix", model, created).add(gallery(4, seed=22))
+    given = IndexConfig(nprobe=7)
+    opened = VideoIndex.open(tmp_path / "ix", model, given)
+    assert given == IndexConfig(nprobe=7)  # not mutated
+    assert (opened.cfg.mode, opened.cfg.frame_balls, opened.cfg.nprobe) == ("compact", 8, 7)
+    assert VideoIndex.open(tmp_path / "ix", model).cfg == created  # all of it, not only two fields
+
+
+def test_a_reader_of_the_old_manifest_can_still_open_its_segments(tmp_path: Path) -> None:
+    """Readers take no lock: one that read the manifest just before a compaction must still find the
+    segments it names (the writer keeps retired segments for a grace period)."""
+    model = small_model()
+    index = VideoIndex.create(tmp_path / "ix", model)
+    index.add(gallery(3, seed=23))
+    index.add(gallery(3, seed=24))
+    old = store.read_manifest(tmp_path / "ix")  # a reader, between reading the manifest and the segments
+    index.remove([index.ids[0]])
+    index.compact()
+    index.add(gallery(1, seed=25))
+    for entry in old["segments"]:
+        arrays, videos = store.load_segment(tmp_path / "ix", entry, (), checksum=True)
+        assert len(videos) == 3 and len(arrays["units"]) == 3
+
+
+def test_durable_writes_do_not_sleep(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    def no_sleep(seconds: float) -> None:
+        raise AssertionError(f"time.sleep({seconds}) in a write")
+
+    model = small_model()
+    index = VideoIndex.create(tmp_path / "ix", model)
+    monkeypatch.setattr(time, "sleep", no_sleep)
+    index.add(gallery(2, seed=26))
+    assert len(index) == 2
 
 
 def test_refuses_other_model_schema_and_corruption(tmp_path: Path) -> None:
@@ -431,16 +498,22 @@ def test_second_writer_gets_a_clear_error_and_readers_still_work(tmp_path: Path)
         with pytest.raises(store.IndexLockedError, match="another process"):
             index.add(gallery(2, seed=7))
         reader = VideoIndex.open(tmp_path / "ix", model)
-        assert len(reader.rank(q, 3)[0]) == 3
+        assert len(reader.rank(q, 3)) == 3
     index.add(gallery(2, seed=7))
     assert len(index) == 5
 
 
 CHILD = textwrap.dedent("""
-    import sys, numpy as np, torch
+    import sys, time, numpy as np, torch
     sys.path.insert(0, {tests!r})
     from test_index import gallery, small_model
-    from prvr.index import IndexConfig, VideoIndex
+    from prvr.index import IndexConfig, VideoIndex, store
+    durable = store._write_durable
+    def slow(path, data):  # each add then takes ~1 s of writes, so kills land mid-update
+        entry = durable(path, data)
+        time.sleep(0.05)
+        return entry
+    store._write_durable = slow
     index = VideoIndex.open_or_create({root!r}, small_model(), IndexConfig())
     batch = len(index) // 3
     while True:
@@ -454,8 +527,8 @@ def test_killed_writer_leaves_old_or_new_index(tmp_path: Path) -> None:
     root = tmp_path / "ix"
     script = CHILD.format(tests=str(REPO / "tests"), root=str(root))
     rng = np.random.default_rng(0)
-    # each add then takes ~1 s of writes (a segment is ~20 files + manifest), so kills land mid-update
-    env = {**os.environ, "PYTHONPATH": str(REPO), store.WRITE_DELAY_ENV: "0.05"}
+    # the child slows its writes (a segment is ~20 files + manifest), so kills land mid-update
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
     committed, debris_seen = -1, 0
     for _ in range(3):
         child = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True, env=env)
@@ -474,8 +547,7 @@ def test_killed_writer_leaves_old_or_new_index(tmp_path: Path) -> None:
         assert len(index) % 3 == 0 and n_batches > committed
         expected = [v.id for b in range(n_batches) for v in gallery(3, seed=100 + b)]
         assert index.ids == expected  # whole batches, in order: never a partial add, nothing lost
-        positions, _, _ = index.rank(small_model().encode_queries(queries(1)).numpy()[0], 3)
-        assert len(positions) == 3
+        assert len(index.rank(small_model().encode_queries(queries(1)).numpy()[0], 3)) == 3
         named = {s["name"] for s in index.manifest["segments"]}
         debris_seen += bool({p.name for p in root.glob("seg-*")} - named)
     assert debris_seen >= 1  # at least one kill interrupted a write half-way

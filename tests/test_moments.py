@@ -107,7 +107,7 @@ def test_encode_rows_gives_each_models_finest_rows_in_the_query_space() -> None:
 
     from prvr.bridge import BridgeConfig, BridgeModel
     from prvr.model import MSSL, MSSLConfig
-    from prvr.search import frame_times
+    from prvr.results import frame_times
 
     torch.manual_seed(0)
     rng = np.random.default_rng(5)

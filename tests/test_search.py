@@ -1,4 +1,4 @@
-"""Query validation, moments, time mapping, confidence and the result dicts of VideoIndex.search."""
+"""Query validation, moments, time mapping, confidence and the result dicts of prvr.search."""
 
 from __future__ import annotations
 
@@ -13,15 +13,9 @@ import torch
 import prvr  # noqa: F401
 from prvr.index import GalleryVideo, VideoIndex
 from prvr.model import MSSL, MSSLConfig
-from prvr.search import (
-    MAX_QUERY_CHARS,
-    ConfidenceRule,
-    QueryError,
-    clean_query,
-    frame_times,
-    temporal_nms,
-    unit_spans,
-)
+from prvr.query import MAX_QUERY_CHARS, QueryError, clean_query
+from prvr.results import ConfidenceRule, frame_times, temporal_nms, unit_spans
+from prvr.search import search, search_text
 
 CONTRACT_KEYS = {"rank", "video_id", "title", "path", "duration", "score", "clip_score", "frame_score",
                  "confidence", "key_moment", "moments", "heatmap", "attention"}
@@ -47,7 +41,7 @@ def index(tmp_path_factory: pytest.TempPathFactory) -> VideoIndex:
         t = np.arange(rows, dtype=np.float32) * 2.0  # one row per 2 s
         videos.append(GalleryVideo(f"v{i}", rng.standard_normal((rows, 24)).astype(np.float32), t, t + 2.0,
                                    2.0 * rows, title=f"clip {i}", path=f"/videos/v{i}.mp4"))
-    ix = VideoIndex.create(tmp_path_factory.mktemp("search") / "ix", model, text_encoder=fake_text_encoder)
+    ix = VideoIndex.create(tmp_path_factory.mktemp("search") / "ix", model)
     ix.add(videos)
     return ix
 
@@ -97,7 +91,7 @@ def test_confidence_rule() -> None:
 
 
 def test_search_result_dicts(index: VideoIndex) -> None:
-    response = index.search("a tabby cat sleeping on a sofa", k=4)
+    response = search_text([index], "a tabby cat sleeping on a sofa", fake_text_encoder, k=4)
     payload = json.loads(json.dumps(response.to_dict()))  # plain JSON types only
     assert len(response) == 4 and payload["query"]["text"] == "a tabby cat sleeping on a sofa"
     assert isinstance(payload["no_strong_match"], bool) and payload["weights"] == [0.7, 0.3]
@@ -123,29 +117,29 @@ def test_search_result_dicts(index: VideoIndex) -> None:
 
 def test_search_weights_rerank_and_token_queries(index: VideoIndex) -> None:
     tokens = fake_text_encoder(["a red rocket on the launch pad"])[0]
-    clip_only = index.search(tokens, k=6, weights=(1.0, 0.0))
+    clip_only = search([index], tokens, k=6, weights=(1.0, 0.0))
     assert clip_only.query == {"tokens": 7} and clip_only.weights == (1.0, 0.0)
     assert [r["score"] for r in clip_only] == [r["clip_score"] for r in clip_only]
-    frame_only = index.search(tokens, k=6, weights=(0.0, 1.0))
+    frame_only = search([index], tokens, k=6, weights=(0.0, 1.0))
     frames = [r["frame_score"] for r in frame_only]
     assert frames == sorted(frames, reverse=True)
-    truncated = index.search("rocket " * 2000, k=1)
+    truncated = search_text([index], "rocket " * 2000, fake_text_encoder, k=1)
     assert truncated.query["truncated"] and truncated.query["original_chars"] == 14000
 
 
 def test_search_rejects_bad_queries(index: VideoIndex) -> None:
     with pytest.raises(QueryError, match="empty"):
-        index.search("  ")
+        search_text([index], "  ", fake_text_encoder)
     with pytest.raises(QueryError, match="UTF-8"):
-        index.search(b"\xc3\x28")
+        search_text([index], b"\xc3\x28", fake_text_encoder)
     with pytest.raises(QueryError, match="finite"):
-        index.search(np.full((3, 16), np.nan, np.float32))
+        search([index], np.full((3, 16), np.nan, np.float32))
     with pytest.raises(QueryError, match="16"):
-        index.search(np.ones((3, 15), np.float32))  # the model names the dims it expects
+        search([index], np.ones((3, 15), np.float32))  # the model names the dims it expects
     with pytest.raises(QueryError, match="non-negative"):
-        index.search("a cat", weights=(-1.0, 1.0))
+        search_text([index], "a cat", fake_text_encoder, weights=(-1.0, 1.0))
     with pytest.raises(QueryError, match="positive"):
-        index.search("a cat", k=0)
+        search_text([index], "a cat", fake_text_encoder, k=0)
 
 
 def test_no_strong_match_for_an_unrelated_query_on_a_gallery_of_copies(tmp_path: Path) -> None:
@@ -153,8 +147,103 @@ def test_no_strong_match_for_an_unrelated_query_on_a_gallery_of_copies(tmp_path:
     model = MSSL(MSSLConfig(visual_dim=24, query_dim=16, hidden_size=32, n_heads=2, max_ctx_l=32)).eval()
     features = np.random.default_rng(1).standard_normal((20, 24)).astype(np.float32)
     t = np.arange(20, dtype=np.float32)
-    ix = VideoIndex.create(tmp_path / "ix", model, text_encoder=fake_text_encoder)
+    ix = VideoIndex.create(tmp_path / "ix", model)
     ix.add([GalleryVideo(f"copy{i}", features, t, t + 1, 20.0) for i in range(6)])  # identical videos
-    response = ix.search("anything at all", k=3)
+    response = search_text([ix], "anything at all", fake_text_encoder, k=3)
     assert response.no_strong_match and all(r["confidence"] == "low" for r in response)
     assert [r["video_id"] for r in response] == ["copy0", "copy1", "copy2"]  # exact ties: index order
+
+
+def _nms_reference(start: np.ndarray, end: np.ndarray, score: np.ndarray, n: int = 3,
+                   iou: float = 0.0) -> list:
+    """Greedy temporal NMS, one proposal at a time (the textbook loop)."""
+    kept: list[int] = []
+    for i in sorted(range(len(score)), key=lambda j: -score[j]):
+        ok = all(max(0.0, min(end[j], end[i]) - max(start[j], start[i]))
+                 <= iou * (max(end[j], end[i]) - min(start[j], start[i])) for j in kept)
+        if ok:
+            kept.append(i)
+            if len(kept) == n:
+                break
+    return kept
+
+
+def test_vectorised_nms_equals_the_greedy_loop() -> None:
+    rng = np.random.default_rng(0)
+    for trial in range(200):
+        n = int(rng.integers(1, 60))
+        start = np.round(rng.uniform(0, 50, n), 1)
+        end = start + np.round(rng.uniform(0, 10, n), 1) * (trial % 5 != 0)  # some zero-length
+        score = np.round(rng.uniform(-1, 1, n), 2)  # ties
+        for iou in (0.0, 0.3):
+            assert temporal_nms(start, end, score, 3, iou) == _nms_reference(start, end, score, 3, iou)
+
+
+def test_search_ranks_by_model_score_over_several_indexes(tmp_path: Path) -> None:
+    """search() over two indexes (a shared gallery and a session's) ranks their videos together exactly as
+    the model scores them (``model.score``), best first, text encoded once."""
+    torch.manual_seed(0)
+    model = MSSL(MSSLConfig(visual_dim=24, query_dim=16, hidden_size=32, n_heads=2, max_ctx_l=32)).eval()
+    rng = np.random.default_rng(5)
+    videos = []
+    for i, rows in enumerate([5, 70, 12, 33, 1, 48, 20, 9]):
+        t = np.arange(rows, dtype=np.float32)
+        videos.append(GalleryVideo(f"v{i}", rng.standard_normal((rows, 24)).astype(np.float32), t, t + 1,
+                                   float(rows)))
+    shared, session = VideoIndex.create(tmp_path / "a", model), VideoIndex.create(tmp_path / "b", model)
+    shared.add(videos[:5])
+    session.add(videos[5:])
+    calls = []
+
+    def encoder(texts: list[str]) -> list[np.ndarray]:
+        calls.append(texts)
+        return fake_text_encoder(texts)
+
+    response = search_text([shared, session], "a dog catches a frisbee", encoder, k=6)
+    tokens = fake_text_encoder(["a dog catches a frisbee"])[0]
+    scores = model.score(model.encode_queries([tokens]), model.encode_videos([v.features for v in videos]))
+    expected = np.lexsort((np.arange(len(videos)), -scores.total[0].numpy()))[:6]
+    assert calls == [["a dog catches a frisbee"]]
+    assert [r["video_id"] for r in response] == [videos[i].id for i in expected]
+    np.testing.assert_allclose([r["score"] for r in response], scores.total[0].numpy()[expected], atol=1e-5)
+    np.testing.assert_allclose([r["frame_score"] for r in response], scores.frame[0].numpy()[expected],
+                               atol=1e-5)
+    assert [r["rank"] for r in response] == list(range(1, 7)) and response.stats["videos"] == 8
+
+
+def test_concurrent_searches_equal_serial_ones_while_the_index_is_written(tmp_path: Path) -> None:
+    """Searches run in parallel (no global lock) over immutable snapshots: 4 threads searching while
+    another thread adds videos get, for every query, either the result of the index before the add or the
+    result after it, never a mix."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    torch.manual_seed(0)
+    model = MSSL(MSSLConfig(visual_dim=24, query_dim=16, hidden_size=32, n_heads=2, max_ctx_l=32)).eval()
+    rng = np.random.default_rng(7)
+
+    def videos(n: int, prefix: str) -> list[GalleryVideo]:
+        out = []
+        for i in range(n):
+            rows = int(rng.integers(1, 40))
+            t = np.arange(rows, dtype=np.float32)
+            out.append(GalleryVideo(f"{prefix}{i}", rng.standard_normal((rows, 24)).astype(np.float32), t,
+                                    t + 1, float(rows)))
+        return out
+
+    index = VideoIndex.create(tmp_path / "ix", model)
+    index.add(videos(300, "a"))
+    later = videos(100, "b")
+    texts = [f"query number {i} about a {w}" for i, w in enumerate(["cat", "dog", "car", "tree"] * 3)]
+    before = [search_text([index], t, fake_text_encoder, k=5).results for t in texts]
+    with ThreadPoolExecutor(5) as pool:
+        writer = pool.submit(index.add, later)
+        during = list(pool.map(lambda t: search_text([index], t, fake_text_encoder, k=5).results, texts * 3))
+        writer.result()
+    after = [search_text([index], t, fake_text_encoder, k=5).results for t in texts]
+    assert before != after  # the add changed some rankings
+    for j, got in enumerate(during):
+        assert got in (before[j % len(texts)], after[j % len(texts)])
+    with ThreadPoolExecutor(4) as pool:
+        together = list(pool.map(lambda t: search_text([index], t, fake_text_encoder, k=5).results,
+                                 texts * 2))
+    assert together == after * 2

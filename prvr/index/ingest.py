@@ -2,7 +2,7 @@
 
 ``encode_for_index`` runs the model protocol (docs/design.md, Contract 3) once per video and keeps what
 exact search needs: the clip units, the norm and window index of every stored proposal, the normalised
-key-clip-guided frame feature z of every stored proposal (query-independent, see ``prvr.index_scan``) and
+key-clip-guided frame feature z of every stored proposal (query-independent, see ``prvr.index.kernels``) and
 the encoded frames (for the attention shown with a result).
 """
 

@@ -15,6 +15,11 @@ directory). A reader reads the manifest once and opens only the segments it name
 any point leaves either the old or the new index; a segment directory that no manifest names is debris of
 such a kill and the next writer deletes it. Removals are manifest-only (rows listed as removed); compaction
 rewrites live rows into new segment files and swaps the manifest the same way.
+
+Readers take no lock, so a segment that a commit stops naming may still be opened by a reader that read the
+manifest just before: the manifest lists such segments under ``retired`` with the time they were retired,
+and a writer deletes them only ``RETIRE_GRACE_S`` later (a reader maps its files long before that, and a
+mapping outlives the file's deletion).
 """
 
 from __future__ import annotations
@@ -40,8 +45,7 @@ log = logging.getLogger(__name__)
 # balls; 2: all balls; 1: a basis
 FORMAT, SCHEMA_VERSION = "prvr-index", 5
 MANIFEST, LOCK = "manifest.json", "lock"
-# seconds to pause after every durable write: lets the crash-safety test kill a writer mid-update
-WRITE_DELAY_ENV = "PRVR_INDEX_TEST_WRITE_DELAY"
+RETIRE_GRACE_S = 600.0  # seconds a segment no longer named by the manifest is kept for lock-free readers
 
 
 class IndexStoreError(RuntimeError):
@@ -71,7 +75,6 @@ def _write_durable(path: Path, data: bytes) -> dict:
         f.write(data)
         f.flush()
         os.fsync(f.fileno())
-    time.sleep(float(os.environ.get(WRITE_DELAY_ENV, 0)))
     return {"bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()}
 
 
@@ -104,8 +107,15 @@ def write_segment(root: Path, arrays: dict[str, np.ndarray], videos: list[dict])
     return {"name": name, "count": len(videos), "removed": [], "files": files}
 
 
-def commit_manifest(root: Path, manifest: dict) -> None:
-    """Atomically replace the manifest (temp file, fsync, os.replace, fsync the directory)."""
+def commit_manifest(root: Path, manifest: dict, previous: dict | None = None) -> None:
+    """Atomically replace the manifest (temp file, fsync, os.replace, fsync the directory); the segments of
+    ``previous`` (the manifest it replaces) that it no longer names are listed as retired from now."""
+    named, now = {s["name"] for s in manifest["segments"]}, time.time()
+    retired = [r for r in (previous or {}).get("retired", [])
+               if r["name"] not in named and now - r["since"] < RETIRE_GRACE_S]
+    retired += [{"name": s["name"], "since": now} for s in (previous or {}).get("segments", [])
+                if s["name"] not in named]
+    manifest["retired"] = retired
     tmp = root / f".{MANIFEST}.{uuid.uuid4().hex[:8]}.tmp"
     _write_durable(tmp, (json.dumps(manifest, indent=1, sort_keys=True) + "\n").encode())
     os.replace(tmp, root / MANIFEST)
@@ -156,9 +166,11 @@ def load_segment(root: Path, entry: dict, mapped: tuple[str, ...], checksum: boo
     return arrays, videos
 
 
-def remove_debris(root: Path, manifest: dict) -> None:
-    """Delete segment directories and temp files that the manifest does not name."""
+def remove_debris(root: Path, manifest: dict, grace: float = RETIRE_GRACE_S) -> None:
+    """Delete segment directories and temp files that the manifest does not name: at once those no manifest
+    ever named (left by a killed writer), retired ones ``grace`` seconds after their retirement."""
     named = {s["name"] for s in manifest["segments"]}
+    named |= {r["name"] for r in manifest.get("retired", []) if time.time() - r["since"] < grace}
     for p in root.iterdir():
         debris = p.name.startswith("seg-") and p.name not in named
         if debris or (p.name.startswith(f".{MANIFEST}.") and p.name.endswith(".tmp")):

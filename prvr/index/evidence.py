@@ -1,0 +1,87 @@
+"""Evidence: what an index returns for one query vector, and what the results layer builds results from.
+
+This is the contract between a gallery backend (``VideoIndex`` here; any other store of the same model's
+encoded videos) and ``prvr.results``. A backend fills it from its own storage; the results layer reads only
+these fields. Fields are added with defaults, so that older producers stay valid.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class VideoEvidence:
+    """One ranked video for one query: its record, MS-SL's exact scores and what results are built from.
+
+    Scores are the model's exact float64 values for the query (``model.score``: total = clip_w * clip +
+    frame_w * frame). The key clip is MS-SL's clip-scale argmax proposal (the first of equal ones, as torch).
+    Clip units are the ``map_size`` bins of the official binning of the video's raw rows; proposals are
+    windows [start, end) of clip units, numbered in ``prvr.preprocess.window_table`` order.
+    """
+
+    video: Mapping  # the stored record: "id" (always), "title", "path", "duration" (s), "sha256", ...
+    total: float  # exact MS-SL total score
+    clip: float  # exact clip-scale score: the key clip's cosine
+    frame: float  # exact frame-scale score
+    key: int  # position of the key clip among this video's stored proposals (index into proposal_*)
+    key_window: int  # the key clip's window number (window_table order)
+    key_units: tuple[int, int]  # the key clip's [start, end) clip units
+    proposal_units: np.ndarray  # (P, 2) int: [start, end) clip units of each stored proposal
+    proposal_index: np.ndarray  # (P,) int: window number of each stored proposal
+    proposal_cos: np.ndarray  # (P,) float: clip-scale cosine of each stored proposal with the query
+    unit_cos: np.ndarray  # (M,) float: cosine of each clip unit with the query (the heatmap)
+    row_start: np.ndarray  # (n,) float seconds: start of each raw feature row of the video
+    row_end: np.ndarray  # (n,) float seconds: end of each raw feature row
+    attention: np.ndarray  # (L,) float: the key clip's attention over the video's encoded frames
+
+    @property
+    def id(self) -> str:
+        """The video's id."""
+        return str(self.video["id"])
+
+
+@dataclass(frozen=True)
+class Evidence:
+    """Ranked evidence of a gallery for one query vector, best first (by exact total; equal totals in
+    storage order), at most k videos.
+
+    ``scored_exactly``: how many videos the backend scored exactly (the rest were ruled out by bounds or
+    never candidates); ``searched``: how many live videos the query ran over. ``map_size`` / ``max_ctx_l``:
+    the model's clip units per video and frames seen by the frame branch (to map units and frames to
+    seconds). ``approximate``: candidates came from an approximate pre-selection (scores still exact).
+    """
+
+    hits: tuple[VideoEvidence, ...]
+    weights: tuple[float, float]  # (clip_w, frame_w) of the totals
+    scored_exactly: int
+    searched: int
+    map_size: int
+    max_ctx_l: int
+    approximate: bool = False
+
+    def __len__(self) -> int:
+        return len(self.hits)
+
+    @property
+    def totals(self) -> np.ndarray:
+        """(V,) float64 exact totals, best first."""
+        return np.array([h.total for h in self.hits], dtype=np.float64)
+
+    @classmethod
+    def merge(cls, parts: Sequence[Evidence], k: int) -> Evidence:
+        """The best k of several galleries' evidence for the same query vector and weights (equal totals:
+        the earlier part first)."""
+        if not parts:
+            raise ValueError("merge needs at least one Evidence")
+        first = parts[0]
+        for p in parts[1:]:
+            if (p.weights, p.map_size, p.max_ctx_l) != (first.weights, first.map_size, first.max_ctx_l):
+                raise ValueError("merged evidence must come from the same model and weights")
+        hits = sorted((h for p in parts for h in p.hits), key=lambda h: -h.total)[:k]  # stable
+        return cls(tuple(hits), first.weights, sum(p.scored_exactly for p in parts),
+                   sum(p.searched for p in parts), first.map_size, first.max_ctx_l,
+                   any(p.approximate for p in parts))

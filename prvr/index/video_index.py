@@ -1,0 +1,488 @@
+"""VideoIndex: a persistent, exact, fast gallery of encoded videos for one two-branch model.
+
+```python
+index = VideoIndex.create("runs/index", model, IndexConfig(mode="exact"))   # or VideoIndex.open(path, model)
+index.add([GalleryVideo("v1", features, start, end, duration=..., title=..., path=...)])
+evidence = index.rank(q, k=10, weights=None)     # q: the model's encoded query; Evidence, best first
+index.remove(["v1"]); index.compact()
+```
+
+Modes: ``exact`` stores all P proposals of the model (528; 32 medoids for an MS-SL++ model) and ranks
+exactly by ``model.score``; ``compact`` stores the 32 MS-SL++ length-aware medoids (``prvr.clustering``) per
+video, exact with respect to the model run with ``clusters=32``, at 1/16 of the per-proposal storage.
+``rank(..., approximate=True)`` picks candidate videos with faiss first (``prvr.index.approximate``), then
+scores them exactly. Text, confidence and result dicts live above the index (``prvr.search``,
+``prvr.results``).
+
+Concurrency: every read (``rank``, ``ids``, ``position``...) uses one immutable ``Snapshot`` of the index,
+taken at its start; a write builds the next snapshot aside and swaps it in with one assignment, so reads
+run in parallel with each other and with a write, and never see half an update. Writes are serialised by
+a thread lock and, across processes, by the store's writer lock.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import threading
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from functools import cached_property
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from prvr import ral
+from prvr.index import approximate, store
+from prvr.index.evidence import Evidence, VideoEvidence
+from prvr.index.ingest import GalleryError, GalleryVideo, check_videos, encode_for_index
+from prvr.index.rank import Exact, Stored, clip_bounds, exact_rows, frame_bounds, top_k
+from prvr.index.sketch import FIRST_PASS, SKETCH, BoundQuery, sketch
+from prvr.model import EncodedQueries, EncodedVideos
+from prvr.preprocess import pad, window_table
+from prvr.query import QueryError, check_weights
+
+log = logging.getLogger(__name__)
+
+# per-video arrays the OS pages in on demand; the first pass's arrays (read by every query) are loaded into
+# memory instead, so that the bulk of a big index cannot push them out of the page cache between queries
+MAPPED = ("units", "pnorm", "zhat", "frames", "scenes", *(f for f in SKETCH if f not in FIRST_PASS))
+RESIDENT = (*FIRST_PASS, "pidx")  # what the first pass reads: kept in memory, all segments in one array each
+STORED_CONFIG = ("mode", "frame_balls")  # what the stored data depends on: the manifest's, always
+
+
+class IndexMismatchError(store.IndexStoreError):
+    """The index was built for another model, feature profile or schema."""
+
+
+@dataclass(frozen=True)
+class IndexConfig:
+    mode: str = "exact"  # "exact": every proposal of the model; "compact": 32 MS-SL++ medoids per video
+    frame_balls: int = 16  # balls covering each video's z rows for the frame-scale bound (6 KB per video)
+    segment_videos: int = 512  # an add writes segments of at most this many videos
+    encode_batch: int = 64  # videos encoded (and attended over every proposal) at once
+    lock_timeout: float = 10.0  # seconds a writer waits for another writer
+    verify_checksums: bool = True  # sha256 every file on open (sizes are always checked)
+    nlist: int = 0  # approximate search: IVF lists (0: sqrt of the number of scene centres)
+    nprobe: int = 128  # approximate search: lists visited per query
+    candidate_units: int = 8192  # approximate search: nearest scene centres retrieved by faiss
+    candidate_videos: int = 2048  # approximate search: videos (by their best scene centre) ranked exactly
+
+
+class Snapshot:
+    """One generation of an index, read-only once built: its segments' arrays, records and liveness."""
+
+    def __init__(self, root: Path, manifest: dict, verify: bool) -> None:
+        self.manifest = manifest
+        self.segments: list[dict[str, np.ndarray]] = []
+        self.videos: list[dict] = []
+        self.table = window_table(int(manifest["map_size"])).numpy()
+        self.seg_start = np.cumsum([0] + [e["count"] for e in manifest["segments"]])
+        # the first pass's arrays of all segments, each in one array (the segments hold views into it): a
+        # query scans any range of the gallery in one kernel call
+        self.first: dict[str, np.ndarray] = {}
+        alive = []
+        for s, entry in enumerate(manifest["segments"]):
+            arrays, videos = store.load_segment(root, entry, MAPPED, verify)
+            arrays["frame_offset"] = np.concatenate([[0], np.cumsum(arrays["n_frames"])])
+            arrays["row_offset"] = np.concatenate([[0], np.cumsum(arrays["n_rows"])])
+            for f in RESIDENT:
+                if f not in self.first:
+                    self.first[f] = np.empty((self.seg_start[-1], *arrays[f].shape[1:]), arrays[f].dtype)
+                view = self.first[f][self.seg_start[s]:self.seg_start[s + 1]]
+                view[...] = arrays[f]
+                arrays[f] = view
+            self.segments.append(arrays)
+            self.videos.extend(videos)
+            keep = np.ones(entry["count"], dtype=bool)
+            keep[entry["removed"]] = False
+            alive.append(keep)
+        self.alive = np.concatenate(alive) if alive else np.zeros(0, dtype=bool)
+        self.live = np.flatnonzero(self.alive)
+        self.position = {self.videos[i]["id"]: int(i) for i in self.live}
+        self._lazy = threading.Lock()  # builds the typed Lists and the faiss index once
+
+    @property
+    def windows(self) -> np.ndarray | None:
+        """None when every video stores all windows in window_table order, else the table for ``pidx``."""
+        return None if self.segments[0]["pnorm"].shape[1] == len(self.table) else self.table
+
+    @cached_property
+    def stored(self) -> Stored:
+        """The segments' arrays as the frame-bound and exact kernels read them."""
+        with self._lazy:
+            return Stored.of(self.segments)
+
+    def ivf(self, nlist: int):  # noqa: ANN201
+        """The faiss index of the scene centres (built on first use)."""
+        with self._lazy:
+            if getattr(self, "_ivf", None) is None:
+                self._ivf = approximate.build_ivf(
+                    np.concatenate([np.asarray(seg["scenes"]) for seg in self.segments]), nlist)
+            return self._ivf
+
+    def segment_of(self, positions: np.ndarray | int) -> np.ndarray:
+        """The segment holding each global position."""
+        return np.searchsorted(self.seg_start, positions, side="right") - 1
+
+    def gather(self, key: str, positions: np.ndarray) -> np.ndarray:
+        """Per-video rows of array ``key`` for sorted positions (reads only those rows)."""
+        seg = self.segment_of(positions)
+        first = self.segments[int(seg[0])][key]
+        out = np.empty((len(positions),) + first.shape[1:], dtype=first.dtype)
+        for s in np.unique(seg):
+            where = seg == s
+            out[where] = self.segments[s][key][positions[where] - self.seg_start[s]]
+        return out
+
+    def frames(self, position: int) -> np.ndarray:
+        """The stored encoded frames (L, H) of one video."""
+        s = int(self.segment_of(position))
+        seg, r = self.segments[s], position - self.seg_start[s]
+        return np.asarray(seg["frames"][seg["frame_offset"][r]:seg["frame_offset"][r + 1]])
+
+    def rows(self, position: int) -> tuple[np.ndarray, np.ndarray]:
+        """Raw row start / end seconds of one video."""
+        s = int(self.segment_of(position))
+        seg, r = self.segments[s], position - self.seg_start[s]
+        a, b = seg["row_offset"][r], seg["row_offset"][r + 1]
+        return np.asarray(seg["row_start"][a:b]), np.asarray(seg["row_end"][a:b])
+
+
+def _vector(q: np.ndarray | torch.Tensor | EncodedQueries) -> np.ndarray:
+    """The (H,) float32 query vector of the model's encoding of one query."""
+    if isinstance(q, EncodedQueries):
+        q = q.vectors
+    if isinstance(q, torch.Tensor):
+        q = q.detach().float().cpu().numpy()
+    x = np.asarray(q, dtype=np.float32).reshape(-1)
+    if not np.isfinite(x).all():
+        raise QueryError("the query vector contains NaN or inf")
+    return np.ascontiguousarray(x)
+
+
+class VideoIndex:
+    """An index directory opened for one model; see the module docstring."""
+
+    def __init__(self, root: Path, model, cfg: IndexConfig, manifest: dict) -> None:  # noqa: ANN001
+        self.root, self.model, self.cfg = Path(root), model, cfg
+        self._csa = bool(getattr(model.cfg, "csa", False))
+        self._writing = threading.Lock()  # one writer per process (the store's flock: one per directory)
+        self.snapshot = Snapshot(self.root, manifest, cfg.verify_checksums)
+
+    # ------------------------------------------------------------------ opening
+    @staticmethod
+    def _identity(model) -> dict:  # noqa: ANN001
+        """What an index records about its model: fingerprint, profile identity, geometry."""
+        return {"model_fingerprint": model.fingerprint(), "profile": getattr(model, "profile", None),
+                "map_size": int(model.cfg.map_size), "max_ctx_l": int(model.cfg.max_ctx_l)}
+
+    @classmethod
+    def create(cls, root: str | Path, model, cfg: IndexConfig | None = None) -> VideoIndex:  # noqa: ANN001
+        """Make a new, empty index directory for this model (refuses an existing index)."""
+        cfg = cfg or IndexConfig()
+        if cfg.mode not in ("exact", "compact"):
+            raise ValueError(f"index mode must be 'exact' or 'compact', got {cfg.mode!r}")
+        root = Path(root)
+        root.mkdir(parents=True, exist_ok=True)
+        with store.writer_lock(root, cfg.lock_timeout):
+            if (root / store.MANIFEST).exists():
+                raise store.IndexStoreError(f"{root} already holds an index; open it instead")
+            manifest = {"format": store.FORMAT, "schema_version": store.SCHEMA_VERSION, "generation": 0,
+                        "mode": cfg.mode, **cls._identity(model), "frame_balls": cfg.frame_balls,
+                        "config": dataclasses.asdict(cfg), "segments": [], "counts": {"videos": 0}}
+            store.commit_manifest(root, manifest)
+        return cls(root, model, cfg, manifest)
+
+    @classmethod
+    def open(cls, root: str | Path, model, cfg: IndexConfig | None = None) -> VideoIndex:  # noqa: ANN001
+        """Open an existing index; refuses one built for another model, profile or schema. The config is
+        the given one (else the one the index was created with), with the stored data's mode and frame
+        balls; the given object is not changed."""
+        root = Path(root)
+        manifest = store.read_manifest(root)
+        for key, theirs in cls._identity(model).items():
+            if manifest.get(key) != theirs:
+                raise IndexMismatchError(f"{root} was built with {key} = {manifest.get(key)!r}, but the "
+                                         f"model in use has {key} = {theirs!r}; rebuild the index for it")
+        if cfg is None:
+            known = {f.name for f in dataclasses.fields(IndexConfig)}
+            cfg = IndexConfig(**{k: v for k, v in manifest.get("config", {}).items() if k in known})
+        cfg = dataclasses.replace(cfg, **{k: manifest[k] for k in STORED_CONFIG})
+        return cls(root, model, cfg, manifest)
+
+    @classmethod
+    def open_or_create(cls, root: str | Path, model, cfg: IndexConfig | None = None) -> VideoIndex:  # noqa: ANN001
+        """Open the index at root, or create it when there is none."""
+        if (Path(root) / store.MANIFEST).exists():
+            return cls.open(root, model, cfg)
+        return cls.create(root, model, cfg)
+
+    def refresh(self) -> None:
+        """Re-read the manifest if another writer changed it."""
+        manifest = store.read_manifest(self.root)
+        if manifest["generation"] != self.snapshot.manifest["generation"]:
+            self.snapshot = Snapshot(self.root, manifest, self.cfg.verify_checksums)
+
+    # ------------------------------------------------------------------ what is in it (one snapshot)
+    def __len__(self) -> int:
+        return len(self.snapshot.position)
+
+    @property
+    def manifest(self) -> dict:
+        """The manifest of the current snapshot."""
+        return self.snapshot.manifest
+
+    @property
+    def position(self) -> dict[str, int]:
+        """Live video id -> its position in the current snapshot."""
+        return self.snapshot.position
+
+    @property
+    def videos(self) -> list[dict]:
+        """Every stored record (removed ones too), by position."""
+        return self.snapshot.videos
+
+    @property
+    def ids(self) -> list[str]:
+        """Live video ids in index order."""
+        snap = self.snapshot
+        return [snap.videos[i]["id"] for i in snap.live]
+
+    def record(self, video_id: str) -> dict | None:
+        """The stored record (id, title, path, duration, sha256) of a live video, or None."""
+        snap = self.snapshot
+        position = snap.position.get(video_id)
+        return None if position is None else snap.videos[position]
+
+    def records(self) -> list[dict]:
+        """The stored records of the live videos, in index order."""
+        snap = self.snapshot
+        return [snap.videos[i] for i in snap.live]
+
+    def first_pass_bytes(self) -> int:
+        """Bytes an exact query reads for every video (the 8-bit sketch); the rest is read per candidate."""
+        snap = self.snapshot
+        return sum(seg[f].nbytes for seg in snap.segments for f in FIRST_PASS) + snap.alive.nbytes
+
+    def stored_bytes(self) -> int:
+        """Bytes of every stored array (what the index occupies on disk, manifest aside)."""
+        return sum(a.nbytes for seg in self.snapshot.segments for a in seg.values())
+
+    # ------------------------------------------------------------------ writing
+    def _commit(self, change: Callable[[Snapshot, dict], dict]) -> None:
+        """Under the writer locks: re-read the manifest, apply ``change``, commit atomically, swap in the
+        new snapshot (the one moment a write touches what readers see)."""
+        with self._writing, store.writer_lock(self.root, self.cfg.lock_timeout):
+            current = store.read_manifest(self.root)
+            snap = self.snapshot
+            if current["generation"] != snap.manifest["generation"]:
+                snap = Snapshot(self.root, current, self.cfg.verify_checksums)  # another writer committed
+            manifest = change(snap, dict(current))
+            manifest["generation"] = current["generation"] + 1
+            manifest["counts"] = {"videos": sum(s["count"] - len(s["removed"]) for s in manifest["segments"]),
+                                  "segments": len(manifest["segments"])}
+            store.commit_manifest(self.root, manifest, previous=current)
+            store.remove_debris(self.root, manifest)
+            self.snapshot = Snapshot(self.root, manifest, verify=False)  # files this process just wrote
+
+    def add(self, videos: Sequence[GalleryVideo]) -> None:
+        """Encode and append videos (one atomic update); GalleryError leaves the index untouched."""
+        videos = list(videos)
+        if not videos:
+            return
+        check_videos(videos, set(self.position))  # before encoding: bad input costs nothing
+        enc = encode_for_index(self.model, videos, self.cfg.mode, self.cfg.encode_batch)
+        arrays = {k: np.concatenate(enc[k]) for k in ("units", "pnorm", "pidx", "zhat")}
+        rows = [(np.asarray(v.start, np.float32), np.asarray(v.end, np.float32)) for v in videos]
+
+        def change(snap: Snapshot, manifest: dict) -> dict:
+            check_videos(videos, set(snap.position))  # again: another writer may have added them
+            return self._append(snap, manifest, [v.record() for v in videos], arrays, enc["frames"], rows)
+
+        self._commit(change)
+        log.info("indexed %d videos (%d in the index)", len(videos), len(self))
+
+    def add_encoded(self, records: list[dict], arrays: dict[str, np.ndarray], frames: list[np.ndarray],
+                    rows: list[tuple[np.ndarray, np.ndarray]]) -> None:
+        """Append videos whose model outputs were computed elsewhere (``encode_for_index`` layout:
+        units, pnorm, pidx, zhat per video; encoded frames; row start/end seconds). For benchmarks."""
+        def change(snap: Snapshot, manifest: dict) -> dict:
+            ids = [r["id"] for r in records]
+            if len(set(ids)) != len(ids) or set(ids) & set(snap.position):
+                raise GalleryError("add_encoded: duplicate video ids")
+            return self._append(snap, manifest, records, arrays, frames, rows)
+
+        self._commit(change)
+
+    def _append(self, snap: Snapshot, manifest: dict, records: list[dict], arrays: dict[str, np.ndarray],
+                frames: list[np.ndarray], rows: list[tuple[np.ndarray, np.ndarray]]) -> dict:
+        """Write segments for these videos into a manifest copy."""
+        manifest["segments"] = list(manifest["segments"])
+        for a in range(0, len(records), self.cfg.segment_videos):
+            b = slice(a, a + self.cfg.segment_videos)
+            part = self._segment_arrays(snap, {k: x[b] for k, x in arrays.items()}, frames[b], rows[b])
+            manifest["segments"].append(store.write_segment(self.root, part, records[b]))
+        return manifest
+
+    def _segment_arrays(self, snap: Snapshot, arrays: dict[str, np.ndarray], frames: list[np.ndarray],
+                        rows: list[tuple[np.ndarray, np.ndarray]]) -> dict[str, np.ndarray]:
+        """All stored arrays of one segment: units, pnorm, pidx, zhat + frames, row times and the sketch."""
+        bounds = sketch(arrays["units"], arrays["pnorm"], snap.table[arrays["pidx"].astype(np.int64)],
+                        arrays["zhat"], self.cfg.frame_balls)
+        return {**arrays, "frames": np.concatenate(frames),
+                "n_frames": np.array([len(f) for f in frames], dtype=np.int64),
+                "row_start": np.concatenate([r[0] for r in rows]),
+                "row_end": np.concatenate([r[1] for r in rows]),
+                "n_rows": np.array([len(r[0]) for r in rows], dtype=np.int64),
+                "scenes": approximate.scene_centres(arrays["units"]), **bounds}
+
+    def remove(self, ids: Sequence[str]) -> None:
+        """Remove videos by id (one atomic manifest update); unknown ids are an error, nothing changes."""
+        ids = list(dict.fromkeys(ids))  # an id given twice is removed once
+
+        def change(snap: Snapshot, manifest: dict) -> dict:
+            unknown = [i for i in ids if i not in snap.position]
+            if unknown:
+                raise GalleryError(f"no video with id {unknown[:5]} in the index")
+            manifest["segments"] = [dict(s, removed=list(s["removed"])) for s in manifest["segments"]]
+            for i in ids:
+                pos = snap.position[i]
+                seg = int(snap.segment_of(pos))
+                manifest["segments"][seg]["removed"].append(int(pos - snap.seg_start[seg]))
+            manifest["segments"] = [s for s in manifest["segments"] if len(s["removed"]) < s["count"]]
+            return manifest
+
+        self._commit(change)
+
+    def compact(self) -> None:
+        """Rewrite the live videos into fresh segments; drop removed rows."""
+        def change(snap: Snapshot, manifest: dict) -> dict:
+            manifest["segments"] = []
+            for a in range(0, len(snap.live), self.cfg.segment_videos):
+                part = snap.live[a:a + self.cfg.segment_videos]
+                arrays = {k: snap.gather(k, part) for k in ("units", "pnorm", "pidx", "zhat")}
+                seg = self._segment_arrays(snap, arrays, [snap.frames(p) for p in part],
+                                           [snap.rows(p) for p in part])
+                records = [snap.videos[p] for p in part]
+                manifest["segments"].append(store.write_segment(self.root, seg, records))
+            return manifest
+
+        self._commit(change)
+
+    # ------------------------------------------------------------------ ranking
+    def weights(self, weights: Sequence[float] | None = None) -> tuple[float, float]:
+        """(clip_w, frame_w): the given pair, checked, or the model's."""
+        return check_weights(weights, (self.model.cfg.clip_scale_w, self.model.cfg.frame_scale_w))
+
+    def rank(self, q: np.ndarray | torch.Tensor | EncodedQueries, k: int = 10,
+             weights: Sequence[float] | None = None, approximate: bool = False) -> Evidence:
+        """The k best live videos for the model's encoded query ``q`` (an (H,) vector; for a CSA model the
+        model's ``EncodedQueries`` of one query), with exact scores and what results need; best first."""
+        if not isinstance(k, int) or isinstance(k, bool) or k < 1:
+            raise QueryError(f"k must be a positive integer, got {k!r}")
+        w, snap = self.weights(weights), self.snapshot
+        positions, _, scored = self._top(snap, q, k, w, approximate)
+        cfg = self.model.cfg
+        return Evidence(self._evidence(snap, positions, q, w), w, scored, len(snap.live), int(cfg.map_size),
+                        int(cfg.max_ctx_l), approximate)
+
+    def exact(self, positions: np.ndarray, q: np.ndarray | EncodedQueries,
+              weights: Sequence[float] | None = None) -> Exact:
+        """Exact scores of the videos at sorted ``positions`` (live or not) for q."""
+        return self._exact(self.snapshot, np.asarray(positions, dtype=np.int64), q, self.weights(weights))
+
+    def sample_totals(self, q: np.ndarray | EncodedQueries, weights: Sequence[float] | None = None,
+                      n: int = 128) -> np.ndarray:
+        """Exact totals of a fixed sample of n live videos (all of a smaller gallery): the gallery's score
+        distribution for q."""
+        snap = self.snapshot
+        live = snap.live
+        if len(live) > n:
+            live = np.sort(np.random.default_rng(0).choice(live, n, replace=False))
+        return self._exact(snap, live, q, self.weights(weights)).total if len(live) else np.zeros(0)
+
+    def _top(self, snap: Snapshot, q: np.ndarray | EncodedQueries, k: int, w: tuple[float, float],
+             approx: bool) -> tuple[np.ndarray, np.ndarray, int]:
+        """Top-k live positions with exact totals, and how many were scored exactly."""
+        if not len(snap.live):
+            return np.zeros(0, dtype=np.int64), np.zeros(0), 0
+        bq, table, threads = BoundQuery.of(_vector(q)), snap.windows, torch.get_num_threads()
+        candidates = snap.live
+        if approx and len(snap.live) > self.cfg.candidate_videos:
+            cfg = self.cfg
+            candidates = approximate.candidates(snap.ivf(cfg.nlist), bq.vector, snap.alive, cfg.nprobe,
+                                                cfg.candidate_units, cfg.candidate_videos)
+        clip, prefix = clip_bounds(snap.first, candidates, bq, table, threads)
+
+        def frame_bound(at: np.ndarray, enough: np.ndarray) -> np.ndarray:
+            return frame_bounds(snap.stored, snap.seg_start, candidates[at], prefix, at, bq, table, enough,
+                                threads)
+
+        # a CSA model scores frames its own way (at most 1): the stored z do not bound it
+        return top_k(clip, candidates, w, k, lambda pos: self._exact(snap, pos, q, w, bq).total,
+                     None if self._csa else frame_bound)
+
+    def _exact(self, snap: Snapshot, positions: np.ndarray, q: np.ndarray | EncodedQueries,
+               w: tuple[float, float], bq: BoundQuery | None = None) -> Exact:
+        """``rank.Exact`` for sorted positions of a snapshot (the CSA frame score for a CSA model)."""
+        bq = bq or BoundQuery.of(_vector(q))
+        threads = torch.get_num_threads() if len(positions) > 1 else 1
+        ex = exact_rows(snap.stored, snap.seg_start, positions, bq, w, snap.windows, threads)
+        if not self._csa:
+            return ex
+        frame = self._csa_frame(snap, positions, q)
+        return dataclasses.replace(ex, frame=frame, total=w[0] * ex.clip + w[1] * frame)
+
+    def _csa_frame(self, snap: Snapshot, positions: np.ndarray, q: np.ndarray | EncodedQueries) -> np.ndarray:
+        """CSA frame scores (float64) of the videos at ``positions``, from their stored frames."""
+        if not isinstance(q, EncodedQueries):
+            raise QueryError("this index's model scores frames with CSA, which needs the query's tokens: "
+                             "pass the model's EncodedQueries of the query (model.encode_queries) as q")
+        device = self.model.device
+        frames, mask = pad([torch.from_numpy(snap.frames(p).copy()) for p in positions])
+        with torch.no_grad():
+            scores = ral.csa_scores(self.model.text_weight_fc, q.tokens.to(device), q.token_mask.to(device),
+                                    frames.to(device), mask.to(device), pad_to=self.model.cfg.max_ctx_l)
+        return scores[0].double().cpu().numpy()
+
+    def _evidence(self, snap: Snapshot, ranked: np.ndarray, q: np.ndarray | EncodedQueries,
+                  w: tuple[float, float]) -> tuple[VideoEvidence, ...]:
+        """VideoEvidence of the ranked positions (read in storage order, returned in rank order)."""
+        if not len(ranked):
+            return ()
+        order = np.argsort(ranked)
+        positions = ranked[order]
+        ex = self._exact(snap, positions, q, w)
+        units = snap.gather("units", positions).astype(np.float32)
+        pidx = snap.gather("pidx", positions).astype(np.int64)
+        windows = snap.table[pidx]  # (V, P, 2)
+        V = np.arange(len(positions))
+        key_window = windows[V, ex.key]  # (V, 2)
+        attention = self._attention(snap, positions, units, key_window, pidx[V, ex.key])
+        unit_norm = np.maximum(np.linalg.norm(units.astype(np.float64), axis=-1), 1e-12)
+        unit_cos = ex.u / unit_norm / max(float(np.linalg.norm(_vector(q).astype(np.float64))), 1e-12)
+        hits = [VideoEvidence(snap.videos[p], float(ex.total[i]), float(ex.clip[i]), float(ex.frame[i]),
+                              int(ex.key[i]), int(pidx[i, ex.key[i]]),
+                              (int(key_window[i, 0]), int(key_window[i, 1])), windows[i], pidx[i],
+                              ex.proposal_cos[i].astype(np.float64), unit_cos[i], *snap.rows(p), attention[i])
+                for i, p in enumerate(positions)]
+        return tuple(hits[i] for i in np.argsort(order))
+
+    def _attention(self, snap: Snapshot, positions: np.ndarray, units: np.ndarray, key_window: np.ndarray,
+                   key_index: np.ndarray) -> list[np.ndarray]:
+        """The key clip's attention over each video's frames, from the model (only these videos are read)."""
+        frames = [torch.from_numpy(snap.frames(p).copy()) for p in positions]
+        lengths = torch.tensor([len(f) for f in frames])
+        padded = torch.nn.utils.rnn.pad_sequence(frames, batch_first=True)
+        mask = (torch.arange(padded.shape[1]) < lengths[:, None]).float()
+        u = torch.from_numpy(units).double()
+        key = torch.stack([u[i, s:e].mean(0) for i, (s, e) in enumerate(key_window)]).float()[:, None]
+        index = torch.from_numpy(key_index).long()[:, None]
+        device = getattr(self.model, "device", torch.device("cpu"))
+        enc = EncodedVideos(torch.from_numpy(units).to(device), key.to(device), index.to(device),
+                            padded.to(device), mask.to(device))
+        with torch.no_grad():
+            _, alpha = self.model.attend(enc, torch.zeros(len(positions), 1, dtype=torch.long, device=device))
+        return [alpha[i, 0, :n].float().cpu().numpy() for i, n in enumerate(lengths.tolist())]

@@ -1,0 +1,22 @@
+"""The predictor's wiring: where its files go."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from prvr import bridge
+from prvr.predictor import AppSettings, load_model
+
+
+def test_bridge_class_embeddings_land_in_the_data_dir(tmp_path: Path,
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """--data-dir holds everything the app writes (on Spaces only /data persists): the training-free
+    model's class-embedding cache too, not ~/.cache."""
+    home_cache = tmp_path / "home-cache"
+    monkeypatch.setattr(bridge, "default_cache_dir", lambda: home_cache)
+    model, _, profile = load_model(AppSettings(data_dir=tmp_path / "data", host="127.0.0.1"))
+    assert profile == bridge.PROFILE and isinstance(model, bridge.BridgeModel)
+    assert list((tmp_path / "data" / "bridge").glob("classes-*.npy"))
+    assert not home_cache.exists()
