@@ -34,10 +34,10 @@ from typing import NamedTuple
 import numpy as np
 import torch
 
+from prvr.index import qdrant_store as layout
 from prvr.index.evidence import Evidence
 from prvr.index.ingest import GalleryError, GalleryVideo, check_videos, encode_for_index
-from prvr.index.qdrant_store import (RECORD, WINDOWS, QdrantTarget, guarded, pack, payload_bytes, point_id,
-                                     unpack, windows)
+from prvr.index.qdrant_store import RECORD, WINDOWS, QdrantTarget, guarded, point_id
 from prvr.index.rank import BOUND_EPS, EXACT, FIRST_CHUNK, _typed_list, kth_largest
 from prvr.index.sketch import BoundQuery
 from prvr.index.store import IndexStoreError
@@ -142,7 +142,8 @@ class QdrantIndex:
     def _call(self, what: str, method: str, *args: object, **kw: object):  # noqa: ANN202
         """self.client.<method>(collection, ...), errors naming the target (see ``guarded``)."""
         with self._local:
-            return guarded(self.target, what, getattr(self.client, method), self.target.collection, *args, **kw)
+            call = getattr(self.client, method)
+            return guarded(self.target, what, call, self.target.collection, *args, **kw)
 
     @classmethod
     def create(cls, spec: str | QdrantTarget, model, cfg: QdrantConfig | None = None) -> QdrantIndex:  # noqa: ANN001
@@ -176,8 +177,8 @@ class QdrantIndex:
         if not isinstance(meta, dict) or meta.get("format") != FORMAT:
             raise IndexMismatchError(f"{target.where} was not made by prvr (no {META!r} metadata)")
         if meta.get("schema_version") != SCHEMA_VERSION:
-            raise IndexMismatchError(f"{target.where} has schema {meta.get('schema_version')}, this code reads "
-                                     f"{SCHEMA_VERSION}; rebuild the collection")
+            raise IndexMismatchError(f"{target.where} has schema {meta.get('schema_version')}, this code "
+                                     f"reads {SCHEMA_VERSION}; rebuild the collection")
         for key, ours in VideoIndex._identity(model).items():
             if meta.get(key) != ours:
                 raise IndexMismatchError(f"{target.where} was built with {key} = {meta.get(key)!r}, but the "
@@ -243,31 +244,48 @@ class QdrantIndex:
         if not videos:
             return
         with self._writing:
-            check_videos(videos, set(self.position))
+            check_videos(videos, set(self.position))  # before encoding: bad input costs nothing
             enc = encode_for_index(self.model, videos, self.cfg.mode, self.cfg.encode_batch)
-            per_video = {k: np.concatenate(enc[k]) for k in ("units", "pnorm", "pidx", "zhat")}
-            seq0 = int(self.meta["next_seq"])
-            points, batch, size = [], [], 0
-            for i, v in enumerate(videos):
-                arrays = {**{k: a[i] for k, a in per_video.items()}, "frames": enc["frames"][i],
-                          "row_start": np.asarray(v.start, np.float32), "row_end": np.asarray(v.end, np.float32)}
-                batch.append(self._point(v.record(), seq0 + i, arrays))
-                size += payload_bytes(arrays) * 4 // 3 + arrays["pnorm"].size * arrays["units"].shape[1] * 4
-                if size >= self.cfg.upsert_bytes or i == len(videos) - 1:
-                    points.append(batch)
-                    batch, size = [], 0
-            written: list[str] = []
-            try:
-                for part in points:
-                    self._call("upsert videos", "upsert", points=part, wait=True)
-                    written.extend(p.id for p in part)
-                self._set_meta(next_seq=seq0 + len(videos))
-            except BaseException:
-                if written:
-                    self._delete(written)
-                raise
-            self.view = self._load_view()
+            arrays = {k: np.concatenate(enc[k]) for k in ("units", "pnorm", "pidx", "zhat")}
+            rows = [(np.asarray(v.start, np.float32), np.asarray(v.end, np.float32)) for v in videos]
+            self._upload([v.record() for v in videos], arrays, enc["frames"], rows)
         log.info("indexed %d videos in %s (%d there)", len(videos), self.target.where, len(self))
+
+    def add_encoded(self, records: list[dict], arrays: dict[str, np.ndarray], frames: list[np.ndarray],
+                    rows: list[tuple[np.ndarray, np.ndarray]]) -> None:
+        """Upsert videos whose model outputs were computed elsewhere, in ``VideoIndex.add_encoded``'s layout
+        (units, pnorm, pidx, zhat per video; encoded frames; row start/end seconds). For tests, benchmarks."""
+        with self._writing:
+            ids = [r["id"] for r in records]
+            if len(set(ids)) != len(ids) or set(ids) & set(self.position):
+                raise GalleryError("add_encoded: duplicate video ids")
+            self._upload(records, arrays, frames, rows)
+
+    def _upload(self, records: list[dict], arrays: dict[str, np.ndarray], frames: list[np.ndarray],
+                rows: list[tuple[np.ndarray, np.ndarray]]) -> None:
+        """Upsert points in requests of at most ``upsert_bytes``, then advance the insertion counter; on any
+        failure the points already written are deleted again."""
+        seq0, parts, part, size = int(self.meta["next_seq"]), [], [], 0
+        for i, record in enumerate(records):
+            video = {**{k: a[i] for k, a in arrays.items()}, "frames": frames[i], "row_start": rows[i][0],
+                     "row_end": rows[i][1]}
+            part.append(self._point(record, seq0 + i, video))
+            size += layout.payload_bytes(video) * 4 // 3 + video["units"].shape[1] * video["pnorm"].size * 4
+            if size >= self.cfg.upsert_bytes or i == len(records) - 1:
+                parts.append(part)
+                part, size = [], 0
+        written: list[str] = []
+        try:
+            for part in parts:
+                self._call("upsert videos", "upsert", points=part, wait=True)
+                written.extend(p.id for p in part)
+            self._set_meta(next_seq=seq0 + len(records))
+        except BaseException:
+            if written:
+                self._delete(written)
+            raise
+        finally:
+            self.view = self._load_view()
 
     def _point(self, record: dict, seq: int, arrays: dict[str, np.ndarray]):  # noqa: ANN202
         """The Qdrant point of one video (see ``prvr.index.qdrant_store``)."""
@@ -275,9 +293,9 @@ class QdrantIndex:
 
         spans = self.table[arrays["pidx"].astype(np.int64)]
         identity = {k: self.meta[k] for k in ("profile", "model_fingerprint")}
-        return models.PointStruct(id=point_id(record["id"]),
-                                  vector={WINDOWS: windows(arrays["units"], arrays["pnorm"], spans).tolist()},
-                                  payload={**record, "seq": seq, **identity, "arrays": pack(arrays)})
+        multivector = layout.windows(arrays["units"], arrays["pnorm"], spans).tolist()
+        return models.PointStruct(id=point_id(record["id"]), vector={WINDOWS: multivector},
+                                  payload={**record, "seq": seq, **identity, "arrays": layout.pack(arrays)})
 
     def _set_meta(self, **change: object) -> None:
         """Update this package's entry in the collection's metadata."""
@@ -289,7 +307,8 @@ class QdrantIndex:
         """Delete points by point id (waits until applied)."""
         from qdrant_client import models
 
-        self._call("delete videos", "delete", points_selector=models.PointIdsList(points=point_ids), wait=True)
+        selector = models.PointIdsList(points=point_ids)
+        self._call("delete videos", "delete", points_selector=selector, wait=True)
 
     def remove(self, ids: Sequence[str]) -> None:
         """Remove videos by id; unknown ids are an error and nothing changes."""
@@ -319,7 +338,7 @@ class QdrantIndex:
         got = self._call("read videos", "retrieve", ids=point_ids, with_payload=True, with_vectors=False)
         by_id = {str(p.id): p.payload for p in got}
         return [{"record": {k: by_id[i][k] for k in RECORD if k in by_id[i]}, "seq": int(by_id[i]["seq"]),
-                 "arrays": unpack(by_id[i]["arrays"])} for i in point_ids if i in by_id]
+                 "arrays": layout.unpack(by_id[i]["arrays"])} for i in point_ids if i in by_id]
 
     def _candidates(self, unit: np.ndarray, limit: int, exact: bool) -> list:
         """Qdrant's best ``limit`` points by MAX_SIM (ids and scores), exhaustive or by HNSW."""
@@ -351,7 +370,7 @@ class QdrantIndex:
         while live:
             points = self._candidates(unit, limit, exact=not approximate)
             new = self._fetch([str(p.id) for p in points if str(p.id) not in seen])
-            for p, total in zip(new, self._score(new, q, w, bq) if new else []):
+            for p, total in zip(new, self._score(new, q, w, bq) if new else [], strict=True):
                 seen[point_id(p["record"]["id"])] = (p, float(total))
             if approximate or len(points) < limit:  # HNSW's candidates, or every video seen
                 break

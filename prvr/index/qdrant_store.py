@@ -6,11 +6,11 @@ target = QdrantTarget.parse("qdrant+local://runs/qdrant")     # embedded, a dire
 client = target.connect(timeout=5.0)                          # QdrantConnectionError names URL and cause
 ```
 
-A video is one point: the named multivector ``windows`` (its unit-normalised proposals, scored by Qdrant with
-MAX_SIM) and a payload of its record, its ``seq`` (insertion order: the built-in index's position, which breaks
-equal totals) and ``arrays``, the per-video arrays the exact scores and the results layer read, each stored as
-``{"dtype", "shape", "b64"}`` (raw little-endian bytes, base64). ``ARRAYS`` names them: a new per-video array
-is one more name there and one more key in what ``QdrantIndex`` hands to ``pack``.
+A video is one point: the named multivector ``windows`` (its unit-normalised proposals, scored by Qdrant
+with MAX_SIM) and a payload of its record, its ``seq`` (insertion order: the built-in index's position,
+which breaks equal totals) and ``arrays``, the per-video arrays the exact scores and the results layer read,
+each stored as ``{"dtype", "shape", "b64"}`` (raw little-endian bytes, base64). ``ARRAYS`` names them: a new
+per-video array is one more name there and one more key in what ``QdrantIndex`` hands to ``pack``.
 """
 
 from __future__ import annotations
@@ -92,7 +92,8 @@ class QdrantTarget:
                     return QdrantClient(location=":memory:")
                 return QdrantClient(path=self.path)
             except (RuntimeError, OSError) as err:  # e.g. the directory is open in another process
-                raise QdrantConnectionError(f"cannot open the embedded Qdrant store {self.where}: {err}") from None
+                raise QdrantConnectionError(f"cannot open the embedded Qdrant store {self.where}: "
+                                            f"{err}") from None
         client = QdrantClient(url=self.url, timeout=max(1, int(timeout)), check_compatibility=False)
         guarded(self, "list the collections", client.get_collections)
         return client
@@ -121,7 +122,8 @@ def pack(arrays: Mapping[str, np.ndarray]) -> dict[str, dict]:
     for name in ARRAYS:
         a = np.ascontiguousarray(arrays[name])
         a = a.astype(a.dtype.newbyteorder("<"), copy=False)
-        out[name] = {"dtype": a.dtype.str, "shape": list(a.shape), "b64": base64.b64encode(a.tobytes()).decode()}
+        data = base64.b64encode(a.tobytes()).decode()
+        out[name] = {"dtype": a.dtype.str, "shape": list(a.shape), "b64": data}
     return out
 
 
