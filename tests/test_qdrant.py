@@ -30,7 +30,8 @@ def copies(base: list[GalleryVideo], originals: int, times: int) -> list[Gallery
             for v in base[:originals] for c in range(times)]
 
 
-def both(model, videos: list[GalleryVideo], root: Path, mode: str = "exact") -> tuple[VideoIndex, QdrantIndex]:  # noqa: ANN001
+def both(model, videos: list[GalleryVideo], root: Path,  # noqa: ANN001
+         mode: str = "exact") -> tuple[VideoIndex, QdrantIndex]:
     """A built-in index and an in-memory Qdrant index of the same videos, encoded once."""
     enc = encode_for_index(model, videos, mode, 64)
     arrays = {k: np.concatenate(enc[k]) for k in ("units", "pnorm", "pidx", "zhat")}
@@ -62,20 +63,20 @@ def test_equal_to_builtin_on_1000_videos_with_ties(tmp_path: Path) -> None:
     builtin, qdrant = both(model, videos, tmp_path / "builtin")
     assert len(qdrant) == len(builtin) == 1000 and qdrant.ids == builtin.ids
     straddled = 0
-    for tokens in queries(8):
+    for tokens in queries(5):
         q = encode_query(model, tokens)
-        for k, w in ((10, None), (1, None), (10, (1.0, 0.0)), (25, (0.2, 0.8))):
+        for k, w in ((10, None), (10, (1.0, 0.0)), (25, (0.2, 0.8))):
             assert_same_evidence(builtin.rank(q, k, w), qdrant.rank(q, k, w))
         wider = builtin.rank(q, 11).totals
         straddled += bool(wider[9] == wider[10])  # equal totals across the k = 10 boundary
     assert straddled >= 2  # the ties really decide which copies are in the top 10
-    for tokens in queries(3, seed=5):  # moments, heatmaps, attention, confidence: the same result dicts
+    for tokens in queries(2, seed=5):  # moments, heatmaps, attention, confidence: the same result dicts
         assert without_stats(search([builtin], tokens, 10)) == without_stats(search([qdrant], tokens, 10))
 
 
 def test_bound_stops_early_when_scores_separate(tmp_path: Path) -> None:
     model = small_model(**TINY)
-    videos = gallery(300, max_rows=24)
+    videos = gallery(200, max_rows=24)
     builtin, qdrant = both(model, videos, tmp_path / "builtin")
     q = encode_query(model, queries(1)[0])
     # clip weight only: the bound is the next candidate's clip score itself, so the pages stop early
@@ -86,12 +87,10 @@ def test_bound_stops_early_when_scores_separate(tmp_path: Path) -> None:
 
 def test_compact_and_approximate(tmp_path: Path) -> None:
     model = small_model()  # 32 units: compact keeps 32 medoids of 528 windows
-    videos = gallery(120, max_rows=40)
+    videos = gallery(30, max_rows=40)
     videos += copies(videos, 3, 4)
     builtin, qdrant = both(model, videos, tmp_path / "builtin", mode="compact")
-    exact = VideoIndex.create(tmp_path / "exact", model)
-    exact.add(videos[:5])
-    for tokens in queries(4):
+    for tokens in queries(3):
         q = encode_query(model, tokens)
         assert_same_evidence(builtin.rank(q, 10), qdrant.rank(q, 10))
         approx = qdrant.rank(q, 10, approximate=True)
@@ -152,13 +151,15 @@ def test_urls_and_connection_failures() -> None:
         port = s.getsockname()[1]
     t0 = time.perf_counter()
     with pytest.raises(QdrantConnectionError, match=f"http://127.0.0.1:{port}/collections/c.*Connect"):
-        QdrantIndex.open_or_create(f"qdrant://127.0.0.1:{port}/c", small_model(**TINY), QdrantConfig(timeout=2))
+        QdrantIndex.open_or_create(f"qdrant://127.0.0.1:{port}/c", small_model(**TINY),
+                                   QdrantConfig(timeout=2))
     assert time.perf_counter() - t0 < 10
 
 
 def test_payload_arrays_round_trip_exactly() -> None:
     rng = np.random.default_rng(0)
-    arrays = {"units": rng.standard_normal((8, 4)).astype(np.float32), "pnorm": rng.random(36).astype(np.float32),
+    arrays = {"units": rng.standard_normal((8, 4)).astype(np.float32),
+              "pnorm": rng.random(36).astype(np.float32),
               "pidx": np.arange(36, dtype=np.int16), "zhat": rng.standard_normal((36, 4)).astype(">f4"),
               "frames": rng.standard_normal((5, 4)).astype(np.float32), "row_start": np.arange(5.0),
               "row_end": np.arange(5.0) + 1}
