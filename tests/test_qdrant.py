@@ -135,7 +135,7 @@ def test_add_remove_reopen_and_refusals(tmp_path: Path) -> None:
         QdrantIndex.open(spec, other)
 
 
-def test_urls_and_connection_failures() -> None:
+def test_urls_and_connection_failures(monkeypatch: pytest.MonkeyPatch) -> None:
     assert QdrantTarget.parse("qdrant://db.local:6334/videos") == QdrantTarget("videos", url="http://db.local:6334")
     assert QdrantTarget.parse("qdrants://db/videos").url == "https://db:6333"
     assert QdrantTarget.parse("qdrant+local://runs/q").path == "runs/q"
@@ -143,9 +143,13 @@ def test_urls_and_connection_failures() -> None:
                 "qdrant+local://", "runs/q"):
         with pytest.raises(ValueError, match="index"):
             QdrantTarget.parse(bad)
+    monkeypatch.delenv("PRVR_INDEX", raising=False)
     with pytest.raises(SystemExit):
         AppSettings.from_args(["--index", "qdrant://host"])
-    assert AppSettings.from_args(["--index", "qdrant+local://x"]).index == "qdrant+local://x"
+    assert AppSettings.from_args([]).index is None  # the built-in index by default
+    monkeypatch.setenv("PRVR_INDEX", "qdrant://db:6333/videos")
+    assert AppSettings.from_args([]).index == "qdrant://db:6333/videos"
+    assert AppSettings.from_args(["--index", "qdrant+local://x"]).index == "qdrant+local://x"  # flags win
     with socket.socket() as s:  # a port nothing listens on
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]

@@ -284,8 +284,10 @@ class QdrantIndex:
             if written:
                 self._delete(written)
             raise
-        finally:
-            self.view = self._load_view()
+        view = self.view
+        videos = view.videos + [{k: r[k] for k in RECORD if k in r} for r in records]
+        seq = np.concatenate([view.seq, seq0 + np.arange(len(records))])
+        self.view = View(videos, {v["id"]: i for i, v in enumerate(videos)}, seq)
 
     def _point(self, record: dict, seq: int, arrays: dict[str, np.ndarray]):  # noqa: ANN202
         """The Qdrant point of one video (see ``prvr.index.qdrant_store``)."""
@@ -319,7 +321,10 @@ class QdrantIndex:
                 raise GalleryError(f"no video with id {unknown[:5]} in {self.target.where}")
             if ids:
                 self._delete([point_id(i) for i in ids])
-            self.view = self._load_view()
+            gone, view = set(ids), self.view
+            keep = [i for i, v in enumerate(view.videos) if v["id"] not in gone]
+            videos = [view.videos[i] for i in keep]
+            self.view = View(videos, {v["id"]: i for i, v in enumerate(videos)}, view.seq[keep])
 
     # ------------------------------------------------------------------ ranking
     # The built-in index's exact scores and evidence assembly, run on ``Candidates`` (one implementation of
