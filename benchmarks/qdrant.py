@@ -36,7 +36,7 @@ from benchmarks.search_speed import (
 )
 from prvr.index import VideoIndex
 from prvr.index.qdrant import QdrantConfig, QdrantIndex
-from prvr.index.qdrant_store import ARRAYS, QdrantTarget
+from prvr.index.qdrant_store import ARRAYS, QdrantTarget, frame_balls
 from prvr.search import search
 
 
@@ -50,17 +50,18 @@ def copy_into(qdrant: QdrantIndex, builtin: VideoIndex, positions: np.ndarray, b
                            [snap.rows(p) for p in part])
 
 
-def layout_bytes(builtin: VideoIndex, position: int) -> dict:
-    """Bytes of one video's point: the multivector (float32) and the payload arrays (raw and base64)."""
+def layout_bytes(builtin: VideoIndex, position: int, builtin_balls: int = QdrantConfig.frame_balls) -> dict:
+    """Bytes of one video's point: its two multivectors (float32) and payload arrays (raw and base64)."""
     snap = builtin.snapshot
     arrays = {k: snap.gather(k, np.array([position]))[0] for k in ("units", "pnorm", "pidx", "zhat")}
     arrays["frames"] = snap.frames(position)
     arrays["row_start"], arrays["row_end"] = snap.rows(position)
     raw = {k: int(np.asarray(arrays[k]).nbytes) for k in ARRAYS}
-    multivector = int(arrays["pnorm"].size * arrays["units"].shape[1] * 4)
+    windows = int(arrays["pnorm"].size * arrays["units"].shape[1] * 4)
+    balls = int(frame_balls(arrays["zhat"][None], builtin_balls)[0].nbytes)
     encoded = sum(raw.values()) * 4 // 3
-    return {"multivector": multivector, "payload_arrays_raw": raw, "payload_base64": encoded,
-            "point": multivector + encoded}
+    return {"windows": windows, "frame_balls": balls, "payload_arrays_raw": raw, "payload_base64": encoded,
+            "point": windows + balls + encoded}
 
 
 def disk_bytes(root: Path) -> int:

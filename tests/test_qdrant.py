@@ -99,6 +99,15 @@ def test_compact_and_approximate(tmp_path: Path) -> None:
         np.testing.assert_allclose(np.sort(approx.totals), np.sort(truth.total), atol=1e-6)  # exact scores
 
 
+def test_csa_model_frame_scores_from_tokens(tmp_path: Path) -> None:
+    model = small_model(csa=True, **TINY)  # frame score from the query's tokens: the ball bound is not used
+    videos = gallery(40, max_rows=24)
+    builtin, qdrant = both(model, videos + copies(videos, 2, 3), tmp_path / "builtin")
+    for tokens in queries(3):
+        q = encode_query(model, tokens)
+        assert_same_evidence(builtin.rank(q, 5), qdrant.rank(q, 5))
+
+
 def test_add_remove_reopen_and_refusals(tmp_path: Path) -> None:
     model = small_model(**TINY)
     videos = gallery(12, max_rows=20)

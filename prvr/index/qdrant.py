@@ -11,14 +11,17 @@ windows, or the 32 medoids in compact mode, from ``encode_for_index`` as the bui
 a payload of its record, insertion order and per-video arrays. The collection's metadata holds the model's
 identity (fingerprint, profile, geometry) and the mode; opening it for another model is refused.
 
-Exact ranking: Qdrant's MAX_SIM of the unit query over a video's multivector is its clip-scale score, so
-Qdrant hands out candidates in clip order (exhaustive scan, ``exact=True``). Each candidate is scored exactly
-by the built-in index's own code (``exact_rows``: clip from the windows, key clip the first argmax, frame
-q^.z_key); pages grow until w_clip * (the last candidate's clip) + w_frame * 1 + BOUND_EPS falls below the
-k-th best exact total: no unseen video can reach it (the frame score is at most 1). Equal totals are broken
-by insertion order, as the built-in index breaks them by position. ``approximate=True`` takes Qdrant's HNSW
-candidates instead (``candidate_videos`` of them), scored exactly. CSA models are supported: their frame
-score, at most 1 as well, comes from the stored frames and the query's tokens, as in VideoIndex.
+Exact ranking (Fagin's threshold algorithm over two of Qdrant's orders): Qdrant's MAX_SIM of the unit query
+over a video's ``windows`` is its clip-scale score; over its ``frame_balls`` ([centre, radius] of balls
+covering its zhat rows, queried with [q^, 1]) it is an upper bound of its frame score. Each round takes the
+best L videos of both orders (exhaustive scans, ``exact=True``) and scores the new ones exactly with the
+built-in index's own code (``exact_rows``: clip from the windows, key clip the first argmax, frame
+q^.z_key). A video in neither list has total <= w_clip * (the last clip score) + w_frame * min(1, the last
+ball bound) + BOUND_EPS; once that falls below the k-th best exact total no unseen video can reach it, else L
+doubles. Equal totals are broken by insertion order, as the built-in index breaks them by position.
+``approximate=True`` takes Qdrant's HNSW candidates instead (``candidate_videos`` of them), scored exactly.
+CSA models are supported: their frame score, at most 1, comes from the stored frames and the query's
+tokens, as in VideoIndex; the balls bound MS-SL's frame score only, so for CSA the frame bound is 1.
 """
 
 from __future__ import annotations
@@ -37,7 +40,7 @@ import torch
 from prvr.index import qdrant_store as layout
 from prvr.index.evidence import Evidence
 from prvr.index.ingest import GalleryError, GalleryVideo, check_videos, encode_for_index
-from prvr.index.qdrant_store import RECORD, WINDOWS, QdrantTarget, guarded, point_id
+from prvr.index.qdrant_store import BALLS, RECORD, WINDOWS, QdrantTarget, guarded, point_id
 from prvr.index.rank import BOUND_EPS, EXACT, FIRST_CHUNK, _typed_list, kth_largest
 from prvr.index.sketch import BoundQuery
 from prvr.index.store import IndexStoreError
@@ -61,6 +64,7 @@ class QdrantConfig:
     timeout: float = 10.0  # seconds a server request may take (connecting included)
     candidate_videos: int = 256  # approximate search: HNSW candidates scored exactly
     hnsw_ef: int = 256  # approximate search: HNSW beam width (at least candidate_videos)
+    frame_balls: int = 16  # balls over each video's zhat rows: the frame-score bound of the exact pages
 
 
 class ExactLists(NamedTuple):
@@ -157,10 +161,14 @@ class QdrantIndex:
         if guarded(target, "check the collection", client.collection_exists, target.collection):
             raise IndexStoreError(f"{target.where} already exists; open it instead")
         meta = {"format": FORMAT, "schema_version": SCHEMA_VERSION, "mode": cfg.mode,
-                **VideoIndex._identity(model), "next_seq": 0}
+                "frame_balls": cfg.frame_balls, **VideoIndex._identity(model), "next_seq": 0}
         multi = models.MultiVectorConfig(comparator=models.MultiVectorComparator.MAX_SIM)
-        vectors = {WINDOWS: models.VectorParams(size=_vector_size(model), distance=models.Distance.DOT,
-                                                multivector_config=multi)}
+        size = _vector_size(model)
+        dot = models.Distance.DOT
+        vectors = {WINDOWS: models.VectorParams(size=size, distance=dot, multivector_config=multi),
+                   # the balls are read by exhaustive scans only: no HNSW graph
+                   BALLS: models.VectorParams(size=size + 1, distance=dot, multivector_config=multi,
+                                              hnsw_config=models.HnswConfigDiff(m=0))}
         guarded(target, "create the collection", client.create_collection, target.collection,
                 vectors_config=vectors, metadata={META: meta})
         return cls(target, client, model, cfg, meta)
@@ -183,7 +191,7 @@ class QdrantIndex:
             if meta.get(key) != ours:
                 raise IndexMismatchError(f"{target.where} was built with {key} = {meta.get(key)!r}, but the "
                                          f"model in use has {key} = {ours!r}; rebuild the collection for it")
-        cfg = dataclasses.replace(cfg or QdrantConfig(), mode=meta["mode"])
+        cfg = dataclasses.replace(cfg or QdrantConfig(), mode=meta["mode"], frame_balls=meta["frame_balls"])
         return cls(target, client, model, cfg, meta)
 
     @classmethod
@@ -266,11 +274,13 @@ class QdrantIndex:
         """Upsert points in requests of at most ``upsert_bytes``, then advance the insertion counter; on any
         failure the points already written are deleted again."""
         seq0, parts, part, size = int(self.meta["next_seq"]), [], [], 0
+        zhat, n_balls = arrays["zhat"], self.cfg.frame_balls  # clustered 64 videos at a time (memory)
+        balls = [b for a in range(0, len(zhat), 64) for b in layout.frame_balls(zhat[a:a + 64], n_balls)]
         for i, record in enumerate(records):
             video = {**{k: a[i] for k, a in arrays.items()}, "frames": frames[i], "row_start": rows[i][0],
                      "row_end": rows[i][1]}
-            part.append(self._point(record, seq0 + i, video))
-            size += layout.payload_bytes(video) * 4 // 3 + video["units"].shape[1] * video["pnorm"].size * 4
+            part.append(self._point(record, seq0 + i, video, balls[i]))
+            size += layout.payload_bytes(video) * 4 // 3 + 4 * (video["zhat"].size + balls[i].size)
             if size >= self.cfg.upsert_bytes or i == len(records) - 1:
                 parts.append(part)
                 part, size = [], 0
@@ -289,14 +299,15 @@ class QdrantIndex:
         seq = np.concatenate([view.seq, seq0 + np.arange(len(records))])
         self.view = View(videos, {v["id"]: i for i, v in enumerate(videos)}, seq)
 
-    def _point(self, record: dict, seq: int, arrays: dict[str, np.ndarray]):  # noqa: ANN202
+    def _point(self, record: dict, seq: int, arrays: dict[str, np.ndarray], balls: np.ndarray):  # noqa: ANN202
         """The Qdrant point of one video (see ``prvr.index.qdrant_store``)."""
         from qdrant_client import models
 
         spans = self.table[arrays["pidx"].astype(np.int64)]
         identity = {k: self.meta[k] for k in ("profile", "model_fingerprint")}
-        multivector = layout.windows(arrays["units"], arrays["pnorm"], spans).tolist()
-        return models.PointStruct(id=point_id(record["id"]), vector={WINDOWS: multivector},
+        vectors = {WINDOWS: layout.windows(arrays["units"], arrays["pnorm"], spans).tolist(),
+                   BALLS: balls.tolist()}
+        return models.PointStruct(id=point_id(record["id"]), vector=vectors,
                                   payload={**record, "seq": seq, **identity, "arrays": layout.pack(arrays)})
 
     def _set_meta(self, **change: object) -> None:
@@ -345,14 +356,15 @@ class QdrantIndex:
         return [{"record": {k: by_id[i][k] for k in RECORD if k in by_id[i]}, "seq": int(by_id[i]["seq"]),
                  "arrays": layout.unpack(by_id[i]["arrays"])} for i in point_ids if i in by_id]
 
-    def _candidates(self, unit: np.ndarray, limit: int, exact: bool) -> list:
-        """Qdrant's best ``limit`` points by MAX_SIM (ids and scores), exhaustive or by HNSW."""
+    def _candidates(self, unit: np.ndarray, limit: int, exact: bool, using: str = WINDOWS) -> list:
+        """Qdrant's best ``limit`` points by MAX_SIM of ``unit`` over the named multivector ``using`` (ids
+        and scores), exhaustive or by HNSW."""
         from qdrant_client import models
 
         params = None
         if self.target.url is not None:  # the embedded store always scans (and warns when given params)
             params = models.SearchParams(exact=exact, hnsw_ef=None if exact else max(self.cfg.hnsw_ef, limit))
-        return self._call("search", "query_points", query=[unit.tolist()], using=WINDOWS, limit=limit,
+        return self._call("search", "query_points", query=[unit.tolist()], using=using, limit=limit,
                           search_params=params, with_payload=False, with_vectors=False).points
 
     def _score(self, found: list[dict], q: np.ndarray | EncodedQueries, w: tuple[float, float],
@@ -372,15 +384,21 @@ class QdrantIndex:
         eps = BOUND_EPS * (1 + w[0] + w[1])
         seen: dict[str, tuple[dict, float]] = {}
         limit = max(k, self.cfg.candidate_videos) if approximate else max(FIRST_CHUNK, 2 * k)
+        ball_bound = not (approximate or self._csa)  # the balls bound MS-SL's frame score, not CSA's
         while live:
             points = self._candidates(unit, limit, exact=not approximate)
-            new = self._fetch([str(p.id) for p in points if str(p.id) not in seen])
+            balls = self._candidates(np.append(unit, 1.0).astype(np.float32), limit, exact=True,
+                                     using=BALLS) if ball_bound else []
+            ids = dict.fromkeys(str(p.id) for p in (*points, *balls) if str(p.id) not in seen)
+            new = self._fetch(list(ids))
             for p, total in zip(new, self._score(new, q, w, bq) if new else [], strict=True):
                 seen[point_id(p["record"]["id"])] = (p, float(total))
-            if approximate or len(points) < limit:  # HNSW's candidates, or every video seen
+            if approximate or len(points) < limit or (ball_bound and len(balls) < limit):  # all seen
                 break
+            # a video in neither list has clip <= the last clip score and frame <= the last ball bound
+            frame = min(1.0, balls[-1].score) if ball_bound else 1.0
             tau = kth_largest(np.array([t for _, t in seen.values()]), k)
-            if w[0] * points[-1].score + w[1] + eps < tau:  # no unseen video reaches the k-th best
+            if w[0] * points[-1].score + w[1] * frame + eps < tau:
                 break
             limit *= 2
         best = sorted(seen.values(), key=lambda pt: (-pt[1], pt[0]["seq"]))[:k]

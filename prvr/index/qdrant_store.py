@@ -24,14 +24,15 @@ from typing import TypeVar
 
 import numpy as np
 
-from prvr.index.sketch import NORM_EPS
+from prvr.index.sketch import NORM_EPS, cover_balls, nearest_ball
 from prvr.index.store import IndexStoreError
 
 # per-video arrays in each point's payload: what ``exact_rows`` reads (units, pnorm, pidx, zhat) and what the
 # results layer reads (encoded frames for the attention, raw row times)
 ARRAYS = ("units", "pnorm", "pidx", "zhat", "frames", "row_start", "row_end")
 RECORD = ("id", "title", "path", "duration", "sha256")  # the video's record, as the built-in index stores it
-WINDOWS = "windows"  # the named multivector
+WINDOWS = "windows"  # the named multivector of unit proposals (clip-scale score: MAX_SIM)
+BALLS = "frame_balls"  # the named multivector of [centre, radius] of balls over zhat (frame-score bound)
 SCHEMES = {"qdrant": "http", "qdrants": "https"}
 LOCAL = "qdrant+local://"
 DEFAULT_PORT = 6333
@@ -150,3 +151,19 @@ def windows(units: np.ndarray, pnorm: np.ndarray, spans: np.ndarray) -> np.ndarr
     s, e = spans[:, 0], spans[:, 1]
     mean = (csum[e] - csum[s]) / (e - s)[:, None]
     return (mean / np.maximum(pnorm.astype(np.float64), NORM_EPS)[:, None]).astype(np.float32)
+
+
+def frame_balls(zhat: np.ndarray, n_balls: int) -> list[np.ndarray]:
+    """Per video of zhat (n, P, H): (B, H + 1) float32 [centre, radius] of balls covering its rows, empty
+    balls dropped. For a unit query q, [q, 1] . [c, r] = q.c + r >= q.z for every row z of the ball
+    (Cauchy-Schwarz), so Qdrant's MAX_SIM of [q, 1] over them bounds the video's frame score from above."""
+    centres = cover_balls(zhat, n_balls)  # (n, B, H) float32: the stored values
+    ball_of, dist = nearest_ball(zhat, centres.astype(np.float64))
+    radius = np.full(centres.shape[:2], -np.inf)
+    np.maximum.at(radius, (np.arange(len(radius))[:, None], ball_of), dist)
+    out = []
+    for c, r in zip(centres, radius, strict=True):
+        used = np.isfinite(r)
+        r = np.nextafter((r[used] * (1 + 1e-6) + 1e-6).astype(np.float32), np.float32(np.inf))
+        out.append(np.concatenate([c[used], r[:, None]], axis=1).astype(np.float32))
+    return out
