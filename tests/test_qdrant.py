@@ -74,15 +74,16 @@ def test_equal_to_builtin_on_1000_videos_with_ties(tmp_path: Path) -> None:
         assert without_stats(search([builtin], tokens, 10)) == without_stats(search([qdrant], tokens, 10))
 
 
-def test_bound_stops_early_when_scores_separate(tmp_path: Path) -> None:
+def test_bounds_stop_the_pages_early(tmp_path: Path) -> None:
     model = small_model(**TINY)
     videos = gallery(200, max_rows=24)
     builtin, qdrant = both(model, videos, tmp_path / "builtin")
-    q = encode_query(model, queries(1)[0])
-    # clip weight only: the bound is the next candidate's clip score itself, so the pages stop early
-    ev = qdrant.rank(q, 5, (1.0, 0.0))
-    assert_same_evidence(builtin.rank(q, 5, (1.0, 0.0)), ev)
-    assert ev.scored_exactly < len(videos) and ev.searched == len(videos)
+    for tokens in queries(3):
+        q = encode_query(model, tokens)
+        for w in (None, (1.0, 0.0)):  # MS-SL's weights (the ball bound), clip only (the clip order alone)
+            ev = qdrant.rank(q, 5, w)
+            assert_same_evidence(builtin.rank(q, 5, w), ev)
+            assert ev.scored_exactly < len(videos) and ev.searched == len(videos)
 
 
 def test_compact_and_approximate(tmp_path: Path) -> None:
