@@ -6,11 +6,12 @@ target = QdrantTarget.parse("qdrant+local://runs/qdrant")     # embedded, a dire
 client = target.connect(timeout=5.0)                          # QdrantConnectionError names URL and cause
 ```
 
-A video is one point: the named multivector ``windows`` (its unit-normalised proposals, scored by Qdrant
-with MAX_SIM) and a payload of its record, its ``seq`` (insertion order: the built-in index's position,
-which breaks equal totals) and ``arrays``, the per-video arrays the exact scores and the results layer read,
-each stored as ``{"dtype", "shape", "b64"}`` (raw little-endian bytes, base64). ``ARRAYS`` names them: a new
-per-video array is one more name there and one more key in what ``QdrantIndex`` hands to ``pack``.
+A video is one point: the named multivectors ``windows`` (its unit-normalised proposals: MAX_SIM with the
+unit query is the clip score) and ``frame_balls`` ([centre, radius] of balls over its zhat rows: MAX_SIM
+with [q, 1] bounds the frame score), and a payload of its record, its ``seq`` (insertion order: the built-in
+index's position, which breaks equal totals) and ``arrays``, the per-video arrays the exact scores and the
+results layer read, each as ``{"dtype", "shape", "b64"}`` (raw little-endian bytes, base64). ``ARRAYS``
+names them: a new per-video array is one more name there and one more key in what ``QdrantIndex`` packs.
 """
 
 from __future__ import annotations
