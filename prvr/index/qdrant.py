@@ -113,7 +113,11 @@ class View(NamedTuple):
 
     videos: list[dict]
     position: dict[str, int]
-    seq: np.ndarray  # (V,) insertion numbers
+
+    @classmethod
+    def of(cls, videos: list[dict]) -> View:
+        """The view of these records (in insertion order)."""
+        return cls(videos, {v["id"]: i for i, v in enumerate(videos)})
 
 
 def _vector_size(model) -> int:  # noqa: ANN001
@@ -217,9 +221,7 @@ class QdrantIndex:
             if offset is None:
                 break
         found.sort(key=lambda p: p["seq"])
-        videos = [{k: p[k] for k in RECORD if k in p} for p in found]
-        return View(videos, {v["id"]: i for i, v in enumerate(videos)},
-                    np.array([p["seq"] for p in found], dtype=np.int64))
+        return View.of([{k: p[k] for k in RECORD if k in p} for p in found])
 
     def refresh(self) -> None:
         """Re-read the list of videos (another process may have changed the collection)."""
@@ -294,10 +296,7 @@ class QdrantIndex:
             if written:
                 self._delete(written)
             raise
-        view = self.view
-        videos = view.videos + [{k: r[k] for k in RECORD if k in r} for r in records]
-        seq = np.concatenate([view.seq, seq0 + np.arange(len(records))])
-        self.view = View(videos, {v["id"]: i for i, v in enumerate(videos)}, seq)
+        self.view = View.of(self.view.videos + [{k: r[k] for k in RECORD if k in r} for r in records])
 
     def _point(self, record: dict, seq: int, arrays: dict[str, np.ndarray], balls: np.ndarray):  # noqa: ANN202
         """The Qdrant point of one video (see ``prvr.index.qdrant_store``)."""
@@ -332,10 +331,8 @@ class QdrantIndex:
                 raise GalleryError(f"no video with id {unknown[:5]} in {self.target.where}")
             if ids:
                 self._delete([point_id(i) for i in ids])
-            gone, view = set(ids), self.view
-            keep = [i for i, v in enumerate(view.videos) if v["id"] not in gone]
-            videos = [view.videos[i] for i in keep]
-            self.view = View(videos, {v["id"]: i for i, v in enumerate(videos)}, view.seq[keep])
+            gone = set(ids)
+            self.view = View.of([v for v in self.view.videos if v["id"] not in gone])
 
     # ------------------------------------------------------------------ ranking
     # The built-in index's exact scores and evidence assembly, run on ``Candidates`` (one implementation of
