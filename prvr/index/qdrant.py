@@ -7,8 +7,8 @@ evidence = index.rank(q, k=10, weights=None)     # the same Evidence as VideoInd
 ```
 
 One point per video (``prvr.index.qdrant_store``): the multivector of its unit-normalised proposals (all
-windows, or the 32 medoids in compact mode, from ``encode_for_index`` as the built-in index stores them), and
-a payload of its record, insertion order and per-video arrays. The collection's metadata holds the model's
+windows, or the 32 medoids in compact mode, from ``encode_for_index`` as the built-in index stores them), the
+multivector of its frame balls, and a payload of its record, insertion order and per-video arrays. The collection's metadata holds the model's
 identity (fingerprint, profile, geometry) and the mode; opening it for another model is refused.
 
 Exact ranking (Fagin's threshold algorithm over two of Qdrant's orders): Qdrant's MAX_SIM of the unit query
@@ -85,8 +85,7 @@ class Candidates:
         self.videos = [p["record"] for p in points]
         self.table = table
         self.arrays = {f: np.stack([p["arrays"][f] for p in points]) for f in EXACT}
-        self._frames = [p["arrays"]["frames"] for p in points]
-        self._rows = [(p["arrays"]["row_start"], p["arrays"]["row_end"]) for p in points]
+        self.per_video = [p["arrays"] for p in points]  # every stored array of each video, by name
         self.seg_start = np.array([0, len(points)], dtype=np.int64)
         self.stored = ExactLists(*(_typed_list([self.arrays[f]]) for f in EXACT))
 
@@ -101,11 +100,11 @@ class Candidates:
 
     def frames(self, position: int) -> np.ndarray:
         """Encoded frames (L, H) of one video."""
-        return self._frames[position]
+        return self.per_video[position]["frames"]
 
     def rows(self, position: int) -> tuple[np.ndarray, np.ndarray]:
         """Raw row start / end seconds of one video."""
-        return self._rows[position]
+        return self.per_video[position]["row_start"], self.per_video[position]["row_end"]
 
 
 class View(NamedTuple):
