@@ -8,8 +8,9 @@ evidence = index.rank(q, k=10, weights=None)     # the same Evidence as VideoInd
 
 One point per video (``prvr.index.qdrant_store``): the multivector of its unit-normalised proposals (all
 windows, or the 32 medoids in compact mode, from ``encode_for_index`` as the built-in index stores them), the
-multivector of its frame balls, and a payload of its record, insertion order and per-video arrays. The collection's metadata holds the model's
-identity (fingerprint, profile, geometry) and the mode; opening it for another model is refused.
+multivector of its frame balls, and a payload of its record, insertion order and per-video arrays. The
+collection's metadata holds the model's identity (fingerprint, profile, geometry) and the mode; opening it
+for another model is refused.
 
 Exact ranking (Fagin's threshold algorithm over two of Qdrant's orders): Qdrant's MAX_SIM of the unit query
 over a video's ``windows`` is its clip-scale score; over its ``frame_balls`` ([centre, radius] of balls
