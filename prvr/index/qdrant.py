@@ -82,11 +82,13 @@ class Candidates:
     (stored, seg_start, windows, table, gather, frames, rows, videos), so that its exact scores and
     evidence code run on them unchanged."""
 
-    def __init__(self, points: Sequence[dict], table: np.ndarray) -> None:
+    def __init__(self, points: Sequence[dict], table: np.ndarray, keep: Sequence[str] | None = None) -> None:
         self.videos = [p["record"] for p in points]
         self.table = table
         self.arrays = {f: np.stack([p["arrays"][f] for p in points]) for f in EXACT}
-        self.per_video = [p["arrays"] for p in points]  # every stored array of each video, by name
+        # each video's other stored arrays by name (``keep``: only these; the exact-score ones are above)
+        others = [k for k in points[0]["arrays"] if k not in EXACT and (keep is None or k in keep)]
+        self.per_video = [{k: p["arrays"][k] for k in others} for p in points]
         self.seg_start = np.array([0, len(points)], dtype=np.int64)
         self.stored = ExactLists(*(_typed_list([self.arrays[f]]) for f in EXACT))
 
@@ -140,6 +142,7 @@ class QdrantIndex:
         self._writing = threading.Lock()
         # the embedded client is plain Python over shared lists: one call at a time
         self._local = threading.Lock() if target.path is not None else nullcontext()
+        self._sample_cache: tuple[View, int, Candidates | None] | None = None
         self.view = self._load_view()
 
     # ------------------------------------------------------------------ opening
@@ -408,11 +411,20 @@ class QdrantIndex:
                       n: int = 128) -> np.ndarray:
         """Exact totals of a fixed sample of n live videos (all of a smaller gallery), the same videos as
         ``VideoIndex.sample_totals`` picks from the same gallery: the gallery's score distribution for q."""
-        live = np.arange(len(self))
+        sample = self._sample(n)
+        if sample is None:
+            return np.zeros(0)
+        return self._exact(sample, np.arange(len(sample.videos)), q, self.weights(weights)).total
+
+    def _sample(self, n: int) -> Candidates | None:
+        """The sample's videos, fetched once per version of the gallery (every search reads them)."""
+        view, cached = self.view, self._sample_cache
+        if cached is not None and cached[0] is view and cached[1] == n:
+            return cached[2]
+        live = np.arange(len(view.videos))
         if len(live) > n:
             live = np.sort(np.random.default_rng(0).choice(live, n, replace=False))
-        if not len(live):
-            return np.zeros(0)
-        videos = self.view.videos
-        found = self._fetch([point_id(videos[i]["id"]) for i in live])
-        return self._score(found, q, self.weights(weights), BoundQuery.of(_vector(q)))
+        found = self._fetch([point_id(view.videos[i]["id"]) for i in live]) if len(live) else []
+        sample = Candidates(found, self.table, keep=()) if found else None
+        self._sample_cache = (view, n, sample)
+        return sample
