@@ -143,6 +143,7 @@ def test_add_remove_reopen_and_refusals(tmp_path: Path) -> None:
     with pytest.raises(IndexMismatchError, match=f"model_fingerprint = '{model.fingerprint()}'.*"
                                                  f"'{other.fingerprint()}'"):
         QdrantIndex.open(spec, other)
+    QdrantIndex.open(spec, model).close()  # a refused open released the store
 
 
 def test_urls_and_connection_failures(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -148,6 +148,7 @@ class QdrantIndex:
     # ------------------------------------------------------------------ opening
     @staticmethod
     def _target(spec: str | QdrantTarget) -> QdrantTarget:
+        """The parsed target of a URL (or the target itself)."""
         return spec if isinstance(spec, QdrantTarget) else QdrantTarget.parse(spec)
 
     def _call(self, what: str, method: str, *args: object, **kw: object):  # noqa: ANN202
@@ -166,6 +167,7 @@ class QdrantIndex:
             raise ValueError(f"index mode must be 'exact' or 'compact', got {cfg.mode!r}")
         client = target.connect(cfg.timeout)
         if guarded(target, "check the collection", client.collection_exists, target.collection):
+            client.close()
             raise IndexStoreError(f"{target.where} already exists; open it instead")
         meta = {"format": FORMAT, "schema_version": SCHEMA_VERSION, "mode": cfg.mode,
                 "frame_balls": cfg.frame_balls, **VideoIndex._identity(model), "next_seq": 0}
@@ -185,6 +187,17 @@ class QdrantIndex:
         """Open an existing collection; refuses one made for another model or profile, or not by prvr."""
         target = cls._target(spec)
         client = target.connect((cfg or QdrantConfig()).timeout)
+        try:
+            meta = cls._checked_meta(target, client, model)
+        except BaseException:
+            client.close()  # an embedded store's directory stays locked while a client is open
+            raise
+        cfg = dataclasses.replace(cfg or QdrantConfig(), mode=meta["mode"], frame_balls=meta["frame_balls"])
+        return cls(target, client, model, cfg, meta)
+
+    @staticmethod
+    def _checked_meta(target: QdrantTarget, client, model) -> dict:  # noqa: ANN001
+        """The collection's prvr metadata, refused when missing or made for another model or schema."""
         if not guarded(target, "check the collection", client.collection_exists, target.collection):
             raise IndexStoreError(f"{target.where} does not exist; create it first")
         info = guarded(target, "read the collection", client.get_collection, target.collection)
@@ -198,8 +211,7 @@ class QdrantIndex:
             if meta.get(key) != ours:
                 raise IndexMismatchError(f"{target.where} was built with {key} = {meta.get(key)!r}, but the "
                                          f"model in use has {key} = {ours!r}; rebuild the collection for it")
-        cfg = dataclasses.replace(cfg or QdrantConfig(), mode=meta["mode"], frame_balls=meta["frame_balls"])
-        return cls(target, client, model, cfg, meta)
+        return meta
 
     @classmethod
     def open_or_create(cls, spec: str | QdrantTarget, model, cfg: QdrantConfig | None = None) -> QdrantIndex:  # noqa: ANN001
