@@ -146,6 +146,29 @@ def test_add_remove_reopen_and_refusals(tmp_path: Path) -> None:
     QdrantIndex.open(spec, model).close()  # a refused open released the store
 
 
+def test_a_failed_upload_leaves_the_collection_as_it_was() -> None:
+    model = small_model(**TINY)
+    videos = gallery(6, max_rows=12)
+    qdrant = QdrantIndex.create(MEMORY, model, QdrantConfig(upsert_bytes=1))  # one request per video
+    qdrant.add(videos[:2])
+    upsert, calls = qdrant.client.upsert, []
+
+    def flaky(*args, **kw):  # noqa: ANN002, ANN003, ANN202
+        calls.append(1)
+        if len(calls) == 3:
+            raise ConnectionError("the server went away")
+        return upsert(*args, **kw)
+
+    qdrant.client.upsert = flaky
+    with pytest.raises(QdrantConnectionError, match="could not upsert videos.*the server went away"):
+        qdrant.add(videos[2:])
+    assert len(calls) == 3 and qdrant.client.count(qdrant.target.collection).count == 2
+    assert qdrant.ids == [v.id for v in videos[:2]] and qdrant.meta["next_seq"] == 2
+    qdrant.client.upsert = upsert
+    qdrant.add(videos[2:])
+    assert qdrant.ids == [v.id for v in videos]
+
+
 def test_urls_and_connection_failures(monkeypatch: pytest.MonkeyPatch) -> None:
     assert QdrantTarget.parse("qdrant://db.local:6334/videos") == QdrantTarget("videos", url="http://db.local:6334")
     assert QdrantTarget.parse("qdrants://db/videos").url == "https://db:6333"
