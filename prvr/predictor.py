@@ -77,6 +77,9 @@ class AppSettings:
     session_ttl_s: float = 6 * 3600.0  # a session's private uploads are deleted after this much idle time
     demo_videos: str | None = None  # comma-separated demo video ids to index; None: all (fewer: faster start)
     mcp: bool = False  # also serve the named endpoints as MCP tools at /gradio_api/mcp/ (needs gradio[mcp])
+    # the shared gallery's backend: None, the built-in index in data_dir; qdrant://HOST:PORT/COLLECTION (a
+    # server) or qdrant+local://DIR (embedded): prvr.index.qdrant, docs/qdrant.md
+    index: str | None = None
 
     def __post_init__(self) -> None:
         if self.uploads not in UPLOAD_MODES:
@@ -87,6 +90,10 @@ class AppSettings:
         self.data_dir = Path(self.data_dir).expanduser()
         self.checkpoint = Path(self.checkpoint).expanduser() if self.checkpoint else None
         self.gallery = Path(self.gallery).expanduser() if self.gallery else None
+        if self.index:
+            from prvr.index.qdrant_store import QdrantTarget
+
+            QdrantTarget.parse(self.index)  # a bad URL is refused before anything loads
         self.weights = tuple(self.weights)
         self.weight_specs()  # a malformed --weights fails here, naming it
 
@@ -367,7 +374,13 @@ class Predictor:
         # one directory per model and index schema: an index written by an older release is left alone
         name = f"{profile}-{model.fingerprint()[:12]}-v{SCHEMA_VERSION}"
         self.index_dir = settings.data_dir / "indexes" / name
-        self.index = VideoIndex.open_or_create(self.index_dir, model, IndexConfig())
+        if settings.index:  # a Qdrant collection, not the built-in index (session galleries stay built-in)
+            from prvr.index.qdrant import QdrantIndex
+
+            self.index_dir = settings.index
+            self.index = QdrantIndex.open_or_create(settings.index, model)
+        else:
+            self.index = VideoIndex.open_or_create(self.index_dir, model, IndexConfig())
         self.media_dir = settings.data_dir / "media"  # playable copies of uploads and folder videos
         self.sessions_dir = settings.data_dir / "sessions"
         # Searches run in parallel: each index serves reads from an immutable snapshot and serialises its

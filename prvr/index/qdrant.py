@@ -1,0 +1,442 @@
+"""QdrantIndex: the gallery in a Qdrant collection, ranked exactly, behind the same interface as VideoIndex.
+
+```python
+index = QdrantIndex.open_or_create("qdrant://localhost:6333/prvr", model)   # or "qdrant+local://DIR"
+index.add([GalleryVideo(...)]); index.remove(["v1"])
+evidence = index.rank(q, k=10, weights=None)     # the same Evidence as VideoIndex.rank, best first
+```
+
+One point per video (``prvr.index.qdrant_store``): the multivector of its unit-normalised proposals (all
+windows, or the 32 medoids in compact mode, from ``encode_for_index`` as the built-in index stores them), the
+multivector of its frame balls, and a payload of its record, insertion order and per-video arrays. The
+collection's metadata holds the model's identity (fingerprint, profile, geometry) and the mode; opening it
+for another model is refused.
+
+Exact ranking (Fagin's threshold algorithm over two of Qdrant's orders): Qdrant's MAX_SIM of the unit query
+over a video's ``windows`` is its clip-scale score; over its ``frame_balls`` ([centre, radius] of balls
+covering its zhat rows, queried with [q^, 1]) it is an upper bound of its frame score. Each round takes the
+best L videos of both orders (exhaustive scans, ``exact=True``) and scores the new ones exactly with the
+built-in index's own code (``exact_rows``: clip from the windows, key clip the first argmax, frame
+q^.z_key). A video in neither list has total <= w_clip * (the last clip score) + w_frame * min(1, the last
+ball bound) + BOUND_EPS; once that falls below the k-th best exact total no unseen video can reach it, else L
+doubles. Equal totals are broken by insertion order, as the built-in index breaks them by position.
+``approximate=True`` takes Qdrant's HNSW candidates instead (``candidate_videos`` of them), scored exactly.
+CSA models are supported: their frame score, at most 1, comes from the stored frames and the query's
+tokens, as in VideoIndex; the balls bound MS-SL's frame score only, so for CSA the frame bound is 1.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import threading
+from collections.abc import Sequence
+from contextlib import nullcontext
+from dataclasses import dataclass
+from typing import NamedTuple
+
+import numpy as np
+import torch
+
+from prvr.index import qdrant_store as layout
+from prvr.index.evidence import Evidence
+from prvr.index.ingest import GalleryError, GalleryVideo, check_videos, encode_for_index
+from prvr.index.qdrant_store import BALLS, RECORD, WINDOWS, QdrantTarget, guarded, point_id
+from prvr.index.rank import BOUND_EPS, EXACT, FIRST_CHUNK, _typed_list, kth_largest
+from prvr.index.sketch import BoundQuery
+from prvr.index.store import IndexStoreError
+from prvr.index.video_index import IndexMismatchError, VideoIndex, _vector
+from prvr.model import EncodedQueries
+from prvr.preprocess import window_table
+from prvr.query import QueryError, check_weights
+
+log = logging.getLogger(__name__)
+
+FORMAT = "prvr-qdrant"
+SCHEMA_VERSION = 1
+META = "prvr"  # the key of this package's entry in the collection's metadata
+
+
+@dataclass(frozen=True)
+class QdrantConfig:
+    mode: str = "exact"  # "exact": every proposal of the model; "compact": 32 MS-SL++ medoids per video
+    encode_batch: int = 64  # videos encoded at once
+    upsert_bytes: int = 8 << 20  # payload bytes per upsert request (a server takes 32 MB per request)
+    timeout: float = 10.0  # seconds a server request may take (connecting included)
+    candidate_videos: int = 256  # approximate search: HNSW candidates scored exactly
+    hnsw_ef: int = 256  # approximate search: HNSW beam width (at least candidate_videos)
+    frame_balls: int = 16  # balls over each video's zhat rows: the frame-score bound of the exact pages
+
+
+class ExactLists(NamedTuple):
+    """The arrays ``rank.exact_rows`` reads (``rank.EXACT``), as one-segment typed Lists."""
+
+    units: object
+    pnorm: object
+    zhat: object
+    pidx: object
+
+
+class Candidates:
+    """Videos fetched from Qdrant as one segment, read the way the built-in index reads a ``Snapshot``
+    (stored, seg_start, windows, table, gather, frames, rows, videos), so that its exact scores and
+    evidence code run on them unchanged."""
+
+    def __init__(self, points: Sequence[dict], table: np.ndarray, keep: Sequence[str] | None = None) -> None:
+        self.videos = [p["record"] for p in points]
+        self.table = table
+        self.arrays = {f: np.stack([p["arrays"][f] for p in points]) for f in EXACT}
+        # each video's other stored arrays by name (``keep``: only these; the exact-score ones are above)
+        others = [k for k in points[0]["arrays"] if k not in EXACT and (keep is None or k in keep)]
+        self.per_video = [{k: p["arrays"][k] for k in others} for p in points]
+        self.seg_start = np.array([0, len(points)], dtype=np.int64)
+        self.stored = ExactLists(*(_typed_list([self.arrays[f]]) for f in EXACT))
+
+    @property
+    def windows(self) -> np.ndarray | None:
+        """None when the videos store all windows in window_table order, else the table for ``pidx``."""
+        return None if self.arrays["pnorm"].shape[1] == len(self.table) else self.table
+
+    def gather(self, key: str, positions: np.ndarray) -> np.ndarray:
+        """Rows of per-video array ``key``."""
+        return self.arrays[key][positions]
+
+    def frames(self, position: int) -> np.ndarray:
+        """Encoded frames (L, H) of one video."""
+        return self.per_video[position]["frames"]
+
+    def rows(self, position: int) -> tuple[np.ndarray, np.ndarray]:
+        """Raw row start / end seconds of one video."""
+        return self.per_video[position]["row_start"], self.per_video[position]["row_end"]
+
+
+class View(NamedTuple):
+    """The live videos as this process last saw them: records in insertion order, id -> position."""
+
+    videos: list[dict]
+    position: dict[str, int]
+
+    @classmethod
+    def of(cls, videos: list[dict]) -> View:
+        """The view of these records (in insertion order)."""
+        return cls(videos, {v["id"]: i for i, v in enumerate(videos)})
+
+
+def _vector_size(model) -> int:  # noqa: ANN001
+    """Width of the model's encoded vectors (MS-SL: hidden_size; the bridge: its class-text vectors)."""
+    size = getattr(model.cfg, "hidden_size", None)
+    if size is None and hasattr(model, "class_text"):
+        size = model.class_text.shape[-1]
+    if size is None:
+        raise ValueError(f"cannot tell the vector width of {type(model).__name__} (no cfg.hidden_size)")
+    return int(size)
+
+
+class QdrantIndex:
+    """A Qdrant collection opened for one model; see the module docstring."""
+
+    def __init__(self, target: QdrantTarget, client, model, cfg: QdrantConfig, meta: dict) -> None:  # noqa: ANN001
+        self.target, self.client, self.model, self.cfg, self.meta = target, client, model, cfg, meta
+        self._csa = bool(getattr(model.cfg, "csa", False))
+        self.table = window_table(int(model.cfg.map_size)).numpy()
+        self._writing = threading.Lock()
+        # the embedded client is plain Python over shared lists: one call at a time
+        self._local = threading.Lock() if target.path is not None else nullcontext()
+        self._sample_cache: tuple[View, int, Candidates | None] | None = None
+        self.view = self._load_view()
+
+    # ------------------------------------------------------------------ opening
+    @staticmethod
+    def _target(spec: str | QdrantTarget) -> QdrantTarget:
+        """The parsed target of a URL (or the target itself)."""
+        return spec if isinstance(spec, QdrantTarget) else QdrantTarget.parse(spec)
+
+    def _call(self, what: str, method: str, *args: object, **kw: object):  # noqa: ANN202
+        """self.client.<method>(collection, ...), errors naming the target (see ``guarded``)."""
+        with self._local:
+            call = getattr(self.client, method)
+            return guarded(self.target, what, call, self.target.collection, *args, **kw)
+
+    @classmethod
+    def create(cls, spec: str | QdrantTarget, model, cfg: QdrantConfig | None = None) -> QdrantIndex:  # noqa: ANN001
+        """Make a new, empty collection for this model (refuses an existing one)."""
+        from qdrant_client import models
+
+        cfg, target = cfg or QdrantConfig(), cls._target(spec)
+        if cfg.mode not in ("exact", "compact"):
+            raise ValueError(f"index mode must be 'exact' or 'compact', got {cfg.mode!r}")
+        client = target.connect(cfg.timeout)
+        if guarded(target, "check the collection", client.collection_exists, target.collection):
+            client.close()
+            raise IndexStoreError(f"{target.where} already exists; open it instead")
+        meta = {"format": FORMAT, "schema_version": SCHEMA_VERSION, "mode": cfg.mode,
+                "frame_balls": cfg.frame_balls, **VideoIndex._identity(model), "next_seq": 0}
+        multi = models.MultiVectorConfig(comparator=models.MultiVectorComparator.MAX_SIM)
+        size = _vector_size(model)
+        dot = models.Distance.DOT
+        vectors = {WINDOWS: models.VectorParams(size=size, distance=dot, multivector_config=multi),
+                   # the balls are read by exhaustive scans only: no HNSW graph
+                   BALLS: models.VectorParams(size=size + 1, distance=dot, multivector_config=multi,
+                                              hnsw_config=models.HnswConfigDiff(m=0))}
+        guarded(target, "create the collection", client.create_collection, target.collection,
+                vectors_config=vectors, metadata={META: meta})
+        return cls(target, client, model, cfg, meta)
+
+    @classmethod
+    def open(cls, spec: str | QdrantTarget, model, cfg: QdrantConfig | None = None) -> QdrantIndex:  # noqa: ANN001
+        """Open an existing collection; refuses one made for another model or profile, or not by prvr."""
+        target = cls._target(spec)
+        client = target.connect((cfg or QdrantConfig()).timeout)
+        try:
+            meta = cls._checked_meta(target, client, model)
+        except BaseException:
+            client.close()  # an embedded store's directory stays locked while a client is open
+            raise
+        cfg = dataclasses.replace(cfg or QdrantConfig(), mode=meta["mode"], frame_balls=meta["frame_balls"])
+        return cls(target, client, model, cfg, meta)
+
+    @staticmethod
+    def _checked_meta(target: QdrantTarget, client, model) -> dict:  # noqa: ANN001
+        """The collection's prvr metadata, refused when missing or made for another model or schema."""
+        if not guarded(target, "check the collection", client.collection_exists, target.collection):
+            raise IndexStoreError(f"{target.where} does not exist; create it first")
+        info = guarded(target, "read the collection", client.get_collection, target.collection)
+        meta = (info.config.metadata or {}).get(META)
+        if not isinstance(meta, dict) or meta.get("format") != FORMAT:
+            raise IndexMismatchError(f"{target.where} was not made by prvr (no {META!r} metadata)")
+        if meta.get("schema_version") != SCHEMA_VERSION:
+            raise IndexMismatchError(f"{target.where} has schema {meta.get('schema_version')}, this code "
+                                     f"reads {SCHEMA_VERSION}; rebuild the collection")
+        for key, ours in VideoIndex._identity(model).items():
+            if meta.get(key) != ours:
+                raise IndexMismatchError(f"{target.where} was built with {key} = {meta.get(key)!r}, but the "
+                                         f"model in use has {key} = {ours!r}; rebuild the collection for it")
+        return meta
+
+    @classmethod
+    def open_or_create(cls, spec: str | QdrantTarget, model, cfg: QdrantConfig | None = None) -> QdrantIndex:  # noqa: ANN001
+        """Open the collection, or create it when there is none."""
+        target = cls._target(spec)
+        client = target.connect((cfg or QdrantConfig()).timeout)
+        exists = guarded(target, "check the collection", client.collection_exists, target.collection)
+        client.close()  # an embedded store admits one client at a time
+        return cls.open(target, model, cfg) if exists else cls.create(target, model, cfg)
+
+    def close(self) -> None:
+        """Release the client (an embedded store's directory lock)."""
+        self.client.close()
+
+    def _load_view(self) -> View:
+        """Every video's record and insertion number, read from the collection (no vectors, no arrays)."""
+        found, offset = [], None
+        while True:
+            points, offset = self._call("list the videos", "scroll", limit=1024, offset=offset,
+                                        with_payload=[*RECORD, "seq"], with_vectors=False)
+            found.extend(p.payload for p in points)
+            if offset is None:
+                break
+        found.sort(key=lambda p: p["seq"])
+        return View.of([{k: p[k] for k in RECORD if k in p} for p in found])
+
+    def refresh(self) -> None:
+        """Re-read the list of videos (another process may have changed the collection)."""
+        self.view = self._load_view()
+
+    # ------------------------------------------------------------------ what is in it
+    def __len__(self) -> int:
+        return len(self.view.videos)
+
+    @property
+    def position(self) -> dict[str, int]:
+        """Live video id -> its position (insertion order among the live videos)."""
+        return self.view.position
+
+    @property
+    def videos(self) -> list[dict]:
+        """The live videos' records, by position."""
+        return self.view.videos
+
+    @property
+    def ids(self) -> list[str]:
+        """Live video ids in insertion order."""
+        return [v["id"] for v in self.view.videos]
+
+    # ------------------------------------------------------------------ writing
+    def add(self, videos: Sequence[GalleryVideo]) -> None:
+        """Encode and upsert videos; GalleryError (bad input) leaves the collection untouched, and a failed
+        upload removes the points it had written."""
+        videos = list(videos)
+        if not videos:
+            return
+        with self._writing:
+            check_videos(videos, set(self.position))  # before encoding: bad input costs nothing
+            enc = encode_for_index(self.model, videos, self.cfg.mode, self.cfg.encode_batch)
+            arrays = {k: np.concatenate(enc[k]) for k in ("units", "pnorm", "pidx", "zhat")}
+            rows = [(np.asarray(v.start, np.float32), np.asarray(v.end, np.float32)) for v in videos]
+            self._upload([v.record() for v in videos], arrays, enc["frames"], rows)
+        log.info("indexed %d videos in %s (%d there)", len(videos), self.target.where, len(self))
+
+    def add_encoded(self, records: list[dict], arrays: dict[str, np.ndarray], frames: list[np.ndarray],
+                    rows: list[tuple[np.ndarray, np.ndarray]]) -> None:
+        """Upsert videos whose model outputs were computed elsewhere, in ``VideoIndex.add_encoded``'s layout
+        (units, pnorm, pidx, zhat per video; encoded frames; row start/end seconds). For tests, benchmarks."""
+        with self._writing:
+            ids = [r["id"] for r in records]
+            if len(set(ids)) != len(ids) or set(ids) & set(self.position):
+                raise GalleryError("add_encoded: duplicate video ids")
+            self._upload(records, arrays, frames, rows)
+
+    def _upload(self, records: list[dict], arrays: dict[str, np.ndarray], frames: list[np.ndarray],
+                rows: list[tuple[np.ndarray, np.ndarray]]) -> None:
+        """Upsert points in requests of at most ``upsert_bytes``, then advance the insertion counter; on any
+        failure the points already written are deleted again."""
+        seq0, parts, part, size = int(self.meta["next_seq"]), [], [], 0
+        zhat, n_balls = arrays["zhat"], self.cfg.frame_balls  # clustered 64 videos at a time (memory)
+        balls = [b for a in range(0, len(zhat), 64) for b in layout.frame_balls(zhat[a:a + 64], n_balls)]
+        for i, record in enumerate(records):
+            video = {**{k: a[i] for k, a in arrays.items()}, "frames": frames[i], "row_start": rows[i][0],
+                     "row_end": rows[i][1]}
+            part.append(self._point(record, seq0 + i, video, balls[i]))
+            size += layout.payload_bytes(video) * 4 // 3 + 4 * (video["zhat"].size + balls[i].size)
+            if size >= self.cfg.upsert_bytes or i == len(records) - 1:
+                parts.append(part)
+                part, size = [], 0
+        written: list[str] = []
+        try:
+            for part in parts:
+                self._call("upsert videos", "upsert", points=part, wait=True)
+                written.extend(p.id for p in part)
+            self._set_meta(next_seq=seq0 + len(records))
+        except BaseException:
+            if written:
+                self._delete(written)
+            raise
+        self.view = View.of(self.view.videos + [{k: r[k] for k in RECORD if k in r} for r in records])
+
+    def _point(self, record: dict, seq: int, arrays: dict[str, np.ndarray], balls: np.ndarray):  # noqa: ANN202
+        """The Qdrant point of one video (see ``prvr.index.qdrant_store``)."""
+        from qdrant_client import models
+
+        spans = self.table[arrays["pidx"].astype(np.int64)]
+        identity = {k: self.meta[k] for k in ("profile", "model_fingerprint")}
+        vectors = {WINDOWS: layout.windows(arrays["units"], arrays["pnorm"], spans).tolist(),
+                   BALLS: balls.tolist()}
+        return models.PointStruct(id=point_id(record["id"]), vector=vectors,
+                                  payload={**record, "seq": seq, **identity, "arrays": layout.pack(arrays)})
+
+    def _set_meta(self, **change: object) -> None:
+        """Update this package's entry in the collection's metadata."""
+        meta = {**self.meta, **change}
+        self._call("update the collection's metadata", "update_collection", metadata={META: meta})
+        self.meta = meta
+
+    def _delete(self, point_ids: list[str]) -> None:
+        """Delete points by point id (waits until applied)."""
+        from qdrant_client import models
+
+        selector = models.PointIdsList(points=point_ids)
+        self._call("delete videos", "delete", points_selector=selector, wait=True)
+
+    def remove(self, ids: Sequence[str]) -> None:
+        """Remove videos by id; unknown ids are an error and nothing changes."""
+        ids = list(dict.fromkeys(ids))
+        with self._writing:
+            unknown = [i for i in ids if i not in self.position]
+            if unknown:
+                raise GalleryError(f"no video with id {unknown[:5]} in {self.target.where}")
+            if ids:
+                self._delete([point_id(i) for i in ids])
+            gone = set(ids)
+            self.view = View.of([v for v in self.view.videos if v["id"] not in gone])
+
+    # ------------------------------------------------------------------ ranking
+    # The built-in index's exact scores and evidence assembly, run on ``Candidates`` (one implementation of
+    # each: the same arithmetic gives the same bits, key clips, attention and CSA frame scores).
+    _exact = VideoIndex._exact
+    _csa_frame = VideoIndex._csa_frame
+    _evidence = VideoIndex._evidence
+    _attention = VideoIndex._attention
+
+    def weights(self, weights: Sequence[float] | None = None) -> tuple[float, float]:
+        """(clip_w, frame_w): the given pair, checked, or the model's."""
+        return check_weights(weights, (self.model.cfg.clip_scale_w, self.model.cfg.frame_scale_w))
+
+    def _fetch(self, point_ids: list[str]) -> list[dict]:
+        """Records, insertion numbers and arrays of points, in the order asked."""
+        got = self._call("read videos", "retrieve", ids=point_ids, with_payload=True, with_vectors=False)
+        by_id = {str(p.id): p.payload for p in got}
+        return [{"record": {k: by_id[i][k] for k in RECORD if k in by_id[i]}, "seq": int(by_id[i]["seq"]),
+                 "arrays": layout.unpack(by_id[i]["arrays"])} for i in point_ids if i in by_id]
+
+    def _candidates(self, unit: np.ndarray, limit: int, exact: bool, using: str = WINDOWS) -> list:
+        """Qdrant's best ``limit`` points by MAX_SIM of ``unit`` over the named multivector ``using`` (ids
+        and scores), exhaustive or by HNSW."""
+        from qdrant_client import models
+
+        params = None
+        if self.target.url is not None:  # the embedded store always scans (and warns when given params)
+            params = models.SearchParams(exact=exact, hnsw_ef=None if exact else max(self.cfg.hnsw_ef, limit))
+        return self._call("search", "query_points", query=[unit.tolist()], using=using, limit=limit,
+                          search_params=params, with_payload=False, with_vectors=False).points
+
+    def _score(self, found: list[dict], q: np.ndarray | EncodedQueries, w: tuple[float, float],
+               bq: BoundQuery) -> np.ndarray:
+        """Exact totals of fetched videos."""
+        return self._exact(Candidates(found, self.table), np.arange(len(found)), q, w, bq).total
+
+    def rank(self, q: np.ndarray | torch.Tensor | EncodedQueries, k: int = 10,
+             weights: Sequence[float] | None = None, approximate: bool = False) -> Evidence:
+        """The k best videos for the model's encoded query ``q`` (as ``VideoIndex.rank``); best first."""
+        if not isinstance(k, int) or isinstance(k, bool) or k < 1:
+            raise QueryError(f"k must be a positive integer, got {k!r}")
+        w, live = self.weights(weights), len(self)
+        v = _vector(q)
+        bq = BoundQuery.of(v)
+        unit = (v / max(float(np.linalg.norm(v.astype(np.float64))), 1e-12)).astype(np.float32)
+        eps = BOUND_EPS * (1 + w[0] + w[1])
+        seen: dict[str, tuple[dict, float]] = {}
+        limit = max(k, self.cfg.candidate_videos) if approximate else max(FIRST_CHUNK, 2 * k)
+        ball_bound = not (approximate or self._csa)  # the balls bound MS-SL's frame score, not CSA's
+        while live:
+            points = self._candidates(unit, limit, exact=not approximate)
+            balls = self._candidates(np.append(unit, 1.0).astype(np.float32), limit, exact=True,
+                                     using=BALLS) if ball_bound else []
+            ids = dict.fromkeys(str(p.id) for p in (*points, *balls) if str(p.id) not in seen)
+            new = self._fetch(list(ids))
+            for p, total in zip(new, self._score(new, q, w, bq) if new else [], strict=True):
+                seen[point_id(p["record"]["id"])] = (p, float(total))
+            if approximate or len(points) < limit or (ball_bound and len(balls) < limit):  # all seen
+                break
+            # a video in neither list has clip <= the last clip score and frame <= the last ball bound
+            frame = min(1.0, balls[-1].score) if ball_bound else 1.0
+            tau = kth_largest(np.array([t for _, t in seen.values()]), k)
+            if w[0] * points[-1].score + w[1] * frame + eps < tau:
+                break
+            limit *= 2
+        best = sorted(seen.values(), key=lambda pt: (-pt[1], pt[0]["seq"]))[:k]
+        found = [p for p, _ in best]
+        hits = self._evidence(Candidates(found, self.table), np.arange(len(found)), q, w) if found else ()
+        cfg = self.model.cfg
+        return Evidence(hits, w, len(seen), live, int(cfg.map_size), int(cfg.max_ctx_l), approximate)
+
+    def sample_totals(self, q: np.ndarray | EncodedQueries, weights: Sequence[float] | None = None,
+                      n: int = 128) -> np.ndarray:
+        """Exact totals of a fixed sample of n live videos (all of a smaller gallery), the same videos as
+        ``VideoIndex.sample_totals`` picks from the same gallery: the gallery's score distribution for q."""
+        sample = self._sample(n)
+        if sample is None:
+            return np.zeros(0)
+        return self._exact(sample, np.arange(len(sample.videos)), q, self.weights(weights)).total
+
+    def _sample(self, n: int) -> Candidates | None:
+        """The sample's videos, fetched once per version of the gallery (every search reads them)."""
+        view, cached = self.view, self._sample_cache
+        if cached is not None and cached[0] is view and cached[1] == n:
+            return cached[2]
+        live = np.arange(len(view.videos))
+        if len(live) > n:
+            live = np.sort(np.random.default_rng(0).choice(live, n, replace=False))
+        found = self._fetch([point_id(view.videos[i]["id"]) for i in live]) if len(live) else []
+        sample = Candidates(found, self.table, keep=()) if found else None
+        self._sample_cache = (view, n, sample)
+        return sample
