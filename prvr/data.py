@@ -47,6 +47,7 @@ from extract.official import (  # noqa: F401 - re-exported: the layout's names l
     read_video2frames,
     video_id_of,
 )
+from prvr import preprocess
 from prvr.preprocess import clip_input, frame_input, query_input
 
 log = logging.getLogger(__name__)
@@ -55,17 +56,15 @@ SPLITS = ("train", "val", "test")
 
 
 def check_rows(x: np.ndarray, dim: int, where: str, what: str) -> np.ndarray:
-    """Validate one (n, dim) float feature array; errors name the file (``where``) and the id (``what``)."""
-    if x.ndim != 2:
-        raise DataError(f"{where}: {what} has shape {x.shape}, expected (rows, {dim})")
-    if x.shape[1] != dim:
-        raise DataError(f"{where}: {what} has dim {x.shape[1]}, expected {dim}")
-    if x.shape[0] == 0:
-        raise DataError(f"{where}: {what} is empty (0 rows)")
-    if not np.isfinite(x).all():
-        rows = np.flatnonzero(~np.isfinite(x).all(axis=1))
-        raise DataError(f"{where}: {what} has NaN/inf values in rows {rows[:10].tolist()}")
-    return x.astype(np.float32, copy=False)
+    """Validate one (n, dim) float feature array (``prvr.preprocess.check_rows`` plus the width); errors
+    name the file (``where``) and the id (``what``)."""
+    try:
+        rows = preprocess.check_rows(np.asarray(x), f"{where}: {what}")
+    except (TypeError, ValueError) as err:
+        raise DataError(str(err)) from None
+    if rows.shape[1] != dim:
+        raise DataError(f"{where}: {what} has dim {rows.shape[1]}, expected {dim}")
+    return rows.numpy()
 
 
 class OfficialSource:

@@ -150,7 +150,7 @@ def test_nan_features_name_the_video(official):
     data = np.fromfile(feat / "feature.bin", dtype="<f4")
     data[row * SMALL.visual_dim + 5] = np.nan
     data.tofile(feat / "feature.bin")
-    with pytest.raises(DataError, match=r"feature\.bin: video 'test00001' has NaN/inf values in rows \[2\]"):
+    with pytest.raises(DataError, match=r"feature\.bin: video 'test00001': NaN or inf values in rows \[2\]"):
         prepare_split(open_source(root), "test")
 
 

@@ -39,6 +39,8 @@ from pathlib import Path
 
 import numpy as np
 
+from extract.decode import sha256_file
+
 log = logging.getLogger(__name__)
 
 # 5: frame balls store their radii; 4: 16-bit window factors on a grid; 3: key clip candidates' frame
@@ -83,15 +85,6 @@ def _npy_bytes(array: np.ndarray) -> bytes:
     buf = io.BytesIO()
     np.save(buf, np.ascontiguousarray(array), allow_pickle=False)
     return buf.getvalue()
-
-
-def file_sha256(path: Path, block: int = 1 << 24) -> str:
-    """sha256 of a file, read in blocks."""
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(block):
-            digest.update(chunk)
-    return digest.hexdigest()
 
 
 def write_segment(root: Path, arrays: dict[str, np.ndarray], videos: list[dict]) -> dict:
@@ -145,7 +138,7 @@ def verify_file(path: Path, entry: dict, checksum: bool) -> None:
     size = path.stat().st_size
     if size != entry["bytes"]:
         raise IndexCorruptError(f"{path}: {size} bytes, the manifest recorded {entry['bytes']}")
-    if checksum and file_sha256(path) != entry["sha256"]:
+    if checksum and sha256_file(path) != entry["sha256"]:
         raise IndexCorruptError(f"{path}: sha256 differs from the manifest's (the file was modified)")
 
 
