@@ -384,6 +384,7 @@ class QdrantIndex:
     _exact = VideoIndex._exact
     _csa_frame = VideoIndex._csa_frame
     _evidence = VideoIndex._evidence
+    _fine = staticmethod(VideoIndex._fine)
     _attention = VideoIndex._attention
 
     def weights(self, weights: Sequence[float] | None = None) -> tuple[float, float]:

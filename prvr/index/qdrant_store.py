@@ -124,7 +124,8 @@ def pack(arrays: Mapping[str, np.ndarray]) -> dict[str, dict]:
     """Per-video arrays -> the payload's ``arrays`` (dtype, shape and base64 of the raw bytes, exact)."""
     out = {}
     for name in ARRAYS:
-        a = np.ascontiguousarray(arrays[name])
+        a = np.asarray(arrays[name])
+        a = a if a.flags.c_contiguous else a.copy(order="C")  # (ascontiguousarray makes a scalar 1-d)
         a = a.astype(a.dtype.newbyteorder("<"), copy=False)
         data = base64.b64encode(a.tobytes()).decode()
         out[name] = {"dtype": a.dtype.str, "shape": list(a.shape), "b64": data}
