@@ -50,8 +50,7 @@ def search(indexes: Sequence[VideoIndex], tokens: np.ndarray | torch.Tensor, k: 
     """Rank every index (all over one model) for the query's token features; the best k over all of them.
 
     ``confidence`` defaults to ``CalibratedConfidence()`` (from the reference scores the indexes store);
-    ``query``: what the response reports
-    about the query (default: the token count).
+    ``query``: what the response reports about the query (default: the token count).
     """
     if not indexes:
         raise ValueError("search needs at least one index")
