@@ -77,11 +77,23 @@ def cuts(ref_clip: np.ndarray, ref_frame: np.ndarray, weights: Sequence[float],
          cfg: ConfidenceConfig = ConfidenceConfig()) -> VideoNull | None:
     """A video's cuts at ``weights`` = (clip_w, frame_w) from its stored reference scores (R,) each;
     None when it stores none."""
-    if len(ref_clip) == 0:
-        return None
-    totals = weights[0] * np.asarray(ref_clip, np.float64) + weights[1] * np.asarray(ref_frame, np.float64)
-    medium, high = np.quantile(totals, (cfg.medium_quantile, cfg.high_quantile), method="higher")
-    return VideoNull(float(medium), float(high))
+    return cuts_of([ref_clip], [ref_frame], weights, cfg)[0]
+
+
+def cuts_of(ref_clip: Sequence[np.ndarray], ref_frame: Sequence[np.ndarray], weights: Sequence[float],
+            cfg: ConfidenceConfig = ConfidenceConfig()) -> list[VideoNull | None]:
+    """``cuts`` of several videos, the quantiles of those with equally many reference scores at once."""
+    out: list[VideoNull | None] = [None] * len(ref_clip)
+    sizes = [len(c) for c in ref_clip]
+    for size in set(sizes) - {0}:
+        which = [i for i, n in enumerate(sizes) if n == size]
+        clip = np.stack([ref_clip[i] for i in which]).astype(np.float64)
+        frame = np.stack([ref_frame[i] for i in which]).astype(np.float64)
+        totals = weights[0] * clip + weights[1] * frame  # (V, R)
+        medium, high = np.quantile(totals, (cfg.medium_quantile, cfg.high_quantile), axis=1, method="higher")
+        for j, i in enumerate(which):
+            out[i] = VideoNull(float(medium[j]), float(high[j]))
+    return out
 
 
 def _cached_tokens(text_encoder, captions: list[str], cache_dir: Path | None) -> list[np.ndarray]:  # noqa: ANN001
@@ -171,6 +183,7 @@ class CalibratedConfidence:
 
     def assess(self, q: object, evidence: Evidence) -> Assessment:
         """Labels of every hit of one response (q is unused: the totals are in the evidence)."""
-        nulls = [cuts(h.ref_clip, h.ref_frame, evidence.weights, self.cfg) for h in evidence.hits]
-        got = tuple(labels([h.total for h in evidence.hits], nulls))
+        hits = evidence.hits
+        nulls = cuts_of([h.ref_clip for h in hits], [h.ref_frame for h in hits], evidence.weights, self.cfg)
+        got = tuple(labels([h.total for h in hits], nulls))
         return Assessment(got, not Calibrator.no_strong_match(got))
