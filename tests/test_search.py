@@ -210,3 +210,22 @@ def test_concurrent_searches_equal_serial_ones_while_the_index_is_written(tmp_pa
         together = list(pool.map(lambda t: search_text([index], t, fake_text_encoder, k=5).results,
                                  texts * 2))
     assert together == after * 2
+
+
+def test_a_hit_without_fine_rows_falls_back_to_the_key_clip(index: VideoIndex) -> None:
+    """Evidence from a producer that fills no fine rows (the fields' defaults) still gives a Contract 4
+    dict: the key moment is MS-SL's key clip and the heatmap one cell per clip unit."""
+    import dataclasses
+
+    from prvr.index.evidence import VideoEvidence
+    from prvr.results import result_dict
+    from prvr.search import encode_query
+
+    q = encode_query(index.model, fake_text_encoder(["a cat"])[0])
+    hit = index.rank(q, k=1).hits[0]
+    bare = VideoEvidence(**{f.name: getattr(hit, f.name) for f in dataclasses.fields(VideoEvidence)
+                            if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING})
+    full, old = result_dict(1, hit, "low", q), result_dict(1, bare, "low", q)
+    assert set(old) == CONTRACT_KEYS and old["key_clip"] == full["key_clip"]
+    assert old["key_moment"] == old["key_clip"] and old["moments"] == [old["key_clip"]]
+    assert len(old["heatmap"]["score"]) == 32 and old["attention"] == full["attention"]
