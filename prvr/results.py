@@ -10,6 +10,7 @@
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
@@ -27,10 +28,18 @@ def _row_spans(rows: np.ndarray, row_start: np.ndarray, row_end: np.ndarray) -> 
     return np.stack([row_start[rows[:, 0]], row_end[rows[:, 1] - 1]], axis=1)
 
 
+@functools.lru_cache(maxsize=4096)
+def _bins(n: int, m: int) -> np.ndarray:
+    """``clip_unit_rows(n, m)`` as a read-only numpy array, computed once per (n, m): every search asks for
+    the same videos' binnings again."""
+    rows = clip_unit_rows(n, m).numpy()
+    rows.flags.writeable = False
+    return rows
+
+
 def unit_spans(row_start: np.ndarray, row_end: np.ndarray, map_size: int = 32) -> np.ndarray:
     """(map_size, 2) start/end seconds of each clip unit (the official binning of the raw rows)."""
-    rows = clip_unit_rows(len(row_start), map_size).numpy()
-    return _row_spans(rows, row_start, row_end)
+    return _row_spans(_bins(len(row_start), map_size), row_start, row_end)
 
 
 def frame_times(row_start: np.ndarray, row_end: np.ndarray, max_ctx_l: int = 128) -> np.ndarray:
@@ -38,7 +47,7 @@ def frame_times(row_start: np.ndarray, row_end: np.ndarray, max_ctx_l: int = 128
     n = len(row_start)
     if n <= max_ctx_l:
         return (row_start + row_end) / 2
-    spans = _row_spans(clip_unit_rows(n, max_ctx_l).numpy(), row_start, row_end)
+    spans = _row_spans(_bins(n, max_ctx_l), row_start, row_end)
     return spans.mean(axis=1)
 
 
@@ -58,7 +67,7 @@ class Confidence(Protocol):
 
 def _floats(x: np.ndarray | Sequence[float]) -> list[float]:
     """Plain Python floats (JSON-able), rounded to 6 decimals."""
-    return [round(float(v), 6) for v in np.asarray(x).reshape(-1)]
+    return np.round(np.asarray(x, dtype=np.float64).reshape(-1), 6).tolist()
 
 
 def query_vector(q: object) -> np.ndarray:
