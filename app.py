@@ -150,10 +150,8 @@ def heatmap_svg(result: dict, score_range: tuple[float, float]) -> str:
 
 
 def moments_of(result: dict) -> list[dict]:
-    """The key moment first, then the result's other moments (those that are not the key moment)."""
-    key = result["key_moment"]
-    same = ("start", "end")
-    return [key, *(m for m in result["moments"] if tuple(m[k] for k in same) != tuple(key[k] for k in same))]
+    """The key moment, then the other moments (Contract 4: ``moments`` starts with the key moment)."""
+    return [result["key_moment"], *result["moments"][1:]]
 
 
 def card_html(result: dict, clip_weight: float, score_range: tuple[float, float]) -> str:
