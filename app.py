@@ -1,7 +1,8 @@
 """The Gradio app: type a sentence, get the videos that contain a matching moment, ranked.
 
 Every result card shows the MS-SL evidence: the total score and its clip/frame branches, a heatmap of the
-per-moment similarity over the video's timeline with the key moment and the other top moments marked,
+query's similarity over the video's timeline (cells at their true extent: one per second of a short video,
+at most 128) with the key moment and the other moments marked at their true extent,
 and a player that starts at the key moment (only when the match is strong enough to trust) and jumps to
 any marked moment on click. All model, index and upload work happens in ``prvr.predictor.Predictor``;
 this file only turns its results into widgets.
@@ -114,7 +115,8 @@ def heat_colour(x: float) -> str:
 
 
 def heatmap_svg(result: dict, score_range: tuple[float, float]) -> str:
-    """The per-moment similarity strip with the top moments outlined and the key clip's attention."""
+    """The similarity strip (each heatmap cell and each moment drawn over its own seconds) with the
+    moments outlined (the key moment in red) and the key clip's frame attention."""
     duration = max(result["duration"], 1e-6)
     lo, hi = score_range
     heat = result["heatmap"]
@@ -124,7 +126,7 @@ def heatmap_svg(result: dict, score_range: tuple[float, float]) -> str:
         parts.append(f'<rect class="bin" data-t="{start:.2f}" x="{x:.1f}" y="0" width="{w:.1f}" height="44" '
                      f'fill="{heat_colour((score - lo) / (hi - lo))}"><title>{clock(start)}-{clock(end)}: '
                      f'{score:.3f}</title></rect>')
-    for i, moment in enumerate(result["moments"]):
+    for i, moment in enumerate(moments_of(result)):
         x, w = 1000 * moment["start"] / duration, 1000 * (moment["end"] - moment["start"]) / duration
         style = 'stroke="#be123c" stroke-width="5"' if i == 0 else 'stroke="#111827" stroke-width="3" ' \
                                                                   'stroke-dasharray="10 6"'
@@ -140,11 +142,16 @@ def heatmap_svg(result: dict, score_range: tuple[float, float]) -> str:
     labels = "".join(
         f'<span class="mlabel{" key" if i == 0 else ""}" data-t="{m["start"]:.2f}" '
         f'style="left:{100 * (m["start"] + m["end"]) / 2 / duration:.2f}%">{"★" if i == 0 else i + 1}</span>'
-        for i, m in enumerate(result["moments"]))
+        for i, m in enumerate(moments_of(result)))
     axis = "".join(f"<span>{clock(t)}</span>" for t in (0, duration / 2, duration))
     return (f'<div class="heat-wrap">{labels}<svg class="heat" viewBox="0 0 1000 64" '
             f'preserveAspectRatio="none" role="img" aria-label="similarity over time">{"".join(parts)}</svg>'
             f'</div><div class="axis">{axis}</div>')
+
+
+def moments_of(result: dict) -> list[dict]:
+    """The key moment, then the other moments (Contract 4: ``moments`` starts with the key moment)."""
+    return [result["key_moment"], *result["moments"][1:]]
 
 
 def card_html(result: dict, clip_weight: float, score_range: tuple[float, float]) -> str:
@@ -154,11 +161,12 @@ def card_html(result: dict, clip_weight: float, score_range: tuple[float, float]
         f'<button class="chip{" key" if i == 0 else ""}" data-t="{m["start"]:.2f}">'
         f'{"★ key moment" if i == 0 else f"moment {i + 1}"} · {clock(m["start"])}-{clock(m["end"])} '
         f'· {m["score"]:.3f}</button>'
-        for i, m in enumerate(result["moments"]))
+        for i, m in enumerate(moments_of(result)))
     start = ("The player starts at the key moment." if confidence != "low"
              else "Weak match: the player starts at 0:00.")
-    hint = (f"{start} Click the strip or a moment to jump. Strip: similarity of each part of the video "
-            "(darker is closer); ★ key moment; orange line: where the frame branch looked.")
+    hint = (f"{start} Click the strip or a moment to jump. Strip: similarity of each second of the video "
+            "(longer videos: of each stretch; darker is closer); ★ key moment; orange line: where the frame "
+            "branch looked.")
     mine = '<span class="badge badge-mine">your upload</span>' if result.get("source") == "session" else ""
     head = (f'<div class="card-head"><span class="rank">#{result["rank"]}</span>'
             f'<span class="title">{html.escape(result["title"])}</span>'
@@ -475,7 +483,9 @@ def api_endpoints(predictor: Predictor, session: gr.State, sessions: ClosedSessi
 
         Each result has the video id, title, duration, total score and its clip-scale and frame-scale
         parts, a confidence label (high, medium, low), the key moment and up to 3 moments (start/end in
-        seconds), a per-moment similarity heatmap, and video_url / moment_url to play it from this app.
+        seconds, made of the video's own segments), MS-SL's raw key clip (key_clip), a similarity heatmap
+        over the video's timeline (cells with start/end in seconds), and video_url / moment_url to play it
+        from this app.
         "no_strong_match" is true when no result is a high-confidence match.
 
         Args:

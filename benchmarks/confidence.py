@@ -1,30 +1,38 @@
 """How trustworthy the confidence labels are on the demo gallery (prvr/confidence.py), as one JSON object.
 
-    python -m benchmarks.confidence [--out FILE]
+    python -m benchmarks.confidence [--out FILE] [--sweep]
 
-Scores come from ``model.score`` directly on the demo gallery's features (prvr.demo helpers). Queries: the
-gallery's 34 captions (positives: their relevant videos), 32 off-topic queries written for this benchmark
-(nothing in the gallery shows them) and 12 nonsense / emoji-only strings. Reported:
+Measured on the path users get: the demo gallery is indexed (``prvr.index.VideoIndex`` in a temporary
+directory, with the calibrator's reference bank, as the app indexes it) and every query goes through
+``prvr.search.search`` with k = the number of videos and ``CalibratedConfidence``; a (query, video) label
+is the label of that video's hit in the response. Queries: the gallery's 34 captions (positives: their
+relevant videos), 32 off-topic queries written for this benchmark (nothing in the gallery shows them) and 12
+nonsense / emoji-only strings. Reported, at the model's weights and (``by_clip_weight``) at other weights
+of the app's slider:
 - ``high``: precision and recall of "high" (= "strong match") over caption x video pairs;
 - ``captions_high_or_medium``: the share of captions whose best relevant video is labelled high or medium
   (and the share of all relevant pairs);
 - ``off_topic_high`` / ``nonsense_high``: queries labelled high on any video (target 0);
-- ``stable_when_gallery_grows``: every demo label recomputed after 10 unrelated videos join (target 1.0);
-- the same rates for the old gallery-relative rule (robust z against the gallery's scores) for contrast;
-- ``ms_per_search_10_hits``: labelling cost after the one-time fit.
+- ``stable_when_gallery_grows``: every demo label again after 10 unrelated videos join the index (1.0);
+- ``ms_per_search_10_hits``: the labelling cost of one 10-hit response (``assess``).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import tempfile
 import time
+from pathlib import Path
 
 import numpy as np
 import torch
 
-from prvr.confidence import Calibrator, ConfidenceConfig
-from prvr.results import ConfidenceRule
+from prvr.confidence import CalibratedConfidence, Calibrator, ConfidenceConfig
+from prvr.index import Evidence, GalleryVideo, IndexConfig, VideoIndex
+from prvr.search import encode_query, search
+
+CLIP_WEIGHTS = (0.0, 0.3, 0.5, 0.7, 1.0)  # the app's slider: 0.7 is MS-SL's default
 
 OFF_TOPIC = [
     "a dog playing football", "a chef cooking pasta in a kitchen", "a man swimming in the ocean",
@@ -43,23 +51,27 @@ NONSENSE = ["🐱🚀☕", "🔥🔥🔥", "😀", "asdfgh qwerty", "xkcd zzz pl
             "??? !!!", "1234567890", "blorf wimble snazz", "ok", "a"]
 
 
-def unrelated_rows(like: list[np.ndarray], n: int, seed: int = 0) -> list[np.ndarray]:
+def unrelated_videos(like: list[np.ndarray], n: int, seed: int = 0) -> list[GalleryVideo]:
     """``n`` videos of random non-negative rows with the demo rows' scale (pooled ReLU features)."""
     gen = np.random.default_rng(seed)
     scale = float(np.mean([r.mean() for r in like]))
-    shapes = [(int(gen.integers(20, 90)), like[0].shape[1]) for _ in range(n)]
-    return [np.abs(gen.normal(0, scale * 1.25, shape)).astype(np.float32) for shape in shapes]
+    out = []
+    for i in range(n):
+        rows = np.abs(gen.normal(0, scale * 1.25, (int(gen.integers(20, 90)), like[0].shape[1])))
+        t = np.arange(len(rows), dtype=np.float64)
+        out.append(GalleryVideo(f"unrelated{i}", rows.astype(np.float32), t, t + 1, float(len(rows))))
+    return out
 
 
-def label_matrix(cal: Calibrator, scores: np.ndarray, nulls: list) -> np.ndarray:
-    """(Nq, Nv) labels through the public per-hit function."""
-    return np.array([cal.labels(row, nulls) for row in scores])
-
-
-def old_rule_labels(scores: np.ndarray) -> np.ndarray:
-    """The gallery-relative rule this replaces: robust z of each score against the query's gallery scores."""
-    rule = ConfidenceRule()
-    return np.array([[rule.label(z) for z in rule.z_scores(row, row)] for row in scores])
+def label_matrix(index: VideoIndex, ids: list[str], tokens: list[np.ndarray], weights: tuple[float, float],
+                 confidence: CalibratedConfidence) -> np.ndarray:
+    """(Nq, len(ids)) labels: each query searched over the whole index, each video's label in the response."""
+    out = []
+    for t in tokens:
+        response = search([index], t, k=len(index), weights=weights, confidence=confidence)
+        got = {r["video_id"]: r["confidence"] for r in response.results}
+        out.append([got[v] for v in ids])
+    return np.array(out)
 
 
 def rates(labels: np.ndarray, relevant: np.ndarray, off: np.ndarray, non: np.ndarray) -> dict:
@@ -80,8 +92,8 @@ def rates(labels: np.ndarray, relevant: np.ndarray, off: np.ndarray, non: np.nda
     }
 
 
-def run(cfg: ConfidenceConfig | None = None) -> dict:
-    """Fit the calibrator for the default model and measure it on the demo gallery."""
+def run(cfg: ConfidenceConfig | None = None, clip_weights: tuple[float, ...] = CLIP_WEIGHTS) -> dict:
+    """Index the demo gallery with the default model's calibrator and measure the labels through search."""
     from extract.features import FeatureFile
     from extract.pipeline import TextEncoder
     from prvr.bridge import BridgeModel
@@ -90,52 +102,47 @@ def run(cfg: ConfidenceConfig | None = None) -> dict:
     cfg = cfg or ConfidenceConfig()
     gallery, model, encoder = build_demo_gallery(), BridgeModel.from_pretrained(), TextEncoder("lite")
     with FeatureFile(extract_demo_features(gallery)) as ff:
-        rows = [ff.video(v.id).features for v in gallery.videos]
+        videos = [GalleryVideo.from_features(v.id, ff.video(v.id)) for v in gallery.videos]
         cap_tokens = [ff.caption(caption_id(c, gallery))[1] for c in gallery.captions]
-    ids = [v.id for v in gallery.videos]
+    ids = [v.id for v in videos]
     relevant = np.array([[vid in c.relevant for vid in ids] for c in gallery.captions])
     t0 = time.perf_counter()
     cal = Calibrator.for_model(model, encoder, cache_dir=None, cfg=cfg)
     fit_s = time.perf_counter() - t0
-    t0 = time.perf_counter()
-    nulls = cal.nulls_for_rows(rows)
-    null_ms = (time.perf_counter() - t0) * 1000 / len(rows)
-    videos = model.encode_videos(rows)
+    confidence = cal.confidence()
+    queries = {"cap": cap_tokens, "off": encoder.encode(OFF_TOPIC), "non": encoder.encode(NONSENSE)}
+    default = (model.cfg.clip_scale_w, model.cfg.frame_scale_w)
+    with tempfile.TemporaryDirectory(prefix="prvr-confidence-") as tmp:
+        index = VideoIndex.create(Path(tmp) / "index", model, IndexConfig(), cal.reference_queries)
+        t0 = time.perf_counter()
+        index.add(videos)
+        add_ms = (time.perf_counter() - t0) * 1000 / len(videos)
 
-    def scores(texts_or_tokens: list) -> np.ndarray:
-        tokens = encoder.encode(texts_or_tokens) if isinstance(texts_or_tokens[0], str) else texts_or_tokens
-        return model.score(model.encode_queries(tokens), videos).total.numpy()
+        def labelled(weights: tuple[float, float]) -> dict[str, np.ndarray]:
+            return {k: label_matrix(index, ids, q, weights, confidence) for k, q in queries.items()}
 
-    s_cap, s_off, s_non = scores(cap_tokens), scores(OFF_TOPIC), scores(NONSENSE)
-    new = {k: label_matrix(cal, s, nulls) for k, s in (("cap", s_cap), ("off", s_off), ("non", s_non))}
-    old = {k: old_rule_labels(s) for k, s in (("cap", s_cap), ("off", s_off), ("non", s_non))}
-
-    extra = unrelated_rows(rows, 10)
-    grown_rows = rows + extra
-    grown = model.encode_videos(grown_rows)
-    grown_nulls = cal.nulls_for_rows(grown_rows)
-    s_all = np.concatenate([s_cap, s_off, s_non])
-    q_all = model.encode_queries(cap_tokens + encoder.encode(OFF_TOPIC) + encoder.encode(NONSENSE))
-    s_grown = model.score(q_all, grown).total.numpy()
-    before = label_matrix(cal, s_all, nulls)
-    after = label_matrix(cal, s_grown, grown_nulls)[:, : len(rows)]
-    old_after = old_rule_labels(s_grown)[:, : len(rows)]
-    old_before = old_rule_labels(s_all)
-
-    hits = (s_cap[0, :8], nulls[:8])  # a 10-hit search labels 10 pairs; time 10 with the demo's 8 + 2
-    hit_scores, hit_nulls = list(hits[0]) + list(hits[0][:2]), list(hits[1]) + list(hits[1][:2])
-    t0 = time.perf_counter()
-    for _ in range(1000):
-        cal.no_strong_match(cal.labels(hit_scores, hit_nulls))
-    label_ms = (time.perf_counter() - t0) / 1000 * 1000
+        at = {w: labelled((w, 1.0 - w)) for w in clip_weights}
+        new = labelled(default)
+        index.add(unrelated_videos([v.features for v in videos], 10))
+        grown = labelled(default)
+        hits = index.rank(encode_query(model, cap_tokens[0]), k=len(index))
+        ten = Evidence(hits.hits[:8] + hits.hits[:2], hits.weights, 10, 10, hits.map_size, hits.max_ctx_l)
+        t0 = time.perf_counter()
+        for _ in range(1000):
+            confidence.assess(None, ten)
+        label_ms = (time.perf_counter() - t0) / 1000 * 1000
+        ref_bytes = sum(seg[k].nbytes for seg in index.snapshot.segments for k in ("ref_clip", "ref_frame"))
+    stable = np.mean([(new[k] == grown[k]).mean() for k in new])
     return {
         "model": model.describe()["name"], "config": cfg.__dict__, "reference_captions": len(cal.references),
         "gallery": {"videos": len(ids), "captions": len(gallery.captions)},
+        "path": "VideoIndex (temp) + prvr.search.search(k = all videos, CalibratedConfidence)",
+        "weights": list(default),
         "calibrated": rates(new["cap"], relevant, new["off"], new["non"]),
-        "gallery_relative_before": rates(old["cap"], relevant, old["off"], old["non"]),
-        "stable_when_gallery_grows": round(float((before == after).mean()), 4),
-        "gallery_relative_stable_when_gallery_grows": round(float((old_before == old_after).mean()), 4),
-        "fit_s_uncached": round(fit_s, 2), "null_ms_per_video": round(null_ms, 2),
+        "by_clip_weight": {f"{w:g}": rates(m["cap"], relevant, m["off"], m["non"]) for w, m in at.items()},
+        "stable_when_gallery_grows": round(float(stable), 4),
+        "fit_s_uncached": round(fit_s, 2), "add_ms_per_video": round(add_ms, 1),
+        "reference_bytes_per_video": ref_bytes // (len(ids) + 10),
         "ms_per_search_10_hits": round(label_ms, 4),
         "torch_threads": torch.get_num_threads(),
     }
@@ -149,7 +156,7 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     report = run()
     if args.sweep:
-        report["sweep"] = {f"medium={m},high={h}": run(ConfidenceConfig(m, h))["calibrated"]
+        report["sweep"] = {f"medium={m},high={h}": run(ConfidenceConfig(m, h), ())["calibrated"]
                            for m, h in ((0.7, 1.0), (0.9, 1.0), (0.8, 0.99))}
     text = json.dumps(report, indent=1)
     print(text)

@@ -3,7 +3,8 @@
     python -m benchmarks.demo_eval [--root DIR]     # default: a new temporary directory
 
 Measures rendering the demo gallery, extracting its ``lite`` features (videos + captions) and
-``prvr.demo.evaluate_demo`` (model load + scoring), each as wall-clock and CPU seconds.
+``prvr.demo.evaluate_demo`` (model load, indexing the videos and searching every caption: the path users
+get), each as wall-clock and CPU seconds.
 """
 
 import argparse

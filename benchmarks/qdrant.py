@@ -32,9 +32,11 @@ from benchmarks.search_speed import (
     build_index,
     identity_attention_model,
     make_queries,
+    reference_bank,
     token_queries,
 )
 from prvr.index import VideoIndex
+from prvr.index.ingest import FIXED, RAGGED
 from prvr.index.qdrant import QdrantConfig, QdrantIndex
 from prvr.index.qdrant_store import ARRAYS, QdrantTarget, frame_balls
 from prvr.search import search
@@ -45,17 +47,16 @@ def copy_into(qdrant: QdrantIndex, builtin: VideoIndex, positions: np.ndarray, b
     snap = builtin.snapshot
     for a in range(0, len(positions), batch):
         part = positions[a:a + batch]
-        arrays = {k: snap.gather(k, part) for k in ("units", "pnorm", "pidx", "zhat")}
-        qdrant.add_encoded([snap.videos[p] for p in part], arrays, [snap.frames(p) for p in part],
-                           [snap.rows(p) for p in part])
+        fixed = {k: snap.gather(k, part) for k in FIXED}
+        ragged = {k: [snap.ragged(k, p) for p in part] for k in RAGGED}
+        qdrant.add_encoded([snap.videos[p] for p in part], fixed, ragged)
 
 
 def layout_bytes(builtin: VideoIndex, position: int, builtin_balls: int = QdrantConfig.frame_balls) -> dict:
     """Bytes of one video's point: its two multivectors (float32) and payload arrays (raw and base64)."""
     snap = builtin.snapshot
-    arrays = {k: snap.gather(k, np.array([position]))[0] for k in ("units", "pnorm", "pidx", "zhat")}
-    arrays["frames"] = snap.frames(position)
-    arrays["row_start"], arrays["row_end"] = snap.rows(position)
+    arrays = {k: snap.gather(k, np.array([position]))[0] for k in FIXED}
+    arrays.update({k: snap.ragged(k, position) for k in RAGGED})
     raw = {k: int(np.asarray(arrays[k]).nbytes) for k in ARRAYS}
     windows = int(arrays["pnorm"].size * arrays["units"].shape[1] * 4)
     balls = int(frame_balls(arrays["zhat"][None], builtin_balls)[0].nbytes)
@@ -100,7 +101,7 @@ def main() -> None:
         t0 = time.perf_counter()
         builtin, concepts = build_index(work / "builtin", args.videos, args.mode, model, sm, seed=0)
         t1 = time.perf_counter()
-        qdrant = QdrantIndex.create(args.index, model, QdrantConfig(mode=args.mode))
+        qdrant = QdrantIndex.create(args.index, model, QdrantConfig(mode=args.mode), reference_bank(model))
         copy_into(qdrant, builtin, builtin.snapshot.live)
         t2 = time.perf_counter()
         qs = list(make_queries(sm, concepts, args.queries, torch.Generator().manual_seed(1)))
@@ -132,7 +133,8 @@ def main() -> None:
         qdrant.close()
         if args.disk_videos:
             store = work / "disk"
-            disk = QdrantIndex.create(f"qdrant+local://{store}", model, QdrantConfig(mode=args.mode))
+            disk = QdrantIndex.create(f"qdrant+local://{store}", model, QdrantConfig(mode=args.mode),
+                                      reference_bank(model))
             copy_into(disk, builtin, builtin.snapshot.live[:args.disk_videos])
             disk.close()
             out["bytes_per_video"]["embedded_on_disk"] = disk_bytes(store) // args.disk_videos

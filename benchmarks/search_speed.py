@@ -15,6 +15,11 @@ were scored exactly, the bytes per video that every query reads (the 8-bit sketc
 for N <= 10,000 the same queries scored the straightforward way (``MSSL.score`` over all 528 proposals and
 key-clip attention over the frames of every video, as the official evaluation does), whose top-10 must
 match. Approximate mode reports recall@10 against exact mode.
+
+Every synthetic video also stores what result building reads, in the real layout (``prvr.index.ingest``):
+its fine rows (the unit-normalised frames, float16, 2 s each), their segments (``prvr.segments`` on those
+frames, packed) and the scores of a reference bank of ``REFERENCES`` captions (random numbers of the real
+shape and dtype: the benchmark times reading and using them, not their values).
 """
 
 from __future__ import annotations
@@ -33,12 +38,16 @@ import torch
 
 import prvr  # noqa: F401  - applies the torchvision CPU fix before anything else
 from prvr.index import IndexConfig, IndexStoreError, VideoIndex
+from prvr.index.ingest import RAGGED, ReferenceQueries, half_up
 from prvr.model import MSSL, EncodedVideos, MSSLConfig, window_proposals
 from prvr.preprocess import window_table
 from prvr.search import search
+from prvr.segments import pack, segment_video
 
 H, M, L = 384, 32, 32  # hidden size, clip units, frames per video
 TABLE = window_table(M)  # (528, 2) [start, end) units of every window
+ROWS = 64  # raw rows (seconds) per synthetic video; the L frames re-bin them in pairs
+REFERENCES = 261  # reference captions whose scores every video stores (assets/reference_captions.txt)
 
 
 class SceneModel:
@@ -110,28 +119,61 @@ def build_index(root: Path, n: int, mode: str, model: MSSL, sm: SceneModel, seed
     batches = scene_batches(sm, n, mode, torch.Generator().manual_seed(seed), batch)
     if (root / "manifest.json").exists():
         try:
-            index = VideoIndex.open(root, model, IndexConfig(verify_checksums=False))
+            index = VideoIndex.open(root, model, IndexConfig(verify_checksums=False), reference_bank(model))
         except IndexStoreError:  # another schema (an older version of the code): rebuild
             index = None
         if index is not None and len(index) == n:  # replay the generator for the concepts (queries use them)
             return index, torch.cat([concepts for _, _, concepts, _ in batches])
         shutil.rmtree(root)
-    index = VideoIndex.create(root, model, IndexConfig(mode=mode, verify_checksums=False))
-    all_concepts = []
+    index = VideoIndex.create(root, model, IndexConfig(mode=mode, verify_checksums=False),
+                              reference_bank(model))
+    all_concepts, g = [], np.random.default_rng(seed)
     for a, (units, frames, concepts, pidx) in zip(range(0, n, batch), batches, strict=True):
         b = len(units)
         props = window_proposals(units).gather(1, pidx[..., None].expand(-1, -1, H))  # the stored windows
         enc = EncodedVideos(units, props, pidx, frames, torch.ones(b, L))
         z, _ = model.attend(enc, torch.arange(props.shape[1]).expand(b, -1))
-        arrays = {"units": units.numpy(), "pnorm": props.double().norm(dim=-1).float().numpy(),
-                  "pidx": pidx.numpy().astype(np.int16),
-                  "zhat": torch.nn.functional.normalize(z, dim=-1).numpy()}
-        t = np.arange(64, dtype=np.float32)
-        records = [{"id": f"syn{a + i}", "title": "", "path": "", "duration": 64.0, "sha256": ""}
+        fixed = {"units": units.numpy(), "pnorm": props.double().norm(dim=-1).float().numpy(),
+                 "pidx": pidx.numpy().astype(np.int16),
+                 "zhat": torch.nn.functional.normalize(z, dim=-1).numpy()}
+        records = [{"id": f"syn{a + i}", "title": "", "path": "", "duration": float(ROWS), "sha256": ""}
                    for i in range(b)]
-        index.add_encoded(records, arrays, list(frames.numpy()), [(t, t + 1)] * b)
+        fixed, ragged = results_arrays(fixed, frames.numpy(), g)
+        index.add_encoded(records, fixed, ragged)
         all_concepts.append(concepts)
-    return VideoIndex.open(root, model, IndexConfig(verify_checksums=False)), torch.cat(all_concepts)
+    return (VideoIndex.open(root, model, IndexConfig(verify_checksums=False), reference_bank(model)),
+            torch.cat(all_concepts))
+
+
+def reference_bank(model: MSSL) -> ReferenceQueries:
+    """A stand-in reference bank of REFERENCES random query vectors (its scores are drawn, not computed)."""
+    q = torch.randn(REFERENCES, H, generator=torch.Generator().manual_seed(5))
+    return ReferenceQueries(torch.nn.functional.normalize(q, dim=-1), "synthetic-random")
+
+
+def results_arrays(fixed: dict[str, np.ndarray], frames: np.ndarray, g: np.random.Generator
+                   ) -> tuple[dict[str, np.ndarray], dict[str, list[np.ndarray]]]:
+    """The FIXED and RAGGED arrays of a batch of synthetic videos (module docstring): 64 one-second rows,
+    L frames of two rows each as the fine rows, their segments, random reference scores."""
+    t = np.arange(ROWS, dtype=np.float32)
+    step = ROWS // L
+    ragged: dict[str, list] = {k: [] for k in RAGGED}
+    scales = []
+    for f in frames:
+        fine = f / np.maximum(np.linalg.norm(f, axis=1, keepdims=True), 1e-12)
+        segments = segment_video(fine)
+        bounds, levels = pack(segments, len(fine))
+        scales.append(int(segments[:, 0].max()) + 1)
+        video = {"frames": f, "row_start": t, "row_end": t + 1, "fine": fine.astype(np.float16),
+                 "fine_start": t[::step], "fine_end": t[step - 1::step] + 1, "seg_bounds": bounds,
+                 "seg_levels": levels}
+        for k in RAGGED:
+            ragged[k].append(video[k])
+    b = len(frames)
+    fixed = {**fixed, "ref_clip": half_up(g.uniform(0.0, 0.5, (b, REFERENCES))),
+             "ref_frame": half_up(g.uniform(0.0, 0.5, (b, REFERENCES))),
+             "n_scales": np.array(scales, np.int16)}
+    return fixed, ragged
 
 
 def make_queries(sm: SceneModel, concepts: torch.Tensor, n: int, g: torch.Generator) -> np.ndarray:

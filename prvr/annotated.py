@@ -14,21 +14,23 @@ mov, mkv, webm) is in the gallery, listed or not (unlisted ones are distractors)
 the videos it is listed under: the same text under two videos (or twice under one) is one query with
 several relevant videos (or moments).
 
-Protocol (``evaluate_set``): every query is scored against every video with ``model.score`` (total, clip,
-frame). A query's rank is that of its FIRST-ranked relevant video (1-based; ties as ``np.argsort`` of the
-negated scores, the official evaluation's order); R@k = % of queries with rank <= k; SumR = R@1 + R@5 +
-R@10. Localisation is judged on that first-ranked relevant video, against the query's annotated moments in
-it (best IoU over them): IoU >= 0.3 / 0.5 / 0.7 rates, mean IoU and the rate of predicted centres inside a
-moment, for (a) the key moment (``prvr.moments.find_moments`` on the video's ``model.encode_rows``, over
-``prvr.segments.segment_video`` of its extracted feature rows), (b) MS-SL's raw key clip and (c) a random
-window: one of the 528 MS-SL proposals uniformly at random, reported as its exact expectation (nothing is
-sampled).
+Protocol (``evaluate_set``): what users get. The set's videos are indexed (``prvr.index.VideoIndex`` in a
+temporary directory, as the app indexes uploads) and every query goes through ``prvr.search.search`` with
+k = the number of videos: at the model's weights for the ``two_branch`` row, at (1, 0) for ``clip`` and at
+(0, 1) for ``frame``. A query's rank is that of its FIRST-ranked relevant video in the response (1-based;
+equal totals in index order); R@k = % of queries with rank <= k; SumR = R@1 + R@5 + R@10. Localisation is
+judged on that first-ranked relevant video's result, against the query's annotated moments in it (best IoU
+over them): IoU >= 0.3 / 0.5 / 0.7 rates, mean IoU and the rate of predicted centres inside a moment, for
+(a) the result's ``key_moment`` (``prvr.moments`` over the stored fine rows and segments), (b) its
+``key_clip`` (MS-SL's raw key clip) and (c) a random window: one of the 528 MS-SL proposals uniformly at
+random, reported as its exact expectation (nothing is sampled).
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -36,9 +38,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from prvr.moments import MomentConfig, find_moments
 from prvr.preprocess import clip_unit_rows, n_proposals, proposal_units
-from prvr.segments import resample, segment_video
 
 log = logging.getLogger(__name__)
 
@@ -183,48 +183,48 @@ def proposal_spans(start: np.ndarray, end: np.ndarray, map_size: int = 32) -> np
 # ---------------------------------------------------------------------------------------------- scoring
 
 
-def evaluate_set(aset: AnnotatedSet, model=None, moment_cfg: MomentConfig | None = None) -> dict:
-    """Retrieval and localisation metrics of ``model`` (default: the bridge) on an annotated set."""
+def evaluate_set(aset: AnnotatedSet, model=None) -> dict:  # noqa: ANN001
+    """Retrieval and localisation metrics of ``model`` (default: the bridge) on an annotated set, measured
+    through the search path (module docstring)."""
     from extract.features import FeatureFile
     from extract.profiles import check_identity
+    from prvr.index import GalleryVideo, IndexConfig, VideoIndex
+    from prvr.search import search
 
     if model is None:
         from prvr.bridge import BridgeModel
 
         model = BridgeModel.from_pretrained()
     path = extract_features(aset)
+    ids = [vid for vid, _ in aset.videos]
     with FeatureFile(path) as ff:
         if model.profile is not None:
             check_identity(model.profile, ff.profile, f"feature file {path}")
-        rows = [ff.video(vid) for vid, _ in aset.videos]
+        rows = [ff.video(vid) for vid in ids]
         tokens = [ff.caption(q.id)[1] for q in aset.queries]
-    queries = model.encode_queries(tokens)
-    scores = model.score(queries, model.encode_videos([r.features for r in rows]))
-    qvec = (queries.vectors if hasattr(queries, "vectors") else queries).float().cpu().numpy()
-    ids = [vid for vid, _ in aset.videos]
     relevant = np.array([[vid in q.moments for vid in ids] for q in aset.queries])
-    fine: dict[int, tuple] = {}  # video index -> (vectors, start, end, segments), computed once
-
-    def localise(i: int, j: int) -> dict:
-        if j not in fine:
-            vectors, start, end = model.encode_rows(rows[j].features, rows[j].start, rows[j].end)
-            fine[j] = (vectors, start, end, resample(segment_video(rows[j].features), rows[j].start, start))
-        return find_moments(qvec[i], *fine[j], cfg=moment_cfg or MomentConfig())
-
-    key_clip = scores.key_clip.cpu().numpy()
     spans = [proposal_spans(r.start, r.end, model.cfg.map_size) for r in rows]
+    rows_weights = {"two_branch": None, "clip": (1.0, 0.0), "frame": (0.0, 1.0)}
     metrics, judged = {}, {}
-    for name, matrix in (("two_branch", scores.total), ("clip", scores.clip), ("frame", scores.frame)):
-        ranks, best = first_relevant_ranks(matrix.float().cpu().numpy(), relevant)
-        pairs = list(enumerate(best))
-        truth = [aset.queries[i].moments[ids[j]] for i, j in pairs]
-        predicted = {"key_moment": [_span(localise(i, j)["key_moment"]) for i, j in pairs],
-                     "key_clip": [spans[j][key_clip[i, j]] for i, j in pairs],
-                     "random": [spans[j] for _, j in pairs]}  # every proposal: the exact expectation
-        judged[name] = {kind: [_judge(p, t) for p, t in zip(spans_, truth, strict=True)]
-                        for kind, spans_ in predicted.items()}
-        metrics[name] = {**recall_metrics(ranks), **_summary(judged[name]["key_moment"], "key_moment"),
-                         **_summary(judged[name]["key_clip"], "key_clip")}
+    with tempfile.TemporaryDirectory(prefix="prvr-evaluate-") as tmp:
+        index = VideoIndex.create(Path(tmp) / "index", model, IndexConfig())
+        index.add([GalleryVideo.from_features(vid, r) for vid, r in zip(ids, rows, strict=True)])
+        for name, weights in rows_weights.items():
+            ranks, found = [], []
+            for q, t in zip(aset.queries, tokens, strict=True):
+                results = search([index], t, k=len(ids), weights=weights).results
+                rank = next(r for r, res in enumerate(results, 1) if res["video_id"] in q.moments)
+                ranks.append(rank)
+                found.append(results[rank - 1])
+            truth = [q.moments[res["video_id"]] for q, res in zip(aset.queries, found, strict=True)]
+            predicted = {"key_moment": [_span(res["key_moment"]) for res in found],
+                         "key_clip": [_span(res["key_clip"]) for res in found],
+                         "random": [spans[ids.index(res["video_id"])] for res in found]}  # exact expectation
+            judged[name] = {kind: [_judge(p, t) for p, t in zip(spans_, truth, strict=True)]
+                            for kind, spans_ in predicted.items()}
+            metrics[name] = {**recall_metrics(np.array(ranks)),
+                             **_summary(judged[name]["key_moment"], "key_moment"),
+                             **_summary(judged[name]["key_clip"], "key_clip")}
     # the random row: a random ranking, and a random proposal on a random relevant video (expectations)
     chance = [[_judge(spans[j], q.moments[vid]) for j, vid in enumerate(ids) if vid in q.moments]
               for q in aset.queries]

@@ -3,20 +3,24 @@
 A raw MS-SL score is not comparable across queries or videos (the training-free model's scores of a
 relevant pair run from 0.09 to 0.6, those of unrelated pairs up to 0.43 on the demo gallery), and a z-score
 against the other videos of the gallery changes whenever the gallery does. Here a (query, video) label
-depends only on that pair's score, on numbers stored with the video, on the model and on
+depends only on that pair's score, on numbers stored with the video, on the model, the weights in use and
 ``assets/reference_captions.txt`` (261 everyday captions written for this purpose; none is a demo or
 Charades caption), never on what else is in the gallery. This is query-bank normalisation (Bogolin et al.,
 "Cross Modal Retrieval with Querybank Normalisation", CVPR 2022) reduced to two cuts per video:
 
-- at indexing time ``Calibrator.video_nulls`` (or ``nulls_for_rows`` on raw rows) scores each video against
-  every reference caption and keeps two quantiles of those scores (a ``VideoNull``: two floats, stored in
-  the video's record under ``NULL_FIELD``; ``Calibrator.fingerprint()`` says when they must be recomputed);
-- at search time a hit is ``high`` when its score beats every reference caption on that video
-  (``high_quantile`` = 1.0), ``medium`` when it beats ``medium_quantile`` = 80 % of them, ``low`` otherwise,
-  and a response has no strong match when no hit is ``high``.
+- at indexing time the index stores, per video, the clip and frame scores of every reference caption
+  (``Calibrator.reference_queries`` is handed to the index, encoded: ``prvr.index.ingest``; float16,
+  rounded up, ~1 KB per video);
+- at search time, for the weights in use, the video's cuts are quantiles of the reference captions'
+  totals ``w_clip * clip + w_frame * frame`` (``cuts``): a hit is ``high`` when its total beats every
+  reference caption on that video (``high_quantile`` = 1.0), ``medium`` when it beats ``medium_quantile`` =
+  80 % of them, ``low`` otherwise; a response has no strong match when no hit is ``high``
+  (``CalibratedConfidence``, one rule for shared and session hits alike).
 
-The cuts are quantiles of the reference bank, not numbers fitted to the demo gallery:
-``python -m benchmarks.confidence`` measures them there (and evaluates the alternatives that were dropped).
+A label is therefore consistent across weights in this sense: at any weights it compares the query's total
+at those weights with the reference captions' totals at the same weights on the same video (a reference
+caption is never ``high`` on a video at any weights). The cuts are quantiles of the reference bank, not
+numbers fitted to the demo gallery: ``python -m benchmarks.confidence`` measures them there.
 The reference captions' token features are computed once per text encoder and cached in ``cache_dir``.
 """
 
@@ -31,13 +35,15 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import numpy as np
-import torch
+
+from prvr.index.evidence import Evidence
+from prvr.index.ingest import ReferenceQueries
+from prvr.results import Assessment
 
 log = logging.getLogger(__name__)
 
 REFERENCE_CAPTIONS = Path(__file__).resolve().parents[1] / "assets" / "reference_captions.txt"
 LABELS = ("high", "medium", "low")
-NULL_FIELD = "confidence_null"  # the video record's key for ``VideoNull.to_list()``
 
 
 def load_reference_captions(path: Path = REFERENCE_CAPTIONS) -> list[str]:
@@ -61,26 +67,33 @@ class ConfidenceConfig:
 
 @dataclass(frozen=True)
 class VideoNull:
-    """A video's score cuts from the reference bank: what a query must beat to be medium / high."""
+    """A video's score cuts from the reference bank at some weights: what a query must beat."""
 
     medium: float
     high: float
 
-    def to_list(self) -> list[float]:
-        """[medium, high] as plain floats, for the video's stored record."""
-        return [float(self.medium), float(self.high)]
 
-    @classmethod
-    def from_list(cls, values: Sequence[float]) -> VideoNull:
-        """Inverse of ``to_list``."""
-        medium, high = (float(v) for v in values)
-        return cls(medium, high)
+def cuts(ref_clip: np.ndarray, ref_frame: np.ndarray, weights: Sequence[float],
+         cfg: ConfidenceConfig = ConfidenceConfig()) -> VideoNull | None:
+    """A video's cuts at ``weights`` = (clip_w, frame_w) from its stored reference scores (R,) each;
+    None when it stores none."""
+    return cuts_of([ref_clip], [ref_frame], weights, cfg)[0]
 
-    @classmethod
-    def from_record(cls, record: dict) -> VideoNull | None:
-        """The cuts stored in a video record under ``NULL_FIELD``; None when it has none (older index)."""
-        values = record.get(NULL_FIELD)
-        return None if values is None else cls.from_list(values)
+
+def cuts_of(ref_clip: Sequence[np.ndarray], ref_frame: Sequence[np.ndarray], weights: Sequence[float],
+            cfg: ConfidenceConfig = ConfidenceConfig()) -> list[VideoNull | None]:
+    """``cuts`` of several videos, the quantiles of those with equally many reference scores at once."""
+    out: list[VideoNull | None] = [None] * len(ref_clip)
+    sizes = [len(c) for c in ref_clip]
+    for size in set(sizes) - {0}:
+        which = [i for i, n in enumerate(sizes) if n == size]
+        clip = np.stack([ref_clip[i] for i in which]).astype(np.float64)
+        frame = np.stack([ref_frame[i] for i in which]).astype(np.float64)
+        totals = weights[0] * clip + weights[1] * frame  # (V, R)
+        medium, high = np.quantile(totals, (cfg.medium_quantile, cfg.high_quantile), axis=1, method="higher")
+        for j, i in enumerate(which):
+            out[i] = VideoNull(float(medium[j]), float(high[j]))
+    return out
 
 
 def _cached_tokens(text_encoder, captions: list[str], cache_dir: Path | None) -> list[np.ndarray]:  # noqa: ANN001
@@ -124,25 +137,20 @@ class Calibrator:
         return cls(model, tokens, cfg, reference_id=digest)
 
     def fingerprint(self) -> str:
-        """Identifies the stored nulls: model, reference bank and cuts. Stale nulls must be recomputed."""
+        """Identifies model, reference bank and cuts."""
         model = self.model.fingerprint() if hasattr(self.model, "fingerprint") else type(self.model).__name__
         key = json.dumps([model, self.reference_id, asdict(self.cfg)])
         return hashlib.sha256(key.encode()).hexdigest()[:16]
 
-    @torch.no_grad()
-    def video_nulls(self, videos) -> list[VideoNull]:  # noqa: ANN001
-        """Each encoded video's cuts (``model.encode_videos`` output); run once per video at indexing."""
-        scores = self.model.score(self.references, videos).total.float().cpu().numpy()  # (R, Nv)
-        medium = np.quantile(scores, self.cfg.medium_quantile, axis=0, method="higher")
-        high = np.quantile(scores, self.cfg.high_quantile, axis=0, method="higher")
-        return [VideoNull(float(m), float(h)) for m, h in zip(medium, high, strict=True)]
+    @property
+    def reference_queries(self) -> ReferenceQueries:
+        """The encoded reference bank, for an index to store each video's scores on (its id names the
+        captions; the index checks the model and profile itself)."""
+        return ReferenceQueries(self.references, self.reference_id)
 
-    def nulls_for_rows(self, rows_list: Sequence[np.ndarray], batch: int = 64) -> list[VideoNull]:
-        """Cuts for videos given as raw feature rows (n_i, Dv), encoded in batches."""
-        out: list[VideoNull] = []
-        for lo in range(0, len(rows_list), batch):
-            out += self.video_nulls(self.model.encode_videos(list(rows_list[lo : lo + batch])))
-        return out
+    def confidence(self) -> CalibratedConfidence:
+        """The search-time rule with this calibrator's cuts."""
+        return CalibratedConfidence(self.cfg)
 
     @staticmethod
     def label(score: float, null: VideoNull | None) -> str:
@@ -153,13 +161,29 @@ class Calibrator:
             return "high"
         return "medium" if score > null.medium else "low"
 
-    def labels(self, scores: Sequence[float], nulls: Sequence[VideoNull | None]) -> list[str]:
-        """One label per hit: ``scores[i]`` is the query's score on the video with cuts ``nulls[i]``."""
-        if len(scores) != len(nulls):
-            raise ValueError(f"{len(scores)} scores but {len(nulls)} video nulls")
-        return [self.label(float(s), n) for s, n in zip(scores, nulls, strict=True)]
-
     @staticmethod
     def no_strong_match(labels: Sequence[str]) -> bool:
         """The response abstains ("no strong match") when no hit is labelled high."""
         return "high" not in labels
+
+
+def labels(scores: Sequence[float], nulls: Sequence[VideoNull | None]) -> list[str]:
+    """One label per hit: ``scores[i]`` is the query's total on the video with cuts ``nulls[i]``."""
+    if len(scores) != len(nulls):
+        raise ValueError(f"{len(scores)} scores but {len(nulls)} video nulls")
+    return [Calibrator.label(float(s), n) for s, n in zip(scores, nulls, strict=True)]
+
+
+@dataclass(frozen=True)
+class CalibratedConfidence:
+    """The ``prvr.results.Confidence`` of this module: each hit's total against its video's cuts at the
+    response's weights (from the reference scores in its evidence); strong when some hit is high."""
+
+    cfg: ConfidenceConfig = ConfidenceConfig()
+
+    def assess(self, q: object, evidence: Evidence) -> Assessment:
+        """Labels of every hit of one response (q is unused: the totals are in the evidence)."""
+        hits = evidence.hits
+        nulls = cuts_of([h.ref_clip for h in hits], [h.ref_frame for h in hits], evidence.weights, self.cfg)
+        got = tuple(labels([h.total for h in hits], nulls))
+        return Assessment(got, not Calibrator.no_strong_match(got))

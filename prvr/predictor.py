@@ -38,7 +38,7 @@ import numpy as np
 from extract.decode import DecodeLimits, MediaError, find_videos, probe, sha256_file
 from extract.transcode import ensure_browser_playable, unplayable_reason
 from prvr.query import QueryError
-from prvr.results import GalleryConfidence, SearchResponse
+from prvr.results import SearchResponse
 from prvr.search import search_text
 
 log = logging.getLogger(__name__)
@@ -371,6 +371,13 @@ class Predictor:
         # HF's fast tokenizers refuse concurrent calls ("Already borrowed"): only the tokenizer is
         # serialised, the text model runs in parallel for concurrent searches
         self.text.backbone.tokenizer = Serialised(self.text.backbone.tokenizer)
+        # confidence: the reference captions, encoded once per model (token features cached in the data
+        # dir); every index stores each video's scores on them, every search labels hits from those
+        from prvr.confidence import Calibrator
+
+        self.calibrator = Calibrator.for_model(model, self.text, cache_dir=settings.data_dir / "confidence")
+        self.confidence = self.calibrator.confidence()
+        references = self.calibrator.reference_queries
         # one directory per model and index schema: an index written by an older release is left alone
         name = f"{profile}-{model.fingerprint()[:12]}-v{SCHEMA_VERSION}"
         self.index_dir = settings.data_dir / "indexes" / name
@@ -378,9 +385,9 @@ class Predictor:
             from prvr.index.qdrant import QdrantIndex
 
             self.index_dir = settings.index
-            self.index = QdrantIndex.open_or_create(settings.index, model)
+            self.index = QdrantIndex.open_or_create(settings.index, model, references=references)
         else:
-            self.index = VideoIndex.open_or_create(self.index_dir, model, IndexConfig())
+            self.index = VideoIndex.open_or_create(self.index_dir, model, IndexConfig(), references)
         self.media_dir = settings.data_dir / "media"  # playable copies of uploads and folder videos
         self.sessions_dir = settings.data_dir / "sessions"
         # Searches run in parallel: each index serves reads from an immutable snapshot and serialises its
@@ -544,10 +551,9 @@ class Predictor:
             raise QueryError(f"clip_weight must be between 0 and 1, got {weight}")
         weights = (weight, 1.0 - weight)
         indexes = [self.index] + ([session.index] if session is not None and len(session.index) else [])
-        # encoded once, ranked in every index; one confidence rule for all hits: the shared gallery's
-        # score distribution (a session index of one or two videos has none of its own)
-        response = search_text(indexes, query, self._encode_text, k, weights,
-                               confidence=GalleryConfidence(self.index))
+        # encoded once, ranked in every index; one confidence rule for all hits: each video's own cuts from
+        # its reference scores at these weights, whatever gallery it is in
+        response = search_text(indexes, query, self._encode_text, k, weights, confidence=self.confidence)
         private = session.index.position if len(indexes) > 1 else {}
         located = [dict(self._located(r), **({"source": "session"} if r["video_id"] in private else {}))
                    for r in response.results]
@@ -562,7 +568,8 @@ class Predictor:
 
         self.sessions_dir.mkdir(parents=True, exist_ok=True)
         root = Path(tempfile.mkdtemp(prefix="session-", dir=self.sessions_dir))
-        index = VideoIndex.create(root / "index", self.model, IndexConfig())
+        references = self.calibrator.reference_queries
+        index = VideoIndex.create(root / "index", self.model, IndexConfig(), references)
         return SessionGallery(root, index)
 
     def add_video(self, path: str | Path, session: SessionGallery | None = None,

@@ -17,10 +17,11 @@ from collections.abc import Callable, Sequence
 import numpy as np
 import torch
 
+from prvr.confidence import CalibratedConfidence
 from prvr.index import Evidence, VideoIndex
 from prvr.model import EncodedQueries
 from prvr.query import QueryError, check_weights, clean_query
-from prvr.results import Confidence, GalleryConfidence, SearchResponse, result_dicts
+from prvr.results import Confidence, SearchResponse, result_dicts
 
 __all__ = ["encode_query", "search", "search_text"]
 
@@ -48,8 +49,8 @@ def search(indexes: Sequence[VideoIndex], tokens: np.ndarray | torch.Tensor, k: 
            confidence: Confidence | None = None, query: dict | None = None) -> SearchResponse:
     """Rank every index (all over one model) for the query's token features; the best k over all of them.
 
-    ``confidence`` defaults to ``GalleryConfidence(indexes[0])``; ``query``: what the response reports
-    about the query (default: the token count).
+    ``confidence`` defaults to ``CalibratedConfidence()`` (from the reference scores the indexes store);
+    ``query``: what the response reports about the query (default: the token count).
     """
     if not indexes:
         raise ValueError("search needs at least one index")
@@ -63,8 +64,8 @@ def search(indexes: Sequence[VideoIndex], tokens: np.ndarray | torch.Tensor, k: 
     evidence = Evidence.merge([ix.rank(q, k, w, approximate) for ix in indexes if len(ix)] or
                               [indexes[0].rank(q, k, w, approximate)], k)
     t2 = time.perf_counter()
-    judged = (confidence or GalleryConfidence(indexes[0])).assess(q, evidence)
-    results = result_dicts(evidence, judged.labels)
+    judged = (confidence or CalibratedConfidence()).assess(q, evidence)
+    results = result_dicts(evidence, judged.labels, q)
     t3 = time.perf_counter()
     stats = {"videos": evidence.searched, "scored_exactly": evidence.scored_exactly,
              "encode_ms": 1e3 * (t1 - t0), "rank_ms": 1e3 * (t2 - t1), "results_ms": 1e3 * (t3 - t2),

@@ -259,7 +259,9 @@ def test_app_serves_the_clip_profile_from_a_local_folder(models: dict, demo_dir:
         assert info["profile"]["name"] == "clip" and info["model"]["why"] == "chosen with --profile clip"
         response = app.predict("a cup of coffee on a table", 3, 0.7, api_name="/search")
     top = response["results"][0]
-    assert top["video_id"] == "demo01" and len(top["heatmap"]["score"]) == 32
+    heat = top["heatmap"]  # one cell per 1 s row of this 40 s video (the clip profile samples 1 row/s)
+    assert top["video_id"] == "demo01" and len(heat["score"]) == len(heat["start"]) == round(top["duration"])
+    assert heat["start"][0] == 0.0 and heat["end"][-1] == pytest.approx(top["duration"], abs=1.0)
     assert 0 <= top["key_moment"]["start"] < top["key_moment"]["end"] <= top["duration"] + 1e-6
 
 

@@ -262,6 +262,39 @@ def test_evaluation_reports_every_variant_and_beats_random(evaluation: dict) -> 
         assert row["iou>=0.3"] >= row["iou>=0.5"] >= row["iou>=0.7"] and 0 <= row["mean_iou"] <= 1
 
 
+def test_evaluation_through_search_equals_scoring_the_model_directly(small_gallery: demo.DemoGallery,
+                                                                     evaluation: dict) -> None:
+    """The evaluation runs the search path users get (an index, ``search``); its numbers are those of the
+    model's own scores and of ``find_moments`` on freshly encoded rows (the index's float16 copies and
+    stored segments change nothing)."""
+    from extract.features import FeatureFile
+    from prvr.bridge import BridgeModel
+    from prvr.moments import find_moments
+    from prvr.segments import resample, segment_video
+
+    aset = demo.annotated_set(small_gallery)
+    model = BridgeModel.from_pretrained()
+    with FeatureFile(annotated.extract_features(aset)) as ff:
+        ids = [vid for vid, _ in aset.videos]
+        rows = [ff.video(vid) for vid in ids]
+        tokens = [ff.caption(q.id)[1] for q in aset.queries]
+    queries = model.encode_queries(tokens)
+    scores = model.score(queries, model.encode_videos([r.features for r in rows]))
+    relevant = np.array([[vid in q.moments for vid in ids] for q in aset.queries])
+    ranks, best = annotated.first_relevant_ranks(scores.total.numpy(), relevant)
+    row = evaluation["metrics"]["two_branch"]
+    assert {k: row[k] for k in ("R@1", "R@5", "R@10")} == pytest.approx(
+        {k: v for k, v in annotated.recall_metrics(ranks).items() if k != "SumR"})
+    hits = []
+    for i, j in enumerate(best):
+        vectors, start, end = model.encode_rows(rows[j].features, rows[j].start, rows[j].end)
+        segments = resample(segment_video(rows[j].features), rows[j].start, start)
+        key = find_moments(queries[i].numpy(), vectors, start, end, segments)["key_moment"]
+        truth = aset.queries[i].moments[ids[j]]
+        hits.append(annotated.span_iou(np.array([key["start"], key["end"]]), truth)[0] >= annotated.IOU_HIT)
+    assert row["key_moment_acc"] == pytest.approx(100.0 * np.mean(hits))
+
+
 def test_any_annotated_folder_evaluates_through_the_cli(small_gallery: demo.DemoGallery, tmp_path: Path,
                                                         capsys: pytest.CaptureFixture) -> None:
     from prvr import evaluate

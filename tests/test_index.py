@@ -463,6 +463,21 @@ def test_refuses_other_model_schema_and_corruption(tmp_path: Path) -> None:
         VideoIndex.open(tmp_path / "ix", model)
 
 
+def test_an_index_of_the_previous_schema_is_refused_with_a_rebuild_message(tmp_path: Path) -> None:
+    """Schema 6 stores fine rows, segments and reference scores per video; a schema-5 index lacks them and
+    is refused, naming both schemas (the app keeps its index in a directory named by schema, so it builds a
+    new one beside the old)."""
+    model = small_model()
+    index = VideoIndex.create(tmp_path / "ix", model)
+    index.add(gallery(2))
+    manifest = json.loads((tmp_path / "ix" / "manifest.json").read_text())
+    manifest["schema_version"] = store.SCHEMA_VERSION - 1
+    (tmp_path / "ix" / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(store.IndexStoreError, match=f"schema {store.SCHEMA_VERSION - 1}.*schema "
+                                                    f"{store.SCHEMA_VERSION}; rebuild the index"):
+        VideoIndex.open(tmp_path / "ix", model)
+
+
 def _snapshot(root: Path) -> dict:
     """Every file's bytes and mtime under root."""
     return {p: (p.read_bytes(), p.stat().st_mtime_ns) for p in sorted(root.rglob("*")) if p.is_file()}

@@ -13,7 +13,7 @@ import pytest
 from test_index import gallery, queries, small_model
 
 from prvr.index import GalleryError, GalleryVideo, IndexConfig, IndexMismatchError, VideoIndex
-from prvr.index.ingest import encode_for_index
+from prvr.index.ingest import ReferenceQueries, encode_for_index
 from prvr.index.qdrant import QdrantConfig, QdrantIndex
 from prvr.index.qdrant_store import QdrantConnectionError, QdrantTarget, pack, unpack
 from prvr.index.store import IndexStoreError
@@ -32,23 +32,34 @@ def copies(base: list[GalleryVideo], originals: int, times: int) -> list[Gallery
 
 def both(model, videos: list[GalleryVideo], root: Path,  # noqa: ANN001
          mode: str = "exact") -> tuple[VideoIndex, QdrantIndex]:
-    """A built-in index and an in-memory Qdrant index of the same videos, encoded once."""
-    enc = encode_for_index(model, videos, mode, 64)
-    arrays = {k: np.concatenate(enc[k]) for k in ("units", "pnorm", "pidx", "zhat")}
-    rows = [(np.asarray(v.start, np.float32), np.asarray(v.end, np.float32)) for v in videos]
+    """A built-in index and an in-memory Qdrant index of the same videos, encoded once (with the scores of
+    a small reference bank, so that confidence and every stored array take part)."""
+    refs = bank(model)
+    fixed, ragged = encode_for_index(model, videos, mode, 64, refs)
     records = [v.record() for v in videos]
-    builtin = VideoIndex.create(root, model, IndexConfig(mode=mode))
-    builtin.add_encoded(records, arrays, enc["frames"], rows)
-    qdrant = QdrantIndex.create(MEMORY, model, QdrantConfig(mode=mode))
-    qdrant.add_encoded(records, arrays, enc["frames"], rows)
+    builtin = VideoIndex.create(root, model, IndexConfig(mode=mode), refs)
+    builtin.add_encoded(records, fixed, ragged)
+    qdrant = QdrantIndex.create(MEMORY, model, QdrantConfig(mode=mode), refs)
+    qdrant.add_encoded(records, fixed, ragged)
     return builtin, qdrant
 
 
+def bank(model, n: int = 40) -> ReferenceQueries:  # noqa: ANN001
+    """A reference bank of random queries, encoded by the model."""
+    return ReferenceQueries(model.encode_queries(queries(n, seed=99)), "test-bank")
+
+
 def assert_same_evidence(a, b) -> None:  # noqa: ANN001
-    """Same ids in the same order, totals within 1e-5, same key clips."""
+    """Same ids in the same order, totals within 1e-5, same key clips, the same stored arrays for results
+    (fine rows and their seconds, segments, reference scores)."""
     assert [h.id for h in a.hits] == [h.id for h in b.hits]
     np.testing.assert_allclose(a.totals, b.totals, rtol=0, atol=1e-5)
     assert [h.key_window for h in a.hits] == [h.key_window for h in b.hits]
+    for x, y in zip(a.hits, b.hits, strict=True):
+        for name in ("fine", "fine_start", "fine_end", "segments", "ref_clip", "ref_frame"):
+            mine, theirs = getattr(x, name), getattr(y, name)
+            assert mine.dtype == theirs.dtype and np.array_equal(mine, theirs), name
+        assert len(x.fine) and len(x.segments)
 
 
 def without_stats(response) -> dict:  # noqa: ANN001
@@ -70,6 +81,7 @@ def test_equal_to_builtin_on_1000_videos_with_ties(tmp_path: Path) -> None:
         wider = builtin.rank(q, 11).totals
         straddled += bool(wider[9] == wider[10])  # equal totals across the k = 10 boundary
     assert straddled >= 2  # the ties really decide which copies are in the top 10
+    assert all(len(h.ref_clip) == 40 for h in qdrant.rank(q, 10).hits)  # the bank's scores took part
     for tokens in queries(2, seed=5):  # moments, heatmaps, attention, confidence: the same result dicts
         assert without_stats(search([builtin], tokens, 10)) == without_stats(search([qdrant], tokens, 10))
 
@@ -200,7 +212,11 @@ def test_payload_arrays_round_trip_exactly() -> None:
               "pnorm": rng.random(36).astype(np.float32),
               "pidx": np.arange(36, dtype=np.int16), "zhat": rng.standard_normal((36, 4)).astype(">f4"),
               "frames": rng.standard_normal((5, 4)).astype(np.float32), "row_start": np.arange(5.0),
-              "row_end": np.arange(5.0) + 1}
+              "row_end": np.arange(5.0) + 1, "fine": rng.standard_normal((5, 4)).astype(np.float16),
+              "fine_start": np.arange(5, dtype=np.float32), "fine_end": np.arange(1, 6, dtype=np.float32),
+              "seg_bounds": np.array([2, 4], np.int32), "seg_levels": np.array([0, 1], np.int8),
+              "n_scales": np.int16(3), "ref_clip": rng.random(7).astype(np.float16),
+              "ref_frame": rng.random(7).astype(np.float16)}
     back = unpack(pack(arrays))
     for name, a in arrays.items():
         assert back[name].dtype == a.dtype.newbyteorder("=") and np.array_equal(back[name], a)

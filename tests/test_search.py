@@ -1,4 +1,5 @@
-"""Query validation, moments, time mapping, confidence and the result dicts of prvr.search."""
+"""Query validation, time mapping and the result dicts of prvr.search (moments and confidence through
+search: tests/test_results.py)."""
 
 from __future__ import annotations
 
@@ -14,11 +15,11 @@ import prvr  # noqa: F401
 from prvr.index import GalleryVideo, VideoIndex
 from prvr.model import MSSL, MSSLConfig
 from prvr.query import MAX_QUERY_CHARS, QueryError, clean_query
-from prvr.results import ConfidenceRule, frame_times, temporal_nms, unit_spans
+from prvr.results import frame_times, unit_spans
 from prvr.search import search, search_text
 
 CONTRACT_KEYS = {"rank", "video_id", "title", "path", "duration", "score", "clip_score", "frame_score",
-                 "confidence", "key_moment", "moments", "heatmap", "attention"}
+                 "confidence", "key_moment", "moments", "heatmap", "key_clip", "attention"}
 
 
 def fake_text_encoder(texts: list[str]) -> list[np.ndarray]:
@@ -62,15 +63,6 @@ def test_clean_query_rules() -> None:
         clean_query(42)  # type: ignore[arg-type]
 
 
-def test_temporal_nms_keeps_non_overlapping_best_first() -> None:
-    start = np.array([0.0, 1.0, 5.0, 9.0, 5.5])
-    end = np.array([4.0, 3.0, 8.0, 12.0, 7.0])
-    score = np.array([0.9, 0.95, 0.5, 0.4, 0.8])
-    kept = temporal_nms(start, end, score)
-    assert kept == [1, 4, 3]  # 0 overlaps 1; 2 overlaps 4
-    assert temporal_nms(start, end, score, n=1) == [1]
-
-
 def test_time_mapping_follows_the_official_binning() -> None:
     t = np.arange(64, dtype=np.float32)
     spans = unit_spans(t, t + 1)  # 64 rows -> 2 rows per unit
@@ -80,14 +72,6 @@ def test_time_mapping_follows_the_official_binning() -> None:
     np.testing.assert_array_equal(frame_times(t[:10], t[:10] + 1), t[:10] + 0.5)
     binned = frame_times(np.arange(300.0), np.arange(300.0) + 1, max_ctx_l=128)
     assert binned.shape == (128,) and (np.diff(binned) > 0).all() and binned[0] < 3 and binned[-1] > 296
-
-
-def test_confidence_rule() -> None:
-    rule = ConfidenceRule()
-    sample = np.array([0.10, 0.11, 0.12, 0.13, 0.14, 0.15])
-    z = rule.z_scores(np.array([0.9, 0.18, 0.125]), sample)  # scale 1.4826 * 0.015
-    assert [rule.label(float(v)) for v in z] == ["high", "medium", "low"]
-    assert rule.z_scores(np.array([0.9]), sample[:2]) is None and rule.label(None) == "low"
 
 
 def test_search_result_dicts(index: VideoIndex) -> None:
@@ -101,14 +85,17 @@ def test_search_result_dicts(index: VideoIndex) -> None:
     for r in results:
         assert set(r) == CONTRACT_KEYS and r["confidence"] in ("high", "medium", "low")
         assert r["score"] == pytest.approx(0.7 * r["clip_score"] + 0.3 * r["frame_score"], abs=1e-5)
-        assert r["key_moment"] == r["moments"][0]
-        assert r["key_moment"]["score"] == pytest.approx(r["clip_score"])
-        assert 0 <= r["key_moment"]["start"] < r["key_moment"]["end"] <= r["duration"]
+        assert r["key_moment"] == r["moments"][0] and 1 <= len(r["moments"]) <= 3
+        assert r["key_clip"]["score"] == pytest.approx(r["clip_score"])  # MS-SL's own key clip, kept
+        for m in (r["key_moment"], r["key_clip"]):
+            assert 0 <= m["start"] < m["end"] <= r["duration"]
         spans = [(m["start"], m["end"]) for m in r["moments"]]
         assert all(a[1] <= b[0] or b[1] <= a[0] for i, a in enumerate(spans) for b in spans[i + 1:])
-        heat = r["heatmap"]
-        assert len(heat["start"]) == len(heat["end"]) == len(heat["score"]) == 32
-        assert max(heat["score"]) <= r["clip_score"] + 1e-6  # a unit is a length-1 proposal
+        heat = r["heatmap"]  # one cell per fine row: the model's frames (rows re-binned past max_ctx_l=32)
+        rows = int(round(r["duration"] / 2))
+        assert len(heat["start"]) == len(heat["end"]) == len(heat["score"]) == min(rows, 32)
+        assert heat["start"][0] == 0 and heat["end"][-1] <= r["duration"]
+        assert all(-1 - 1e-3 <= c <= 1 + 1e-3 for c in heat["score"])  # cosines of unit rows
         att = r["attention"]
         assert len(att["time"]) == len(att["weight"]) and sum(att["weight"]) == pytest.approx(1, abs=1e-4)
         assert all(0 <= t <= r["duration"] for t in att["time"])
@@ -150,33 +137,9 @@ def test_no_strong_match_for_an_unrelated_query_on_a_gallery_of_copies(tmp_path:
     ix = VideoIndex.create(tmp_path / "ix", model)
     ix.add([GalleryVideo(f"copy{i}", features, t, t + 1, 20.0) for i in range(6)])  # identical videos
     response = search_text([ix], "anything at all", fake_text_encoder, k=3)
+    # an index without a reference bank: no cuts, never a strong match (with a bank: tests/test_results.py)
     assert response.no_strong_match and all(r["confidence"] == "low" for r in response)
     assert [r["video_id"] for r in response] == ["copy0", "copy1", "copy2"]  # exact ties: index order
-
-
-def _nms_reference(start: np.ndarray, end: np.ndarray, score: np.ndarray, n: int = 3,
-                   iou: float = 0.0) -> list:
-    """Greedy temporal NMS, one proposal at a time (the textbook loop)."""
-    kept: list[int] = []
-    for i in sorted(range(len(score)), key=lambda j: -score[j]):
-        ok = all(max(0.0, min(end[j], end[i]) - max(start[j], start[i]))
-                 <= iou * (max(end[j], end[i]) - min(start[j], start[i])) for j in kept)
-        if ok:
-            kept.append(i)
-            if len(kept) == n:
-                break
-    return kept
-
-
-def test_vectorised_nms_equals_the_greedy_loop() -> None:
-    rng = np.random.default_rng(0)
-    for trial in range(200):
-        n = int(rng.integers(1, 60))
-        start = np.round(rng.uniform(0, 50, n), 1)
-        end = start + np.round(rng.uniform(0, 10, n), 1) * (trial % 5 != 0)  # some zero-length
-        score = np.round(rng.uniform(-1, 1, n), 2)  # ties
-        for iou in (0.0, 0.3):
-            assert temporal_nms(start, end, score, 3, iou) == _nms_reference(start, end, score, 3, iou)
 
 
 def test_search_ranks_by_model_score_over_several_indexes(tmp_path: Path) -> None:
@@ -247,3 +210,22 @@ def test_concurrent_searches_equal_serial_ones_while_the_index_is_written(tmp_pa
         together = list(pool.map(lambda t: search_text([index], t, fake_text_encoder, k=5).results,
                                  texts * 2))
     assert together == after * 2
+
+
+def test_a_hit_without_fine_rows_falls_back_to_the_key_clip(index: VideoIndex) -> None:
+    """Evidence from a producer that fills no fine rows (the fields' defaults) still gives a Contract 4
+    dict: the key moment is MS-SL's key clip and the heatmap one cell per clip unit."""
+    import dataclasses
+
+    from prvr.index.evidence import VideoEvidence
+    from prvr.results import result_dict
+    from prvr.search import encode_query
+
+    q = encode_query(index.model, fake_text_encoder(["a cat"])[0])
+    hit = index.rank(q, k=1).hits[0]
+    bare = VideoEvidence(**{f.name: getattr(hit, f.name) for f in dataclasses.fields(VideoEvidence)
+                            if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING})
+    full, old = result_dict(1, hit, "low", q), result_dict(1, bare, "low", q)
+    assert set(old) == CONTRACT_KEYS and old["key_clip"] == full["key_clip"]
+    assert old["key_moment"] == old["key_clip"] and old["moments"] == [old["key_clip"]]
+    assert len(old["heatmap"]["score"]) == 32 and old["attention"] == full["attention"]

@@ -166,3 +166,26 @@ def test_search_kernels_warm_in_the_background(model, caplog: pytest.LogCaptureF
     messages = [r.getMessage() for r in caplog.records if r.name == "prvr.predictor"]
     assert messages[0].startswith("preparing the search kernels in the background")
     assert messages[-1].startswith("search kernels ready in"), messages  # a failure logs an exception
+
+
+def test_an_old_schema_index_is_left_alone_and_a_new_one_built_beside_it(tmp_path: Path, model) -> None:  # noqa: ANN001
+    """The shared index lives in a directory named by the index schema: a data dir written by a release
+    before schema 6 (no fine rows, segments or reference scores) keeps its old index untouched, the app
+    builds a new one, and opening the old one directly is refused with a message to rebuild it."""
+    import json
+
+    from prvr.index import VideoIndex, store
+
+    old = tmp_path / "indexes" / f"lite-{model.fingerprint()[:12]}-v{store.SCHEMA_VERSION - 1}"
+    old.mkdir(parents=True)
+    manifest = {"format": store.FORMAT, "schema_version": store.SCHEMA_VERSION - 1, "generation": 3,
+                "segments": []}
+    (old / store.MANIFEST).write_text(json.dumps(manifest))
+    before = (old / store.MANIFEST).read_bytes()
+    predictor = make_predictor(tmp_path, model)
+    assert predictor.index_dir.name.endswith(f"-v{store.SCHEMA_VERSION}") and predictor.index_dir != old
+    assert len(predictor.index) == 0 and (old / store.MANIFEST).read_bytes() == before
+    with pytest.raises(store.IndexStoreError, match="rebuild the index"):
+        VideoIndex.open(old, model)
+    bank = predictor.index.manifest["references"]
+    assert bank == {"id": predictor.calibrator.reference_id, "count": 261}  # the app's bank, stored

@@ -8,9 +8,14 @@ these fields. Fields are added with defaults, so that older producers stay valid
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
+
+
+def _none(*shape: int, dtype: type = np.float32):  # noqa: ANN202
+    """A default for an array field an older producer does not fill: an empty array."""
+    return field(default_factory=lambda: np.zeros(shape, dtype))
 
 
 @dataclass(frozen=True)
@@ -21,6 +26,14 @@ class VideoEvidence:
     frame_w * frame). The key clip is MS-SL's clip-scale argmax proposal (the first of equal ones, as torch).
     Clip units are the ``map_size`` bins of the official binning of the video's raw rows; proposals are
     windows [start, end) of clip units, numbered in ``prvr.preprocess.window_table`` order.
+
+    Localisation (``prvr.moments``) reads the video's rows at the model's finest resolution
+    (``model.encode_rows``: every 1 s row for the training-free model, the <= max_ctx_l encoded frames for
+    MS-SL) as stored: unit vectors in float16, with their seconds, and its query-independent segments over
+    those rows (``prvr.segments``: ``[scale, first, end)``). Confidence (``prvr.confidence``) reads the
+    clip and frame scores of the index's reference bank on this video (R each, float16; the total of a
+    reference query at weights w is w_clip * ref_clip + w_frame * ref_frame, as for the query). A producer
+    without them leaves them empty: results then fall back to MS-SL's key clip and labels to "low".
     """
 
     video: Mapping  # the stored record: "id" (always), "title", "path", "duration" (s), "sha256", ...
@@ -37,6 +50,12 @@ class VideoEvidence:
     row_start: np.ndarray  # (n,) float seconds: start of each raw feature row of the video
     row_end: np.ndarray  # (n,) float seconds: end of each raw feature row
     attention: np.ndarray  # (L,) float: the key clip's attention over the video's encoded frames
+    fine: np.ndarray = _none(0, 0, dtype=np.float16)  # (n', H) float16 unit rows of model.encode_rows
+    fine_start: np.ndarray = _none(0)  # (n',) float32 seconds: start of each fine row
+    fine_end: np.ndarray = _none(0)  # (n',) float32 seconds: end of each fine row
+    segments: np.ndarray = _none(0, 3, dtype=np.int32)  # (S, 3) int32 [scale, first, end) over the fine rows
+    ref_clip: np.ndarray = _none(0, dtype=np.float16)  # (R,) clip scores of the reference queries
+    ref_frame: np.ndarray = _none(0, dtype=np.float16)  # (R,) frame scores of the reference queries
 
     @property
     def id(self) -> str:

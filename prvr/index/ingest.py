@@ -3,7 +3,16 @@
 ``encode_for_index`` runs the model protocol (docs/design.md, Contract 3) once per video and keeps what
 exact search needs: the clip units, the norm and window index of every stored proposal, the normalised
 key-clip-guided frame feature z of every stored proposal (query-independent, see ``prvr.index.kernels``) and
-the encoded frames (for the attention shown with a result).
+the encoded frames (for the attention shown with a result). For the results layer it also keeps, per video,
+the model's fine rows (``model.encode_rows``: unit vectors in the query space, float16, with their seconds),
+the video's query-independent segments (``prvr.segments.segment_video`` of the extracted rows, moved onto
+the fine rows, stored packed) and, when given ``ReferenceQueries`` (the encoded reference captions of
+``prvr.confidence``; the index never sees text), the clip- and frame-scale scores (float16, rounded up) of
+every reference caption on the video: a video's confidence cuts for any branch weights are computed from
+them at search time.
+
+Layout: ``FIXED`` arrays have one row per video; each ``RAGGED`` array is a list of per-video
+arrays whose lengths the index stores under the named count.
 """
 
 from __future__ import annotations
@@ -17,8 +26,14 @@ import torch
 import torch.nn.functional as F
 
 from prvr.clustering import length_aware_kmedoids
+from prvr.segments import pack, resample, segment_video
 
 COMPACT_PROPOSALS = 32  # MS-SL++ medoids per video in compact mode
+# per-video arrays with one row per video: exact scores' inputs, reference scores, segment scale count
+FIXED = ("units", "pnorm", "pidx", "zhat", "ref_clip", "ref_frame", "n_scales")
+# per-video arrays of varying length -> the name of the count stored for each video
+RAGGED = {"frames": "n_frames", "row_start": "n_rows", "row_end": "n_rows", "fine": "n_fine",
+          "fine_start": "n_fine", "fine_end": "n_fine", "seg_bounds": "n_bounds", "seg_levels": "n_bounds"}
 
 
 class GalleryError(ValueError):
@@ -75,18 +90,53 @@ def check_videos(videos: Sequence[GalleryVideo], existing: set[str]) -> None:
             raise GalleryError(f"video {v.id!r}: duration {v.duration} is not a non-negative number")
 
 
+@dataclass(frozen=True)
+class ReferenceQueries:
+    """A fixed bank of queries, encoded by the model, whose scores every indexed video stores (confidence).
+
+    ``queries``: what ``model.encode_queries`` returns for them (an (R, H) tensor, or ``EncodedQueries``);
+    ``id``: identifies the bank (recorded by the index: an index built with another bank is refused)."""
+
+    queries: object
+    id: str
+
+    def __len__(self) -> int:
+        return len(getattr(self.queries, "vectors", self.queries))
+
+
 def _frame_count(mask: torch.Tensor) -> np.ndarray:
     """(Nv, L) float mask -> (Nv,) valid frame counts."""
     return mask.sum(1).round().long().cpu().numpy()
 
 
-def encode_for_index(model, videos: Sequence[GalleryVideo], mode: str, batch: int) -> dict[str, list]:  # noqa: ANN001
-    """Run the model over raw rows: per-video units, proposal norms and indices, normalised z, frames."""
-    out: dict[str, list] = {k: [] for k in ("units", "pnorm", "pidx", "zhat", "frames", "n_frames")}
+def half_up(x: np.ndarray) -> np.ndarray:
+    """float16 rounded up (never below x): a reference score's cut is never lower than its exact value."""
+    h = x.astype(np.float16)
+    return np.where(h.astype(np.float64) < x, np.nextafter(h, np.float16(np.inf)), h)
+
+
+def fine_rows(model, video: GalleryVideo) -> dict[str, np.ndarray]:  # noqa: ANN001
+    """One video's rows at the model's finest resolution (float16) with seconds, and its packed segments."""
+    vectors, start, end = model.encode_rows(video.features, video.start, video.end)
+    segments = resample(segment_video(np.asarray(video.features)), np.asarray(video.start), start)
+    bounds, levels = pack(segments, len(vectors))
+    return {"fine": vectors.astype(np.float16), "fine_start": np.asarray(start, np.float32),
+            "fine_end": np.asarray(end, np.float32), "seg_bounds": bounds, "seg_levels": levels,
+            "n_scales": np.int16(segments[:, 0].max() + 1)}
+
+
+def encode_for_index(model, videos: Sequence[GalleryVideo], mode: str, batch: int,  # noqa: ANN001
+                     references: ReferenceQueries | None = None) -> tuple[dict[str, np.ndarray],
+                                                                           dict[str, list[np.ndarray]]]:
+    """Run the model over raw rows: the ``FIXED`` arrays (one row per video) and the ``RAGGED`` ones (a
+    list of one array per video); without references the reference scores are (V, 0)."""
+    fixed: dict[str, list] = {k: [] for k in FIXED}
+    ragged: dict[str, list] = {k: [] for k in RAGGED}
     for a in range(0, len(videos), batch):
         part = videos[a:a + batch]
         try:
             enc = model.encode_videos([np.asarray(v.features, dtype=np.float32) for v in part])
+            fine = [fine_rows(model, v) for v in part]
         except ValueError as e:
             raise GalleryError(f"videos {[v.id for v in part]}: {e}") from None
         props, pidx = enc.proposals, enc.proposal_index
@@ -97,12 +147,44 @@ def encode_for_index(model, videos: Sequence[GalleryVideo], mode: str, batch: in
             attend_idx = torch.arange(props.shape[1], device=props.device).expand(len(part), -1)
         chosen = props.gather(1, attend_idx[..., None].expand(-1, -1, props.shape[-1]))
         z, _ = model.attend(enc, attend_idx)  # (b, P, H)
-        n_frames = _frame_count(enc.frame_mask)
-        out["units"].append(enc.clip_units.float().cpu().numpy())
-        out["pnorm"].append(torch.linalg.vector_norm(chosen.double(), dim=-1).float().cpu().numpy())
-        out["pidx"].append(pidx.cpu().numpy().astype(np.int16))
-        out["zhat"].append(F.normalize(z.float(), dim=-1).cpu().numpy())
+        fixed["units"].append(enc.clip_units.float().cpu().numpy())
+        fixed["pnorm"].append(torch.linalg.vector_norm(chosen.double(), dim=-1).float().cpu().numpy())
+        fixed["pidx"].append(pidx.cpu().numpy().astype(np.int16))
+        fixed["zhat"].append(F.normalize(z.float(), dim=-1).cpu().numpy())
+        if references is not None:
+            with torch.no_grad():
+                scores = model.score(references.queries, enc)  # (R, b): the model's own scores
+            fixed["ref_clip"].append(half_up(scores.clip.T.double().cpu().numpy()))
+            fixed["ref_frame"].append(half_up(scores.frame.T.double().cpu().numpy()))
+        else:
+            fixed["ref_clip"].append(np.zeros((len(part), 0), np.float16))
+            fixed["ref_frame"].append(np.zeros((len(part), 0), np.float16))
+        fixed["n_scales"].append(np.array([f.pop("n_scales") for f in fine], np.int16))
         frames = enc.frames.float().cpu().numpy()
-        out["frames"].extend(frames[i, :n] for i, n in enumerate(n_frames))
-        out["n_frames"].append(n_frames)
+        ragged["frames"].extend(frames[i, :n] for i, n in enumerate(_frame_count(enc.frame_mask)))
+        ragged["row_start"].extend(np.asarray(v.start, np.float32) for v in part)
+        ragged["row_end"].extend(np.asarray(v.end, np.float32) for v in part)
+        for key in ("fine", "fine_start", "fine_end", "seg_bounds", "seg_levels"):
+            ragged[key].extend(f[key] for f in fine)
+    return {k: np.concatenate(v) for k, v in fixed.items()}, ragged
+
+
+def segment_arrays(fixed: dict[str, np.ndarray],
+                   ragged: dict[str, list[np.ndarray]]) -> dict[str, np.ndarray]:
+    """The stored arrays of one segment's videos: the fixed ones as given, each ragged one concatenated,
+    with its per-video count (int64)."""
+    out = dict(fixed)
+    for key, count in RAGGED.items():
+        out[key] = np.concatenate(ragged[key])
+        out[count] = np.array([len(x) for x in ragged[key]], dtype=np.int64)
     return out
+
+
+def check_encoded(fixed: dict[str, np.ndarray], ragged: dict[str, list[np.ndarray]], n: int) -> None:
+    """GalleryError unless every FIXED array has n rows and every RAGGED array n entries."""
+    missing = [k for k in FIXED if k not in fixed] + [k for k in RAGGED if k not in ragged]
+    if missing:
+        raise GalleryError(f"encoded videos lack the arrays {missing}")
+    bad = [k for k in FIXED if len(fixed[k]) != n] + [k for k in RAGGED if len(ragged[k]) != n]
+    if bad:
+        raise GalleryError(f"encoded videos: {n} records but arrays {bad} have another length")

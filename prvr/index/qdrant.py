@@ -40,7 +40,16 @@ import torch
 
 from prvr.index import qdrant_store as layout
 from prvr.index.evidence import Evidence
-from prvr.index.ingest import GalleryError, GalleryVideo, check_videos, encode_for_index
+from prvr.index.ingest import (
+    FIXED,
+    RAGGED,
+    GalleryError,
+    GalleryVideo,
+    ReferenceQueries,
+    check_encoded,
+    check_videos,
+    encode_for_index,
+)
 from prvr.index.qdrant_store import BALLS, RECORD, WINDOWS, QdrantTarget, guarded, point_id
 from prvr.index.rank import BOUND_EPS, EXACT, FIRST_CHUNK, _typed_list, kth_largest
 from prvr.index.sketch import BoundQuery
@@ -53,7 +62,7 @@ from prvr.query import QueryError, check_weights
 log = logging.getLogger(__name__)
 
 FORMAT = "prvr-qdrant"
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2  # 2: fine rows, segments and reference scores per video
 META = "prvr"  # the key of this package's entry in the collection's metadata
 
 
@@ -99,7 +108,13 @@ class Candidates:
 
     def gather(self, key: str, positions: np.ndarray) -> np.ndarray:
         """Rows of per-video array ``key``."""
-        return self.arrays[key][positions]
+        if key in self.arrays:
+            return self.arrays[key][positions]
+        return np.stack([self.per_video[p][key] for p in positions])
+
+    def ragged(self, key: str, position: int) -> np.ndarray:
+        """One video's ragged array ``key`` (``ingest.RAGGED``)."""
+        return self.per_video[position][key]
 
     def frames(self, position: int) -> np.ndarray:
         """Encoded frames (L, H) of one video."""
@@ -135,14 +150,15 @@ def _vector_size(model) -> int:  # noqa: ANN001
 class QdrantIndex:
     """A Qdrant collection opened for one model; see the module docstring."""
 
-    def __init__(self, target: QdrantTarget, client, model, cfg: QdrantConfig, meta: dict) -> None:  # noqa: ANN001
+    def __init__(self, target: QdrantTarget, client, model, cfg: QdrantConfig, meta: dict,  # noqa: ANN001
+                 references: ReferenceQueries | None = None) -> None:
         self.target, self.client, self.model, self.cfg, self.meta = target, client, model, cfg, meta
+        self.references = references
         self._csa = bool(getattr(model.cfg, "csa", False))
         self.table = window_table(int(model.cfg.map_size)).numpy()
         self._writing = threading.Lock()
         # the embedded client is plain Python over shared lists: one call at a time
         self._local = threading.Lock() if target.path is not None else nullcontext()
-        self._sample_cache: tuple[View, int, Candidates | None] | None = None
         self.view = self._load_view()
 
     # ------------------------------------------------------------------ opening
@@ -158,8 +174,10 @@ class QdrantIndex:
             return guarded(self.target, what, call, self.target.collection, *args, **kw)
 
     @classmethod
-    def create(cls, spec: str | QdrantTarget, model, cfg: QdrantConfig | None = None) -> QdrantIndex:  # noqa: ANN001
-        """Make a new, empty collection for this model (refuses an existing one)."""
+    def create(cls, spec: str | QdrantTarget, model, cfg: QdrantConfig | None = None,  # noqa: ANN001
+               references: ReferenceQueries | None = None) -> QdrantIndex:
+        """Make a new, empty collection for this model (refuses an existing one); ``references`` as for
+        ``VideoIndex.create``."""
         from qdrant_client import models
 
         cfg, target = cfg or QdrantConfig(), cls._target(spec)
@@ -170,7 +188,8 @@ class QdrantIndex:
             client.close()
             raise IndexStoreError(f"{target.where} already exists; open it instead")
         meta = {"format": FORMAT, "schema_version": SCHEMA_VERSION, "mode": cfg.mode,
-                "frame_balls": cfg.frame_balls, **VideoIndex._identity(model), "next_seq": 0}
+                "frame_balls": cfg.frame_balls, **VideoIndex._identity(model), "next_seq": 0,
+                "references": VideoIndex._bank(references)}
         multi = models.MultiVectorConfig(comparator=models.MultiVectorComparator.MAX_SIM)
         size = _vector_size(model)
         dot = models.Distance.DOT
@@ -180,20 +199,25 @@ class QdrantIndex:
                                               hnsw_config=models.HnswConfigDiff(m=0))}
         guarded(target, "create the collection", client.create_collection, target.collection,
                 vectors_config=vectors, metadata={META: meta})
-        return cls(target, client, model, cfg, meta)
+        return cls(target, client, model, cfg, meta, references)
 
     @classmethod
-    def open(cls, spec: str | QdrantTarget, model, cfg: QdrantConfig | None = None) -> QdrantIndex:  # noqa: ANN001
-        """Open an existing collection; refuses one made for another model or profile, or not by prvr."""
+    def open(cls, spec: str | QdrantTarget, model, cfg: QdrantConfig | None = None,  # noqa: ANN001
+             references: ReferenceQueries | None = None) -> QdrantIndex:
+        """Open an existing collection; refuses one made for another model, profile or reference bank, or
+        not by prvr."""
         target = cls._target(spec)
         client = target.connect((cfg or QdrantConfig()).timeout)
         try:
             meta = cls._checked_meta(target, client, model)
+            if references is not None and meta.get("references") != VideoIndex._bank(references):
+                raise IndexMismatchError(f"{target.where} stores the scores of reference bank "
+                                         f"{meta.get('references')}, not of the one in use; rebuild it")
         except BaseException:
             client.close()  # an embedded store's directory stays locked while a client is open
             raise
         cfg = dataclasses.replace(cfg or QdrantConfig(), mode=meta["mode"], frame_balls=meta["frame_balls"])
-        return cls(target, client, model, cfg, meta)
+        return cls(target, client, model, cfg, meta, references)
 
     @staticmethod
     def _checked_meta(target: QdrantTarget, client, model) -> dict:  # noqa: ANN001
@@ -214,13 +238,16 @@ class QdrantIndex:
         return meta
 
     @classmethod
-    def open_or_create(cls, spec: str | QdrantTarget, model, cfg: QdrantConfig | None = None) -> QdrantIndex:  # noqa: ANN001
+    def open_or_create(cls, spec: str | QdrantTarget, model, cfg: QdrantConfig | None = None,  # noqa: ANN001
+                       references: ReferenceQueries | None = None) -> QdrantIndex:
         """Open the collection, or create it when there is none."""
         target = cls._target(spec)
         client = target.connect((cfg or QdrantConfig()).timeout)
         exists = guarded(target, "check the collection", client.collection_exists, target.collection)
         client.close()  # an embedded store admits one client at a time
-        return cls.open(target, model, cfg) if exists else cls.create(target, model, cfg)
+        if exists:
+            return cls.open(target, model, cfg, references)
+        return cls.create(target, model, cfg, references)
 
     def close(self) -> None:
         """Release the client (an embedded store's directory lock)."""
@@ -270,32 +297,34 @@ class QdrantIndex:
             return
         with self._writing:
             check_videos(videos, set(self.position))  # before encoding: bad input costs nothing
-            enc = encode_for_index(self.model, videos, self.cfg.mode, self.cfg.encode_batch)
-            arrays = {k: np.concatenate(enc[k]) for k in ("units", "pnorm", "pidx", "zhat")}
-            rows = [(np.asarray(v.start, np.float32), np.asarray(v.end, np.float32)) for v in videos]
-            self._upload([v.record() for v in videos], arrays, enc["frames"], rows)
+            if self.meta.get("references") != VideoIndex._bank(self.references):
+                raise GalleryError(f"{self.target.where} stores reference scores of bank "
+                                   f"{self.meta.get('references')}; open it with that bank to add videos")
+            fixed, ragged = encode_for_index(self.model, videos, self.cfg.mode, self.cfg.encode_batch,
+                                             self.references)
+            self._upload([v.record() for v in videos], fixed, ragged)
         log.info("indexed %d videos in %s (%d there)", len(videos), self.target.where, len(self))
 
-    def add_encoded(self, records: list[dict], arrays: dict[str, np.ndarray], frames: list[np.ndarray],
-                    rows: list[tuple[np.ndarray, np.ndarray]]) -> None:
+    def add_encoded(self, records: list[dict], fixed: dict[str, np.ndarray],
+                    ragged: dict[str, list[np.ndarray]]) -> None:
         """Upsert videos whose model outputs were computed elsewhere, in ``VideoIndex.add_encoded``'s layout
-        (units, pnorm, pidx, zhat per video; encoded frames; row start/end seconds). For tests, benchmarks."""
+        (``ingest.FIXED`` arrays, ``ingest.RAGGED`` lists). For tests, benchmarks."""
+        check_encoded(fixed, ragged, len(records))
         with self._writing:
             ids = [r["id"] for r in records]
             if len(set(ids)) != len(ids) or set(ids) & set(self.position):
                 raise GalleryError("add_encoded: duplicate video ids")
-            self._upload(records, arrays, frames, rows)
+            self._upload(records, fixed, ragged)
 
-    def _upload(self, records: list[dict], arrays: dict[str, np.ndarray], frames: list[np.ndarray],
-                rows: list[tuple[np.ndarray, np.ndarray]]) -> None:
+    def _upload(self, records: list[dict], fixed: dict[str, np.ndarray],
+                ragged: dict[str, list[np.ndarray]]) -> None:
         """Upsert points in requests of at most ``upsert_bytes``, then advance the insertion counter; on any
         failure the points already written are deleted again."""
         seq0, parts, part, size = int(self.meta["next_seq"]), [], [], 0
-        zhat, n_balls = arrays["zhat"], self.cfg.frame_balls  # clustered 64 videos at a time (memory)
+        zhat, n_balls = fixed["zhat"], self.cfg.frame_balls  # clustered 64 videos at a time (memory)
         balls = [b for a in range(0, len(zhat), 64) for b in layout.frame_balls(zhat[a:a + 64], n_balls)]
         for i, record in enumerate(records):
-            video = {**{k: a[i] for k, a in arrays.items()}, "frames": frames[i], "row_start": rows[i][0],
-                     "row_end": rows[i][1]}
+            video = {**{k: fixed[k][i] for k in FIXED}, **{k: ragged[k][i] for k in RAGGED}}
             part.append(self._point(record, seq0 + i, video, balls[i]))
             size += layout.payload_bytes(video) * 4 // 3 + 4 * (video["zhat"].size + balls[i].size)
             if size >= self.cfg.upsert_bytes or i == len(records) - 1:
@@ -355,6 +384,7 @@ class QdrantIndex:
     _exact = VideoIndex._exact
     _csa_frame = VideoIndex._csa_frame
     _evidence = VideoIndex._evidence
+    _fine = staticmethod(VideoIndex._fine)
     _attention = VideoIndex._attention
 
     def weights(self, weights: Sequence[float] | None = None) -> tuple[float, float]:
@@ -418,25 +448,3 @@ class QdrantIndex:
         hits = self._evidence(Candidates(found, self.table), np.arange(len(found)), q, w) if found else ()
         cfg = self.model.cfg
         return Evidence(hits, w, len(seen), live, int(cfg.map_size), int(cfg.max_ctx_l), approximate)
-
-    def sample_totals(self, q: np.ndarray | EncodedQueries, weights: Sequence[float] | None = None,
-                      n: int = 128) -> np.ndarray:
-        """Exact totals of a fixed sample of n live videos (all of a smaller gallery), the same videos as
-        ``VideoIndex.sample_totals`` picks from the same gallery: the gallery's score distribution for q."""
-        sample = self._sample(n)
-        if sample is None:
-            return np.zeros(0)
-        return self._exact(sample, np.arange(len(sample.videos)), q, self.weights(weights)).total
-
-    def _sample(self, n: int) -> Candidates | None:
-        """The sample's videos, fetched once per version of the gallery (every search reads them)."""
-        view, cached = self.view, self._sample_cache
-        if cached is not None and cached[0] is view and cached[1] == n:
-            return cached[2]
-        live = np.arange(len(view.videos))
-        if len(live) > n:
-            live = np.sort(np.random.default_rng(0).choice(live, n, replace=False))
-        found = self._fetch([point_id(view.videos[i]["id"]) for i in live]) if len(live) else []
-        sample = Candidates(found, self.table, keep=()) if found else None
-        self._sample_cache = (view, n, sample)
-        return sample

@@ -29,8 +29,10 @@ from prvr.index.sketch import NORM_EPS, cover_balls, nearest_ball
 from prvr.index.store import IndexStoreError
 
 # per-video arrays in each point's payload: what ``exact_rows`` reads (units, pnorm, pidx, zhat) and what the
-# results layer reads (encoded frames for the attention, raw row times)
-ARRAYS = ("units", "pnorm", "pidx", "zhat", "frames", "row_start", "row_end")
+# results layer reads (encoded frames for the attention, raw row times, fine rows with their seconds and
+# packed segments, reference scores): ``ingest.FIXED`` and ``ingest.RAGGED``
+ARRAYS = ("units", "pnorm", "pidx", "zhat", "frames", "row_start", "row_end", "fine", "fine_start",
+          "fine_end", "seg_bounds", "seg_levels", "n_scales", "ref_clip", "ref_frame")
 RECORD = ("id", "title", "path", "duration", "sha256")  # the video's record, as the built-in index stores it
 WINDOWS = "windows"  # the named multivector of unit proposals (clip-scale score: MAX_SIM)
 BALLS = "frame_balls"  # the named multivector of [centre, radius] of balls over zhat (frame-score bound)
@@ -122,7 +124,8 @@ def pack(arrays: Mapping[str, np.ndarray]) -> dict[str, dict]:
     """Per-video arrays -> the payload's ``arrays`` (dtype, shape and base64 of the raw bytes, exact)."""
     out = {}
     for name in ARRAYS:
-        a = np.ascontiguousarray(arrays[name])
+        a = np.asarray(arrays[name])
+        a = a if a.flags.c_contiguous else a.copy(order="C")  # (ascontiguousarray makes a scalar 1-d)
         a = a.astype(a.dtype.newbyteorder("<"), copy=False)
         data = base64.b64encode(a.tobytes()).decode()
         out[name] = {"dtype": a.dtype.str, "shape": list(a.shape), "b64": data}

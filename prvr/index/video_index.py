@@ -12,7 +12,9 @@ exactly by ``model.score``; ``compact`` stores the 32 MS-SL++ length-aware medoi
 video, exact with respect to the model run with ``clusters=32``, at 1/16 of the per-proposal storage.
 ``rank(..., approximate=True)`` picks candidate videos with faiss first (``prvr.index.approximate``), then
 scores them exactly. Text, confidence and result dicts live above the index (``prvr.search``,
-``prvr.results``).
+``prvr.results``); each video also stores what they read (``prvr.index.ingest``): its fine rows and
+segments, and the scores of the reference bank the index was created with (``references``: encoded
+queries, never text), from which confidence cuts are computed at search time for any weights.
 
 Concurrency: every read (``rank``, ``ids``, ``position``...) uses one immutable ``Snapshot`` of the index,
 taken at its start; a write builds the next snapshot aside and swaps it in with one assignment, so reads
@@ -27,7 +29,6 @@ import logging
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from functools import cached_property
 from pathlib import Path
 
 import numpy as np
@@ -36,19 +37,27 @@ import torch
 from prvr import ral
 from prvr.index import approximate, store
 from prvr.index.evidence import Evidence, VideoEvidence
-from prvr.index.ingest import GalleryError, GalleryVideo, check_videos, encode_for_index
-from prvr.index.rank import Exact, Stored, clip_bounds, exact_rows, frame_bounds, top_k
-from prvr.index.sketch import FIRST_PASS, SKETCH, BoundQuery, sketch
+from prvr.index.ingest import (
+    FIXED,
+    RAGGED,
+    GalleryError,
+    GalleryVideo,
+    ReferenceQueries,
+    check_encoded,
+    check_videos,
+    encode_for_index,
+    segment_arrays,
+)
+from prvr.index.rank import Exact, clip_bounds, exact_rows, frame_bounds, top_k
+from prvr.index.sketch import FIRST_PASS, BoundQuery, sketch
+from prvr.index.snapshot import Snapshot
 from prvr.model import EncodedQueries, EncodedVideos
-from prvr.preprocess import pad, window_table
+from prvr.preprocess import pad
 from prvr.query import QueryError, check_weights
+from prvr.segments import unpack
 
 log = logging.getLogger(__name__)
 
-# per-video arrays the OS pages in on demand; the first pass's arrays (read by every query) are loaded into
-# memory instead, so that the bulk of a big index cannot push them out of the page cache between queries
-MAPPED = ("units", "pnorm", "zhat", "frames", "scenes", *(f for f in SKETCH if f not in FIRST_PASS))
-RESIDENT = (*FIRST_PASS, "pidx")  # what the first pass reads: kept in memory, all segments in one array each
 STORED_CONFIG = ("mode", "frame_balls")  # what the stored data depends on: the manifest's, always
 
 
@@ -70,86 +79,6 @@ class IndexConfig:
     candidate_videos: int = 2048  # approximate search: videos (by their best scene centre) ranked exactly
 
 
-class Snapshot:
-    """One generation of an index, read-only once built: its segments' arrays, records and liveness."""
-
-    def __init__(self, root: Path, manifest: dict, verify: bool) -> None:
-        self.manifest = manifest
-        self.segments: list[dict[str, np.ndarray]] = []
-        self.videos: list[dict] = []
-        self.table = window_table(int(manifest["map_size"])).numpy()
-        self.seg_start = np.cumsum([0] + [e["count"] for e in manifest["segments"]])
-        # the first pass's arrays of all segments, each in one array (the segments hold views into it): a
-        # query scans any range of the gallery in one kernel call
-        self.first: dict[str, np.ndarray] = {}
-        alive = []
-        for s, entry in enumerate(manifest["segments"]):
-            arrays, videos = store.load_segment(root, entry, MAPPED, verify)
-            arrays["frame_offset"] = np.concatenate([[0], np.cumsum(arrays["n_frames"])])
-            arrays["row_offset"] = np.concatenate([[0], np.cumsum(arrays["n_rows"])])
-            for f in RESIDENT:
-                if f not in self.first:
-                    self.first[f] = np.empty((self.seg_start[-1], *arrays[f].shape[1:]), arrays[f].dtype)
-                view = self.first[f][self.seg_start[s]:self.seg_start[s + 1]]
-                view[...] = arrays[f]
-                arrays[f] = view
-            self.segments.append(arrays)
-            self.videos.extend(videos)
-            keep = np.ones(entry["count"], dtype=bool)
-            keep[entry["removed"]] = False
-            alive.append(keep)
-        self.alive = np.concatenate(alive) if alive else np.zeros(0, dtype=bool)
-        self.live = np.flatnonzero(self.alive)
-        self.position = {self.videos[i]["id"]: int(i) for i in self.live}
-        self._lazy = threading.Lock()  # builds the typed Lists and the faiss index once
-
-    @property
-    def windows(self) -> np.ndarray | None:
-        """None when every video stores all windows in window_table order, else the table for ``pidx``."""
-        return None if self.segments[0]["pnorm"].shape[1] == len(self.table) else self.table
-
-    @cached_property
-    def stored(self) -> Stored:
-        """The segments' arrays as the frame-bound and exact kernels read them."""
-        with self._lazy:
-            return Stored.of(self.segments)
-
-    def ivf(self, nlist: int):  # noqa: ANN201
-        """The faiss index of the scene centres (built on first use)."""
-        with self._lazy:
-            if getattr(self, "_ivf", None) is None:
-                self._ivf = approximate.build_ivf(
-                    np.concatenate([np.asarray(seg["scenes"]) for seg in self.segments]), nlist)
-            return self._ivf
-
-    def segment_of(self, positions: np.ndarray | int) -> np.ndarray:
-        """The segment holding each global position."""
-        return np.searchsorted(self.seg_start, positions, side="right") - 1
-
-    def gather(self, key: str, positions: np.ndarray) -> np.ndarray:
-        """Per-video rows of array ``key`` for sorted positions (reads only those rows)."""
-        seg = self.segment_of(positions)
-        first = self.segments[int(seg[0])][key]
-        out = np.empty((len(positions),) + first.shape[1:], dtype=first.dtype)
-        for s in np.unique(seg):
-            where = seg == s
-            out[where] = self.segments[s][key][positions[where] - self.seg_start[s]]
-        return out
-
-    def frames(self, position: int) -> np.ndarray:
-        """The stored encoded frames (L, H) of one video."""
-        s = int(self.segment_of(position))
-        seg, r = self.segments[s], position - self.seg_start[s]
-        return np.asarray(seg["frames"][seg["frame_offset"][r]:seg["frame_offset"][r + 1]])
-
-    def rows(self, position: int) -> tuple[np.ndarray, np.ndarray]:
-        """Raw row start / end seconds of one video."""
-        s = int(self.segment_of(position))
-        seg, r = self.segments[s], position - self.seg_start[s]
-        a, b = seg["row_offset"][r], seg["row_offset"][r + 1]
-        return np.asarray(seg["row_start"][a:b]), np.asarray(seg["row_end"][a:b])
-
-
 def _vector(q: np.ndarray | torch.Tensor | EncodedQueries) -> np.ndarray:
     """The (H,) float32 query vector of the model's encoding of one query."""
     if isinstance(q, EncodedQueries):
@@ -165,8 +94,9 @@ def _vector(q: np.ndarray | torch.Tensor | EncodedQueries) -> np.ndarray:
 class VideoIndex:
     """An index directory opened for one model; see the module docstring."""
 
-    def __init__(self, root: Path, model, cfg: IndexConfig, manifest: dict) -> None:  # noqa: ANN001
-        self.root, self.model, self.cfg = Path(root), model, cfg
+    def __init__(self, root: Path, model, cfg: IndexConfig, manifest: dict,  # noqa: ANN001
+                 references: ReferenceQueries | None = None) -> None:
+        self.root, self.model, self.cfg, self.references = Path(root), model, cfg, references
         self._csa = bool(getattr(model.cfg, "csa", False))
         self._writing = threading.Lock()  # one writer per process (the store's flock: one per directory)
         self.snapshot = Snapshot(self.root, manifest, cfg.verify_checksums)
@@ -178,9 +108,16 @@ class VideoIndex:
         return {"model_fingerprint": model.fingerprint(), "profile": getattr(model, "profile", None),
                 "map_size": int(model.cfg.map_size), "max_ctx_l": int(model.cfg.max_ctx_l)}
 
+    @staticmethod
+    def _bank(references: ReferenceQueries | None) -> dict | None:
+        """What the manifest records of the reference bank whose scores every video stores."""
+        return None if references is None else {"id": references.id, "count": len(references)}
+
     @classmethod
-    def create(cls, root: str | Path, model, cfg: IndexConfig | None = None) -> VideoIndex:  # noqa: ANN001
-        """Make a new, empty index directory for this model (refuses an existing index)."""
+    def create(cls, root: str | Path, model, cfg: IndexConfig | None = None,  # noqa: ANN001
+               references: ReferenceQueries | None = None) -> VideoIndex:
+        """Make a new, empty index directory for this model (refuses an existing index); ``references``:
+        the encoded reference queries whose scores each video stores (confidence), None for none."""
         cfg = cfg or IndexConfig()
         if cfg.mode not in ("exact", "compact"):
             raise ValueError(f"index mode must be 'exact' or 'compact', got {cfg.mode!r}")
@@ -191,33 +128,41 @@ class VideoIndex:
                 raise store.IndexStoreError(f"{root} already holds an index; open it instead")
             manifest = {"format": store.FORMAT, "schema_version": store.SCHEMA_VERSION, "generation": 0,
                         "mode": cfg.mode, **cls._identity(model), "frame_balls": cfg.frame_balls,
-                        "config": dataclasses.asdict(cfg), "segments": [], "counts": {"videos": 0}}
+                        "config": dataclasses.asdict(cfg), "references": cls._bank(references),
+                        "segments": [], "counts": {"videos": 0}}
             store.commit_manifest(root, manifest)
-        return cls(root, model, cfg, manifest)
+        return cls(root, model, cfg, manifest, references)
 
     @classmethod
-    def open(cls, root: str | Path, model, cfg: IndexConfig | None = None) -> VideoIndex:  # noqa: ANN001
-        """Open an existing index; refuses one built for another model, profile or schema. The config is
-        the given one (else the one the index was created with), with the stored data's mode and frame
-        balls; the given object is not changed."""
+    def open(cls, root: str | Path, model, cfg: IndexConfig | None = None,  # noqa: ANN001
+             references: ReferenceQueries | None = None) -> VideoIndex:
+        """Open an existing index; refuses one built for another model, profile, schema or reference bank
+        (without ``references`` it opens for reading; adding then needs the bank it was built with). The
+        config is the given one (else the one the index was created with), with the stored data's mode and
+        frame balls; the given object is not changed."""
         root = Path(root)
         manifest = store.read_manifest(root)
         for key, theirs in cls._identity(model).items():
             if manifest.get(key) != theirs:
                 raise IndexMismatchError(f"{root} was built with {key} = {manifest.get(key)!r}, but the "
                                          f"model in use has {key} = {theirs!r}; rebuild the index for it")
+        if references is not None and manifest.get("references") != cls._bank(references):
+            raise IndexMismatchError(f"{root} stores the scores of reference bank "
+                                     f"{manifest.get('references')}, not of the one in use "
+                                     f"{cls._bank(references)}; rebuild the index")
         if cfg is None:
             known = {f.name for f in dataclasses.fields(IndexConfig)}
             cfg = IndexConfig(**{k: v for k, v in manifest.get("config", {}).items() if k in known})
         cfg = dataclasses.replace(cfg, **{k: manifest[k] for k in STORED_CONFIG})
-        return cls(root, model, cfg, manifest)
+        return cls(root, model, cfg, manifest, references)
 
     @classmethod
-    def open_or_create(cls, root: str | Path, model, cfg: IndexConfig | None = None) -> VideoIndex:  # noqa: ANN001
+    def open_or_create(cls, root: str | Path, model, cfg: IndexConfig | None = None,  # noqa: ANN001
+                       references: ReferenceQueries | None = None) -> VideoIndex:
         """Open the index at root, or create it when there is none."""
         if (Path(root) / store.MANIFEST).exists():
-            return cls.open(root, model, cfg)
-        return cls.create(root, model, cfg)
+            return cls.open(root, model, cfg, references)
+        return cls.create(root, model, cfg, references)
 
     def refresh(self) -> None:
         """Re-read the manifest if another writer changed it."""
@@ -293,50 +238,60 @@ class VideoIndex:
         if not videos:
             return
         check_videos(videos, set(self.position))  # before encoding: bad input costs nothing
-        enc = encode_for_index(self.model, videos, self.cfg.mode, self.cfg.encode_batch)
-        arrays = {k: np.concatenate(enc[k]) for k in ("units", "pnorm", "pidx", "zhat")}
-        rows = [(np.asarray(v.start, np.float32), np.asarray(v.end, np.float32)) for v in videos]
+        self._check_bank()
+        fixed, ragged = encode_for_index(self.model, videos, self.cfg.mode, self.cfg.encode_batch,
+                                         self.references)
 
         def change(snap: Snapshot, manifest: dict) -> dict:
             check_videos(videos, set(snap.position))  # again: another writer may have added them
-            return self._append(snap, manifest, [v.record() for v in videos], arrays, enc["frames"], rows)
+            return self._append(snap, manifest, [v.record() for v in videos], fixed, ragged)
 
         self._commit(change)
         log.info("indexed %d videos (%d in the index)", len(videos), len(self))
 
-    def add_encoded(self, records: list[dict], arrays: dict[str, np.ndarray], frames: list[np.ndarray],
-                    rows: list[tuple[np.ndarray, np.ndarray]]) -> None:
-        """Append videos whose model outputs were computed elsewhere (``encode_for_index`` layout:
-        units, pnorm, pidx, zhat per video; encoded frames; row start/end seconds). For benchmarks."""
+    def _check_bank(self) -> None:
+        """GalleryError when this process cannot store what the index's videos store (reference scores)."""
+        if self.manifest.get("references") != self._bank(self.references):
+            raise GalleryError(f"{self.root} stores reference scores of bank "
+                               f"{self.manifest.get('references')}; open it with that bank (references=...) "
+                               "to add videos")
+
+    def add_encoded(self, records: list[dict], fixed: dict[str, np.ndarray],
+                    ragged: dict[str, list[np.ndarray]]) -> None:
+        """Append videos whose model outputs were computed elsewhere, in ``encode_for_index``'s layout
+        (``ingest.FIXED`` arrays, one row per video; ``ingest.RAGGED`` lists, one array per video)."""
+        check_encoded(fixed, ragged, len(records))
+        bank = (self.manifest.get("references") or {}).get("count", 0)
+        if fixed["ref_clip"].shape[1:] != (bank,) or fixed["ref_frame"].shape[1:] != (bank,):
+            raise GalleryError(f"add_encoded: this index stores {bank} reference scores per video, got "
+                               f"{fixed['ref_clip'].shape[1:]}")
+
         def change(snap: Snapshot, manifest: dict) -> dict:
             ids = [r["id"] for r in records]
             if len(set(ids)) != len(ids) or set(ids) & set(snap.position):
                 raise GalleryError("add_encoded: duplicate video ids")
-            return self._append(snap, manifest, records, arrays, frames, rows)
+            return self._append(snap, manifest, records, fixed, ragged)
 
         self._commit(change)
 
-    def _append(self, snap: Snapshot, manifest: dict, records: list[dict], arrays: dict[str, np.ndarray],
-                frames: list[np.ndarray], rows: list[tuple[np.ndarray, np.ndarray]]) -> dict:
+    def _append(self, snap: Snapshot, manifest: dict, records: list[dict], fixed: dict[str, np.ndarray],
+                ragged: dict[str, list[np.ndarray]]) -> dict:
         """Write segments for these videos into a manifest copy."""
         manifest["segments"] = list(manifest["segments"])
         for a in range(0, len(records), self.cfg.segment_videos):
             b = slice(a, a + self.cfg.segment_videos)
-            part = self._segment_arrays(snap, {k: x[b] for k, x in arrays.items()}, frames[b], rows[b])
+            part = self._segment_arrays(snap, {k: x[b] for k, x in fixed.items()},
+                                        {k: x[b] for k, x in ragged.items()})
             manifest["segments"].append(store.write_segment(self.root, part, records[b]))
         return manifest
 
-    def _segment_arrays(self, snap: Snapshot, arrays: dict[str, np.ndarray], frames: list[np.ndarray],
-                        rows: list[tuple[np.ndarray, np.ndarray]]) -> dict[str, np.ndarray]:
-        """All stored arrays of one segment: units, pnorm, pidx, zhat + frames, row times and the sketch."""
-        bounds = sketch(arrays["units"], arrays["pnorm"], snap.table[arrays["pidx"].astype(np.int64)],
-                        arrays["zhat"], self.cfg.frame_balls)
-        return {**arrays, "frames": np.concatenate(frames),
-                "n_frames": np.array([len(f) for f in frames], dtype=np.int64),
-                "row_start": np.concatenate([r[0] for r in rows]),
-                "row_end": np.concatenate([r[1] for r in rows]),
-                "n_rows": np.array([len(r[0]) for r in rows], dtype=np.int64),
-                "scenes": approximate.scene_centres(arrays["units"]), **bounds}
+    def _segment_arrays(self, snap: Snapshot, fixed: dict[str, np.ndarray],
+                        ragged: dict[str, list[np.ndarray]]) -> dict[str, np.ndarray]:
+        """All stored arrays of one segment: the videos' fixed and ragged arrays, the sketch, the scenes."""
+        bounds = sketch(fixed["units"], fixed["pnorm"], snap.table[fixed["pidx"].astype(np.int64)],
+                        fixed["zhat"], self.cfg.frame_balls)
+        scenes = approximate.scene_centres(fixed["units"])
+        return {**segment_arrays(fixed, ragged), "scenes": scenes, **bounds}
 
     def remove(self, ids: Sequence[str]) -> None:
         """Remove videos by id (one atomic manifest update); unknown ids are an error, nothing changes."""
@@ -362,9 +317,9 @@ class VideoIndex:
             manifest["segments"] = []
             for a in range(0, len(snap.live), self.cfg.segment_videos):
                 part = snap.live[a:a + self.cfg.segment_videos]
-                arrays = {k: snap.gather(k, part) for k in ("units", "pnorm", "pidx", "zhat")}
-                seg = self._segment_arrays(snap, arrays, [snap.frames(p) for p in part],
-                                           [snap.rows(p) for p in part])
+                fixed = {k: snap.gather(k, part) for k in FIXED}
+                ragged = {k: [np.asarray(snap.ragged(k, p)) for p in part] for k in RAGGED}
+                seg = self._segment_arrays(snap, fixed, ragged)
                 records = [snap.videos[p] for p in part]
                 manifest["segments"].append(store.write_segment(self.root, seg, records))
             return manifest
@@ -392,16 +347,6 @@ class VideoIndex:
               weights: Sequence[float] | None = None) -> Exact:
         """Exact scores of the videos at sorted ``positions`` (live or not) for q."""
         return self._exact(self.snapshot, np.asarray(positions, dtype=np.int64), q, self.weights(weights))
-
-    def sample_totals(self, q: np.ndarray | EncodedQueries, weights: Sequence[float] | None = None,
-                      n: int = 128) -> np.ndarray:
-        """Exact totals of a fixed sample of n live videos (all of a smaller gallery): the gallery's score
-        distribution for q."""
-        snap = self.snapshot
-        live = snap.live
-        if len(live) > n:
-            live = np.sort(np.random.default_rng(0).choice(live, n, replace=False))
-        return self._exact(snap, live, q, self.weights(weights)).total if len(live) else np.zeros(0)
 
     def _top(self, snap: Snapshot, q: np.ndarray | EncodedQueries, k: int, w: tuple[float, float],
              approx: bool) -> tuple[np.ndarray, np.ndarray, int]:
@@ -463,12 +408,25 @@ class VideoIndex:
         attention = self._attention(snap, positions, units, key_window, pidx[V, ex.key])
         unit_norm = np.maximum(np.linalg.norm(units.astype(np.float64), axis=-1), 1e-12)
         unit_cos = ex.u / unit_norm / max(float(np.linalg.norm(_vector(q).astype(np.float64))), 1e-12)
+        ref_clip, ref_frame = snap.gather("ref_clip", positions), snap.gather("ref_frame", positions)
+        n_scales = snap.gather("n_scales", positions)
         hits = [VideoEvidence(snap.videos[p], float(ex.total[i]), float(ex.clip[i]), float(ex.frame[i]),
                               int(ex.key[i]), int(pidx[i, ex.key[i]]),
                               (int(key_window[i, 0]), int(key_window[i, 1])), windows[i], pidx[i],
-                              ex.proposal_cos[i].astype(np.float64), unit_cos[i], *snap.rows(p), attention[i])
+                              ex.proposal_cos[i].astype(np.float64), unit_cos[i], *snap.rows(p), attention[i],
+                              **self._fine(snap, p, int(n_scales[i])), ref_clip=ref_clip[i],
+                              ref_frame=ref_frame[i])
                 for i, p in enumerate(positions)]
         return tuple(hits[i] for i in np.argsort(order))
+
+    @staticmethod
+    def _fine(snap: Snapshot, position: int, n_scales: int) -> dict[str, np.ndarray]:
+        """A video's fine rows (float16, as stored: mapped rows are read here) with seconds and segments."""
+        fine = np.asarray(snap.ragged("fine", position))
+        segments = unpack(snap.ragged("seg_bounds", position), snap.ragged("seg_levels", position), len(fine),
+                          n_scales)
+        return {"fine": fine, "fine_start": np.asarray(snap.ragged("fine_start", position)),
+                "fine_end": np.asarray(snap.ragged("fine_end", position)), "segments": segments}
 
     def _attention(self, snap: Snapshot, positions: np.ndarray, units: np.ndarray, key_window: np.ndarray,
                    key_index: np.ndarray) -> list[np.ndarray]:
