@@ -66,6 +66,13 @@ class BridgeConfig:
     frame_scale_w: float = 0.3
     map_size: int = 32  # clip units per video, as MS-SL
     max_ctx_l: int = 128  # frame rows kept per video, as MS-SL
+    propagation: bool = True  # rows -> TF-PRVR propagated segment features before scoring (prvr.propagation)
+    propagation_beta: float = 0.7  # TF-PRVR's propagation strength
+
+    def __post_init__(self) -> None:
+        """Refuse a propagation strength the closed form cannot use, naming the field."""
+        if not 0 <= self.propagation_beta < 1:
+            raise ValueError(f"BridgeConfig.propagation_beta must be in [0, 1), got {self.propagation_beta}")
 
     def to_dict(self) -> dict:
         """A JSON-able dict that ``from_dict`` turns back into an equal config."""
