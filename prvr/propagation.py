@@ -23,6 +23,7 @@ point (``prvr.training_free`` applies it before MS-SL's binning when its config 
 from __future__ import annotations
 
 import numpy as np
+from scipy import sparse
 
 from prvr.segments import finest, segment_video
 
@@ -55,19 +56,20 @@ def propagate(x: np.ndarray, segments: np.ndarray, beta: float) -> np.ndarray:
     if not 0 <= beta < 1:
         raise ValueError(f"propagation beta must be in [0, 1), got {beta}")
     x = np.asarray(x, np.float64)
-    finest(segments, len(x))  # the segments must partition exactly these rows
+    parts = finest(segments, len(x))  # (F, 2): the segments must partition exactly these rows
     seg = np.asarray(segments, np.int64)
     spans, first = np.unique(seg[:, 1:], axis=0, return_index=True)  # each distinct span once
     scales = seg[first, 0]  # the finest scale that has it (segments are listed finest first)
-    csum = np.concatenate([np.zeros((1, x.shape[1])), np.cumsum(x, axis=0)])
-    feats = _unit(csum[spans[:, 1]] - csum[spans[:, 0]])  # segment means, normalised
+    # every span is a run of finest segments (the scales nest): work on those, not on single rows
+    lo, hi = np.searchsorted(parts[:, 0], spans[:, 0]), np.searchsorted(parts[:, 0], spans[:, 1])
+    cover = sparse.csr_array((np.ones(int((hi - lo).sum())), (np.repeat(np.arange(len(spans)), hi - lo),
+                              np.concatenate([np.arange(a, b) for a, b in zip(lo, hi, strict=True)]))),
+                             shape=(len(spans), len(parts)))  # (S, F) span s covers finest segment f
+    feats = _unit(cover @ np.add.reduceat(x, parts[:, 0], axis=0))  # segment means, normalised
     w = segment_graph(spans, scales, feats, len(x))
     prop = (1 - beta) * np.linalg.solve(np.eye(len(spans)) - beta * w, feats)
-    # scatter each segment's feature onto its rows: a difference array over row positions
-    delta = np.zeros((len(x) + 1, x.shape[1]))
-    np.add.at(delta, spans[:, 0], prop)
-    np.add.at(delta, spans[:, 1], -prop)
-    return _unit(np.cumsum(delta[:-1], axis=0))
+    # every row of a finest segment is covered by the same spans: one vector per finest segment
+    return np.repeat(_unit(cover.T @ prop), parts[:, 1] - parts[:, 0], axis=0)
 
 
 def propagate_rows(raw: np.ndarray, mapped: np.ndarray, beta: float) -> np.ndarray:
