@@ -24,6 +24,10 @@ Settings, and the criterion each was fixed on (none was tuned on the demo galler
   Without a temperature (the official unscaled dot product of unit vectors) attention is nearly uniform
   over the whole video (1 -> 0.20).
 - ``clip_scale_w`` / ``frame_scale_w`` = 0.7 / 0.3: MS-SL's default weights.
+- ``propagation`` on, ``propagation_beta`` = 0.7 (TF-PRVR's value): before MS-SL's binning each row is
+  replaced by its propagated segment feature (``prvr.propagation``, ``prvr.training_free``). Kept because
+  it raises R@1 on both the demo gallery and the real-video set (benchmarks/RESULTS.md, "Localisation and
+  segment ranking"); beta was not tuned.
 All of them are fields of ``BridgeConfig`` and enter ``fingerprint()``, which an index stores.
 """
 

@@ -28,9 +28,10 @@ model's rows by ``prvr.segments.resample`` when the model re-bins them).
    (t > 0).
 
 Each moment reports ``score`` (the mean similarity of its rows) and ``contrast`` (the order: the t
-statistic, on the propagated similarities, of the candidate it was refined from). The heatmap has one cell per row up to ``max_cells`` cells, then the rows'
-similarities averaged into ``max_cells`` equal bins. Alternatives measured and dropped are in
-benchmarks/RESULTS.md ("Moments", "Localisation and segment ranking").
+statistic, on the propagated similarities, of the candidate it was refined from). The heatmap has one cell
+per row up to ``max_cells`` cells, then the rows' similarities averaged into ``max_cells`` equal bins.
+Alternatives measured and dropped are in benchmarks/RESULTS.md ("Moments", "Localisation and segment
+ranking").
 """
 
 from __future__ import annotations
