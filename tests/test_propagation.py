@@ -52,3 +52,20 @@ def test_one_segment_is_its_mean_and_bad_input_is_refused() -> None:
         propagate(rows, seg, 1.0)
     with pytest.raises(ValueError, match="partition"):
         propagate(rows[:8], seg, 0.7)
+
+
+def test_the_clip_profiles_model_propagates_when_asked_and_not_by_default() -> None:
+    import torch
+
+    from prvr.zero_shot import ZeroShotConfig, ZeroShotModel
+
+    rows, _ = scenes([12, 5, 12], dim=16, seed=2)
+    rows = rows.astype(np.float32)
+    off = ZeroShotModel(torch.nn.Linear(8, 16), 16)
+    on = ZeroShotModel(off.text_head, 16, ZeroShotConfig(propagation=True))
+    assert not off.cfg.propagation and on.fingerprint() != off.fingerprint()
+    expected = propagate(rows, segment_video(rows), 0.7)
+    np.testing.assert_allclose(on.encode_videos([rows]).frames[0].numpy(), expected, atol=1e-5)
+    np.testing.assert_allclose(off.encode_videos([rows]).frames[0].numpy(), rows, atol=1e-5)
+    with pytest.raises(ValueError, match="propagation_beta"):
+        ZeroShotConfig(propagation_beta=-0.1)
