@@ -4,8 +4,9 @@
 
 ``segment_video`` runs on extracted ``lite`` rows (1280-d, once per video when it is indexed);
 ``find_moments`` on the model's rows in the query space (384-d for the training-free default, per returned
-video and query). Synthetic rows: scenes of random lengths plus noise (timing does not depend on content
-beyond the number of segments, which is reported).
+video and query), with its default propagation and without; ``propagate`` alone (the training-free model
+runs it once per video in ``encode_videos``). Synthetic rows: scenes of random lengths plus noise (timing
+does not depend on content beyond the number of segments, which is reported).
 """
 
 from __future__ import annotations
@@ -17,7 +18,8 @@ import time
 
 import numpy as np
 
-from prvr.moments import find_moments
+from prvr.moments import MomentConfig, find_moments
+from prvr.propagation import propagate
 from prvr.segments import segment_video
 
 
@@ -47,11 +49,15 @@ def main() -> None:
     start = np.arange(args.rows, dtype=np.float32)
     segments = segment_video(raw)
     query = rows[args.rows // 2]
+    unpropagated = MomentConfig(propagation_beta=None)
     print(json.dumps({
         "rows": args.rows, "segments": len(segments), "load_avg": os.getloadavg(),
         "segment_video_1280d": percentiles_ms(lambda: segment_video(raw), max(10, args.repeats // 10)),
+        "propagate_384d": percentiles_ms(lambda: propagate(rows, segments, 0.7), max(10, args.repeats // 10)),
         "find_moments_384d": percentiles_ms(lambda: find_moments(query, rows, start, start + 1, segments),
                                             args.repeats),
+        "find_moments_384d_unpropagated": percentiles_ms(
+            lambda: find_moments(query, rows, start, start + 1, segments, unpropagated), args.repeats),
     }, indent=1))
 
 

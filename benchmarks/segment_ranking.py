@@ -12,17 +12,21 @@ are printed as JSON per set and variant. Segments: ``prvr.segments.segment_video
   normalised mean of its rows);
 - ``segment_two_branch``: 0.7 ``segment_max`` + 0.3 frame branch attending from the best segment (the
   bridge's temperature), i.e. MS-SL's two branches with the segments as proposals;
-- ``propagated_max``: TF-PRVR's propagation (``../shared/docs/field-notes.md`` section 3): a graph over the
-  segments (same scale: positive cosine x temporal proximity; adjacent scales: IoU x positive cosine),
-  symmetric normalisation, (1 - beta)(I - beta W)^-1 with beta 0.7, segment features averaged across scales
-  per row, best row;
-- ``clip_plus_segment``: 0.7 ``clip`` + 0.3 ``segment_max``.
+- ``propagated_max``: TF-PRVR's propagation (``prvr.propagation``, beta 0.7), best row;
+- ``clip_plus_segment``: 0.7 ``clip`` + 0.3 ``segment_max``;
+- ``model_propagated_{beta}``: the model's own propagation (``BridgeConfig.propagation``,
+  ``prvr.propagation``): every row replaced by its propagated segment feature before MS-SL's binning,
+  both branches (``model_propagated_clip`` / ``_frame``: each branch alone at beta 0.7).
+
+``two_branch``, ``clip`` and the hand-made variants use the bridge with ``propagation=False`` (rows as
+mapped).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -38,6 +42,7 @@ from prvr.annotated import (
     recall_metrics,
 )
 from prvr.model import key_clip_attention
+from prvr.propagation import propagate
 from prvr.segments import segment_video
 
 BETA = 0.7  # TF-PRVR's propagation strength
@@ -46,28 +51,6 @@ BETA = 0.7  # TF-PRVR's propagation strength
 def unit(x: np.ndarray) -> np.ndarray:
     """Rows scaled to unit length (zero rows stay zero)."""
     return x / np.linalg.norm(x, axis=-1, keepdims=True).clip(1e-9)
-
-
-def propagated_rows(spans: np.ndarray, scales: np.ndarray, x: np.ndarray) -> np.ndarray:
-    """(n, D) unit rows: TF-PRVR's propagated segment features, averaged across scales at each row."""
-    feats = unit(np.stack([x[a:b].mean(0) for a, b in spans]))
-    sim = np.clip(feats @ feats.T, 0, None)
-    centre = spans.mean(axis=1)
-    proximity = np.exp(-np.abs(centre[:, None] - centre[None]) / max(0.1 * len(x), 1.0))
-    a, b = spans[:, None], spans[None]  # (S, 1, 2), (1, S, 2)
-    inter = np.clip(np.minimum(a[..., 1], b[..., 1]) - np.maximum(a[..., 0], b[..., 0]), 0, None)
-    union = np.maximum(a[..., 1], b[..., 1]) - np.minimum(a[..., 0], b[..., 0])
-    same, adjacent = scales[:, None] == scales[None], np.abs(scales[:, None] - scales[None]) == 1
-    w = np.where(same, sim * proximity, 0.0) + np.where(adjacent, inter / union * sim, 0.0)
-    np.fill_diagonal(w, 0.0)
-    degree = w.sum(axis=1)
-    degree[degree == 0] = 1.0
-    w = w / np.sqrt(degree[:, None] * degree[None])
-    prop = (1 - BETA) * np.linalg.solve(np.eye(len(spans)) - BETA * w, feats)
-    rows = np.zeros_like(x, dtype=np.float64)
-    for (a, b), p in zip(spans, prop, strict=True):
-        rows[a:b] += p
-    return unit(rows)
 
 
 def variants(model, aset: AnnotatedSet) -> dict[str, np.ndarray]:
@@ -81,12 +64,20 @@ def variants(model, aset: AnnotatedSet) -> dict[str, np.ndarray]:
     scores = model.score(queries, model.encode_videos([r.features for r in rows]))
     q = queries.numpy()
     out = {"two_branch": scores.total.numpy(), "clip": scores.clip.numpy()}
+    for beta in (0.5, 0.7, 0.9):  # the model's own propagation (BridgeConfig.propagation), both branches
+        cfg = replace(model.cfg, propagation=True, propagation_beta=beta)
+        on = type(model)(model.head, model.class_text, cfg, model.profile)
+        both = on.score(queries, on.encode_videos([r.features for r in rows]))
+        out[f"model_propagated_{beta}"] = both.total.numpy()
+        if beta == BETA:
+            out["model_propagated_clip"] = both.clip.numpy()
+            out["model_propagated_frame"] = both.frame.numpy()
     names = ("row_max", "segment_max", "segment_two_branch", "propagated_max")
     out.update({name: np.zeros_like(out["clip"]) for name in names})
     for j, r in enumerate(rows):
         x = model.to_text_space(r.features).numpy()
         seg = segment_video(r.features)
-        spans, first = np.unique(seg[:, 1:], axis=0, return_index=True)
+        spans = np.unique(seg[:, 1:], axis=0)
         feats = unit(np.stack([x[a:b].mean(0) for a, b in spans]))
         sim = q @ feats.T
         frames = torch.from_numpy(x)[None]
@@ -95,7 +86,7 @@ def variants(model, aset: AnnotatedSet) -> dict[str, np.ndarray]:
         out["row_max"][:, j] = (q @ x.T).max(axis=1)
         out["segment_max"][:, j] = sim.max(axis=1)
         out["segment_two_branch"][:, j] = 0.7 * sim.max(axis=1) + 0.3 * (unit(z[0].numpy()) * q).sum(axis=1)
-        out["propagated_max"][:, j] = (q @ propagated_rows(spans, seg[first, 0], x).T).max(axis=1)
+        out["propagated_max"][:, j] = (q @ propagate(x, seg, BETA).T).max(axis=1)
     out["clip_plus_segment"] = 0.7 * out["clip"] + 0.3 * out["segment_max"]
     return out
 
@@ -105,9 +96,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--real", type=Path, default=None, help="the real set's dir (with moments.json)")
     args = parser.parse_args()
-    from prvr.bridge import BridgeModel
+    from prvr.bridge import BridgeConfig, BridgeModel
 
-    model = BridgeModel.from_pretrained()
+    model = BridgeModel.from_pretrained(BridgeConfig(propagation=False))  # the baseline: rows as mapped
     sets = {"demo": demo.annotated_set(demo.build_demo_gallery())}
     if args.real is not None:
         sets["real"] = load_moments_file(args.real, args.real / "moments.json")

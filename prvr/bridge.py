@@ -24,6 +24,10 @@ Settings, and the criterion each was fixed on (none was tuned on the demo galler
   Without a temperature (the official unscaled dot product of unit vectors) attention is nearly uniform
   over the whole video (1 -> 0.20).
 - ``clip_scale_w`` / ``frame_scale_w`` = 0.7 / 0.3: MS-SL's default weights.
+- ``propagation`` on, ``propagation_beta`` = 0.7 (TF-PRVR's value): before MS-SL's binning each row is
+  replaced by its propagated segment feature (``prvr.propagation``, ``prvr.training_free``). Kept because
+  it raises R@1 on both the demo gallery and the real-video set (benchmarks/RESULTS.md, "Localisation and
+  segment ranking"); beta was not tuned.
 All of them are fields of ``BridgeConfig`` and enter ``fingerprint()``, which an index stores.
 """
 
@@ -66,6 +70,13 @@ class BridgeConfig:
     frame_scale_w: float = 0.3
     map_size: int = 32  # clip units per video, as MS-SL
     max_ctx_l: int = 128  # frame rows kept per video, as MS-SL
+    propagation: bool = True  # rows -> TF-PRVR propagated segment features before scoring (prvr.propagation)
+    propagation_beta: float = 0.7  # TF-PRVR's propagation strength
+
+    def __post_init__(self) -> None:
+        """Refuse a propagation strength the closed form cannot use, naming the field."""
+        if not 0 <= self.propagation_beta < 1:
+            raise ValueError(f"BridgeConfig.propagation_beta must be in [0, 1), got {self.propagation_beta}")
 
     def to_dict(self) -> dict:
         """A JSON-able dict that ``from_dict`` turns back into an equal config."""

@@ -13,14 +13,25 @@ model's rows by ``prvr.segments.resample`` when the model re-bins them).
    relative to how much of that difference could be chance: the two-sample t statistic
    ``(mean_in - mean_out) / (sd * sqrt(1 / n_in + 1 / n_out))``, ``sd`` the video's own spread of
    similarities. A one-row sliver needs a far larger contrast than a whole scene to win, and the score has
-   no unit: it depends neither on the model's cosine scale nor on the video's length.
-4. The key moment is the best candidate; up to ``n_moments - 1`` more follow, best first: each the best
-   candidate that overlaps no kept moment and still matches better inside than outside (t > 0).
+   no unit: it depends neither on the model's cosine scale nor on the video's length. The similarities
+   scored here are those of the rows after TF-PRVR's propagation over the segments (``prvr.propagation``,
+   ``propagation_beta``; the training-free default ranks with the same propagated rows): a row counts with
+   its shot's and scene's context, so a scene wins as a whole instead of through its noisiest row.
+4. Refinement (a top-down test down the hierarchy): a candidate that holds a finer segment in which the
+   query matches clearly better than in the rest of the candidate, by the own rows' similarities (step 1,
+   not propagated) with t >= ``descend_t``, is replaced by that segment, and so on down. Propagation and a
+   long candidate both favour spans that merge the matching scene with a neighbour; this splits them where
+   the rows themselves disagree. ``descend_t`` = 3 is the usual three-sigma level, stricter than a 95 % test
+   because consecutive 1 s rows are correlated (fewer independent rows than it counts).
+5. The key moment is the best candidate, refined; up to ``n_moments - 1`` more follow, best first: each the
+   best candidate, refined, that overlaps no kept moment and still matches better inside than outside
+   (t > 0).
 
-Each moment reports ``score`` (the mean similarity of its rows) and ``contrast`` (its t statistic, the
-order). The heatmap has one cell per row up to ``max_cells`` cells, then the rows' similarities averaged
-into ``max_cells`` equal bins. A threshold-and-run alternative that was measured and dropped is in
-benchmarks/RESULTS.md ("Moments").
+Each moment reports ``score`` (the mean similarity of its rows) and ``contrast`` (the order: the t
+statistic, on the propagated similarities, of the candidate it was refined from). The heatmap has one cell
+per row up to ``max_cells`` cells, then the rows' similarities averaged into ``max_cells`` equal bins.
+Alternatives measured and dropped are in benchmarks/RESULTS.md ("Moments", "Localisation and segment
+ranking").
 """
 
 from __future__ import annotations
@@ -29,6 +40,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from prvr.propagation import propagate
 from prvr.segments import finest
 
 
@@ -36,6 +48,17 @@ from prvr.segments import finest
 class MomentConfig:
     n_moments: int = 3  # key moment + up to 2 more, non-overlapping
     max_cells: int = 128  # heatmap cells at most (one per row below this)
+    propagation_beta: float | None = 0.7  # candidates scored on propagated rows (None: the rows as given)
+    descend_t: float = 3.0  # refine into a finer segment whose own rows match better at this t (step 4)
+
+    def __post_init__(self) -> None:
+        """Refuse settings the search cannot use, naming the field."""
+        if self.n_moments < 1 or self.max_cells < 1:
+            raise ValueError(f"MomentConfig: n_moments {self.n_moments} and max_cells {self.max_cells} "
+                             "must be >= 1")
+        if self.propagation_beta is not None and not 0 <= self.propagation_beta < 1:
+            raise ValueError(f"MomentConfig.propagation_beta must be in [0, 1) or None, got "
+                             f"{self.propagation_beta}")
 
 
 def contrast(sim: np.ndarray, spans: np.ndarray) -> np.ndarray:
@@ -71,6 +94,20 @@ def heatmap(sim: np.ndarray, start: np.ndarray, end: np.ndarray, max_cells: int)
             "score": np.round(score, 6).tolist()}
 
 
+def refine(sim: np.ndarray, spans: np.ndarray, first: int, stop: int, level: float) -> tuple[int, int]:
+    """Step 4: descend from [first, stop) into nested spans that match clearly better than their parent."""
+    while True:
+        nested = (spans[:, 0] >= first) & (spans[:, 1] <= stop) & (spans[:, 1] - spans[:, 0] < stop - first)
+        inside = spans[nested]
+        if len(inside) == 0:
+            return first, stop
+        t = contrast(sim[first:stop], inside - first)
+        best = int(np.argmax(t))
+        if t[best] < level:
+            return first, stop
+        first, stop = (int(v) for v in inside[best])
+
+
 def find_moments(q: np.ndarray, vectors: np.ndarray, start: np.ndarray, end: np.ndarray,
                  segments: np.ndarray, cfg: MomentConfig | None = None) -> dict:
     """{"key_moment", "moments", "heatmap"} of one video for query q (see the module docstring).
@@ -85,17 +122,22 @@ def find_moments(q: np.ndarray, vectors: np.ndarray, start: np.ndarray, end: np.
     seg = np.asarray(segments, np.int64)
     code = np.unique(seg[:, 1] * (len(sim) + 1) + seg[:, 2])  # distinct candidates, as one int each
     spans = np.stack([code // (len(sim) + 1), code % (len(sim) + 1)], axis=1)  # (C, 2)
-    t = contrast(sim, spans)
+    if cfg.propagation_beta is None:
+        context = sim
+    else:
+        context = _similarities(q, propagate(vectors, seg, cfg.propagation_beta), start, end)
+    t = contrast(context, spans)
     moments, taken = [], np.zeros(len(sim), bool)
     for k in np.argsort(-t, kind="stable"):
-        first, stop = spans[k]
         if moments and t[k] <= 0:
             break
+        first, stop = refine(sim, spans, *spans[k], cfg.descend_t)
         if taken[first:stop].any():
             continue
         taken[first:stop] = True
         moments.append({"start": round(float(start[first]), 3), "end": round(float(end[stop - 1]), 3),
-                        "score": round(float(sim[first:stop].mean()), 6), "contrast": round(float(t[k]), 4),
+                        "score": round(float(sim[first:stop].mean()), 6),
+                        "contrast": round(float(t[k]), 4),
                         "rows": [int(first), int(stop)]})
         if len(moments) == cfg.n_moments:
             break

@@ -36,6 +36,7 @@ from __future__ import annotations
 import functools
 
 import numpy as np
+import torch
 from scipy.signal import find_peaks
 
 SKETCH_DIM = 64  # rows wider than this are randomly projected to this width first (speed)
@@ -56,7 +57,9 @@ def _prefix_sums(rows: np.ndarray) -> np.ndarray:
     norm = np.linalg.norm(x, axis=1, keepdims=True)
     x /= np.where(norm > 0, norm, 1.0)
     if x.shape[1] > SKETCH_DIM:  # window-mean distances survive a random projection (Johnson-Lindenstrauss)
-        x = x @ _projection(x.shape[1])
+        # torch's matmul, not numpy's: right after the model's torch ops, numpy's BLAS threads take ~20 ms
+        # to take over the cores for this small product (two thread pools handing over), torch's do not
+        x = (torch.from_numpy(x) @ torch.from_numpy(_projection(x.shape[1]))).numpy()
     return np.concatenate([np.zeros((1, x.shape[1]), np.float32), np.cumsum(x, axis=0)])
 
 

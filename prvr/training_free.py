@@ -7,7 +7,14 @@ projections, through ``prvr.model``'s shared scoring functions: 32 clip units by
 temperature. ``prvr.bridge.BridgeModel`` (ImageNet classes -> MiniLM, ``lite``) and
 ``prvr.zero_shot.ZeroShotModel`` (a CLIP-family model, ``clip``) are the two subclasses.
 
-A subclass's ``cfg`` has ``temperature``, ``clip_scale_w``, ``frame_scale_w``, ``map_size`` and ``max_ctx_l``.
+A subclass's ``cfg`` has ``temperature``, ``clip_scale_w``, ``frame_scale_w``, ``map_size``, ``max_ctx_l``,
+``propagation`` and ``propagation_beta``. With ``propagation`` on, ``encode_videos`` replaces every mapped
+row by its TF-PRVR propagated segment feature (``prvr.propagation``, over ``prvr.segments.segment_video`` of
+the raw rows, computed here: deterministic) BEFORE the binning, so both branches, ``score`` and an index
+built from ``encode_videos`` see the same rows. ``encode_rows`` (localisation's evidence) keeps each row's
+own vector: propagated rows are constant inside a finest segment, so they cannot say where inside a
+segment the query matches; ``prvr.moments`` propagates them itself where it chooses among segments
+(measured in benchmarks/RESULTS.md, "Localisation and segment ranking").
 """
 
 from __future__ import annotations
@@ -27,6 +34,7 @@ from prvr.model import (
     window_proposals,
 )
 from prvr.preprocess import clip_input, frame_input, n_proposals, pad
+from prvr.propagation import propagate_rows
 
 
 class TrainingFreeModel:
@@ -55,19 +63,24 @@ class TrainingFreeModel:
         raise NotImplementedError
 
     # ---- the protocol
-    def _mapped(self, rows: np.ndarray | Tensor, what: str) -> Tensor:
-        """One video's rows, checked against ``dims``, in the query space."""
+    def _mapped(self, rows: np.ndarray | Tensor, what: str, propagate: bool = False) -> Tensor:
+        """One video's rows, checked against ``dims``, in the query space (propagated if asked and on)."""
         shape = tuple(rows.shape)
         if len(shape) != 2 or shape[0] == 0 or shape[1] != self.dims[0]:
             raise ValueError(f"{what}: features of shape {shape}, expected (n, {self.dims[0]})")
-        return self.rows_to_space(torch.as_tensor(rows, dtype=torch.float32).to(self.device))
+        raw = torch.as_tensor(rows, dtype=torch.float32)
+        mapped = self.rows_to_space(raw.to(self.device))
+        if not (propagate and self.cfg.propagation):
+            return mapped
+        out = propagate_rows(raw.cpu().numpy(), mapped.float().cpu().numpy(), self.cfg.propagation_beta)
+        return torch.from_numpy(out).to(mapped.device, mapped.dtype)
 
     @torch.no_grad()
     def encode_videos(self, frames_list: Sequence[np.ndarray | Tensor]) -> EncodedVideos:
         """Raw per-video rows (n_i, Dv) -> EncodedVideos in the query space (official binning inside)."""
         if len(frames_list) == 0:
             raise ValueError("encode_videos: got no videos")
-        mapped = [self._mapped(rows, f"video {i}") for i, rows in enumerate(frames_list)]
+        mapped = [self._mapped(rows, f"video {i}", propagate=True) for i, rows in enumerate(frames_list)]
         units = torch.stack([clip_input(x, self.cfg.map_size) for x in mapped])  # (Nv, M, H)
         frames, mask = pad([frame_input(x, self.cfg.max_ctx_l) for x in mapped])  # (Nv, L, H), (Nv, L)
         index = torch.arange(n_proposals(self.cfg.map_size), device=units.device).expand(len(units), -1)
@@ -83,7 +96,8 @@ class TrainingFreeModel:
     @torch.no_grad()
     def encode_rows(self, rows: np.ndarray | Tensor, start: np.ndarray,
                     end: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """One video's rows -> (vectors (n, H) float32 unit, start, end): every row, in the query space."""
+        """One video's rows -> (vectors (n, H) float32 unit, start, end): every row, in the query space, as
+        mapped (never propagated: the per-row evidence localisation reads)."""
         vectors = self._mapped(rows, "encode_rows").float().cpu().numpy()
         start, end = np.asarray(start, dtype=np.float32), np.asarray(end, dtype=np.float32)
         if start.shape != (len(vectors),) or end.shape != (len(vectors),):

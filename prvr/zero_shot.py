@@ -50,9 +50,14 @@ class ZeroShotConfig:
     frame_scale_w: float = 0.3
     map_size: int = 32  # clip units per video, as MS-SL
     max_ctx_l: int = 128  # frame rows kept per video, as MS-SL
+    propagation: bool = False  # TF-PRVR segment propagation (prvr.propagation); off: unmeasured with CLIP
+    propagation_beta: float = 0.7
 
     def __post_init__(self) -> None:
         """Refuse settings the scoring cannot run with, naming the field."""
+        if not 0 <= self.propagation_beta < 1:
+            raise ValueError(f"ZeroShotConfig.propagation_beta must be in [0, 1), got "
+                             f"{self.propagation_beta}")
         if self.temperature <= 0:
             raise ValueError(f"ZeroShotConfig.temperature must be positive, got {self.temperature}")
         if not 1 <= self.map_size <= self.max_ctx_l:

@@ -102,11 +102,35 @@ def test_to_text_space_keeps_top_k_classes() -> None:
 def test_fingerprint_tracks_every_setting() -> None:
     base = toy_model()
     assert base.fingerprint() == toy_model().fingerprint()
-    for change in ({"temperature": 0.1}, {"prompt": "{}"}, {"clip_scale_w": 0.5}):
+    for change in ({"temperature": 0.1}, {"prompt": "{}"}, {"clip_scale_w": 0.5}, {"propagation": False},
+                   {"propagation_beta": 0.5}):
         assert toy_model(replace(BridgeConfig(), **change)).fingerprint() != base.fingerprint()
     assert BridgeConfig.from_dict(BridgeConfig().to_dict()) == BridgeConfig()
     with pytest.raises(ValueError, match="hidden_size"):
         BridgeConfig.from_dict({"hidden_size": 384})
+    with pytest.raises(ValueError, match="propagation_beta"):
+        BridgeConfig(propagation_beta=1.0)
+
+
+def test_propagation_feeds_both_branches_and_leaves_encode_rows_as_mapped() -> None:
+    from prvr.propagation import propagate
+    from prvr.segments import segment_video
+
+    rng = np.random.default_rng(0)
+    raw = scene_video([0, 1, 2, 1], seconds=10)
+    raw[:, :4] += rng.uniform(0, 0.08, (40, 4)).astype(np.float32)  # noisy class evidence per row
+    on, off = toy_model(), toy_model(BridgeConfig(propagation=False))
+    mapped = off.to_text_space(raw).numpy()
+    expected = propagate(mapped, segment_video(raw), on.cfg.propagation_beta)
+    frames = on.encode_videos([raw]).frames[0, :40].numpy()
+    np.testing.assert_allclose(frames, expected, atol=1e-4)  # 40 rows <= max_ctx_l: the rows themselves
+    np.testing.assert_allclose(off.encode_videos([raw]).frames[0, :40].numpy(), mapped, atol=1e-4)
+    assert np.abs(frames - mapped).max() > 0.01  # propagation changed the rows
+    vectors = on.encode_rows(raw, np.arange(40.0), np.arange(1.0, 41.0))[0]
+    np.testing.assert_allclose(vectors, mapped, atol=1e-6)  # localisation reads the rows as mapped
+    queries = on.encode_queries([torch.eye(4, 8)[c][None] for c in range(4)])
+    assert not torch.allclose(on.score(queries, on.encode_videos([raw])).total,
+                              off.score(queries, off.encode_videos([raw])).total)
 
 
 def test_bad_inputs_are_named() -> None:

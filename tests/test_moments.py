@@ -128,3 +128,31 @@ def test_encode_rows_gives_each_models_finest_rows_in_the_query_space() -> None:
         np.testing.assert_allclose(vectors, bridge.to_text_space(rows).numpy(), atol=1e-6)
         np.testing.assert_allclose(np.linalg.norm(vectors, axis=1), 1, atol=1e-5)
         np.testing.assert_array_equal(s, start)
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_a_candidate_merging_the_matching_scene_with_a_weaker_neighbour_is_refined_to_the_scene(
+        seed: int) -> None:
+    rng = np.random.default_rng(seed)
+    dim = 32
+    query = unit(rng.normal(size=dim))
+    other = rng.normal(size=(4, dim))
+    other = unit(other - (other @ query)[:, None] * query)  # directions orthogonal to the query
+    scenes = [0.8 * query + 0.6 * other[0], 0.45 * query + 0.89 * other[1], other[2], other[3],
+              other[2] + other[3]]
+    rows = np.repeat(unit(np.array(scenes)), 12, axis=0)  # 5 scenes of 12 rows; the query's is the first
+    rows = unit(rows + 0.08 * rng.normal(size=rows.shape))
+    start = np.arange(60, dtype=np.float32)
+    seg = segment_video(rows)
+    unrefined = MomentConfig(descend_t=float("inf"))
+    # without the refinement the contrast prefers the two query-like scenes together (or more) ...
+    assert find_moments(query, rows, start, start + 1, seg, unrefined)["key_moment"]["rows"][1] >= 24
+    # ... the refinement splits them where the rows' own similarities differ
+    assert find_moments(query, rows, start, start + 1, seg)["key_moment"]["rows"] == [0, 12]
+
+
+def test_moment_config_refuses_bad_settings() -> None:
+    with pytest.raises(ValueError, match="propagation_beta"):
+        MomentConfig(propagation_beta=1.0)
+    with pytest.raises(ValueError, match="n_moments"):
+        MomentConfig(n_moments=0)

@@ -1,0 +1,108 @@
+"""Localisation variants of the key moment on the demo gallery and the real-video set; JSON.
+
+    python -m benchmarks.localisation [--real DIR]    # DIR: benchmarks/real_set.py's output (optional)
+
+The model is the offline default (the bridge, its default config: rows propagated before scoring). For each
+query, the key moment is found by ``prvr.moments.find_moments`` under several ``MomentConfig`` settings,
+and judged against the annotated moments (``prvr.annotated.span_iou`` / ``centre_inside``) under two
+protocols:
+
+- ``first``: on the query's first-ranked relevant video only (``prvr.evaluate``'s protocol);
+- ``all``: on every relevant video of the query (more pairs: 60 on the demo gallery, 84 on the real set,
+  and independent of how the model ranks them), so that a choice is not made on 34 + 21 queries alone.
+
+Variants (``MomentConfig`` fields):
+- ``rows_t``: the t statistic over every hierarchy segment on the rows as given (session 9's moments);
+- ``propagated_t``: the same on the rows after TF-PRVR's propagation (``propagation_beta`` 0.7);
+- ``rows_t+refine{T}`` / ``propagated_t+refine{T}``: then refined down the hierarchy while a finer segment
+  matches better than the rest of its parent with t >= T on the rows' own similarities (``descend_t``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import numpy as np
+
+import prvr  # noqa: F401  - applies the compatibility fix first
+from prvr import demo
+from prvr.annotated import (
+    AnnotatedSet,
+    centre_inside,
+    extract_features,
+    first_relevant_ranks,
+    load_moments_file,
+    span_iou,
+)
+from prvr.moments import MomentConfig, find_moments
+from prvr.segments import segment_video
+
+NO_REFINE = float("inf")
+VARIANTS = {
+    "rows_t": MomentConfig(propagation_beta=None, descend_t=NO_REFINE),
+    "propagated_t": MomentConfig(descend_t=NO_REFINE),
+    **{f"rows_t+refine{t:g}": MomentConfig(propagation_beta=None, descend_t=t) for t in (1.5, 2.0, 3.0)},
+    **{f"propagated_t+refine{t:g}": MomentConfig(descend_t=t) for t in (1.5, 2.0, 3.0)},
+}
+
+
+def judged_pairs(model, aset: AnnotatedSet) -> dict[str, list[tuple[int, int]]]:  # noqa: ANN001
+    """Protocol name -> (query, video) index pairs to localise in, and the inputs find_moments needs."""
+    from extract.features import FeatureFile
+
+    with FeatureFile(extract_features(aset)) as ff:
+        rows = [ff.video(v) for v, _ in aset.videos]
+        tokens = [ff.caption(q.id)[1] for q in aset.queries]
+    queries = model.encode_queries(tokens)
+    scores = model.score(queries, model.encode_videos([r.features for r in rows])).total.numpy()
+    relevant = np.array([[vid in q.moments for vid, _ in aset.videos] for q in aset.queries])
+    _, best = first_relevant_ranks(scores, relevant)
+    pairs = {"first": list(enumerate(best.tolist())),
+             "all": [(i, int(j)) for i in range(len(aset.queries)) for j in np.flatnonzero(relevant[i])]}
+    fine = {j: (*model.encode_rows(r.features, r.start, r.end), segment_video(r.features))
+            for j, r in enumerate(rows)}
+    return pairs, queries.numpy(), fine
+
+
+def metrics(ious: np.ndarray, inside: np.ndarray) -> dict[str, float]:
+    """IoU >= 0.3 / 0.5 / 0.7 (%), mean IoU, centre inside (%)."""
+    out = {f"iou>={t}": round(100.0 * float(np.mean(ious >= t)), 1) for t in (0.3, 0.5, 0.7)}
+    return {**out, "mean_iou": round(float(ious.mean()), 3), "centre_inside": round(100.0 * inside.mean(), 1)}
+
+
+def evaluate(model, aset: AnnotatedSet) -> dict:  # noqa: ANN001
+    """Protocol -> variant -> metrics of the key moment."""
+    pairs, q, fine = judged_pairs(model, aset)
+    ids = [vid for vid, _ in aset.videos]
+    report = {}
+    for protocol, judged in pairs.items():
+        report[protocol] = {"pairs": len(judged)}
+        for name, cfg in VARIANTS.items():
+            ious, inside = [], []
+            for i, j in judged:
+                key = find_moments(q[i], *fine[j], cfg=cfg)["key_moment"]
+                span, truth = np.array([key["start"], key["end"]]), aset.queries[i].moments[ids[j]]
+                ious.append(span_iou(span, truth)[0])
+                inside.append(centre_inside(span, truth)[0])
+            report[protocol][name] = metrics(np.array(ious), np.array(inside))
+    return report
+
+
+def main() -> None:
+    """Print the metrics per set, protocol and variant as JSON."""
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--real", type=Path, default=None, help="the real set's dir (with moments.json)")
+    args = parser.parse_args()
+    from prvr.bridge import BridgeModel
+
+    model = BridgeModel.from_pretrained()
+    sets = {"demo": demo.annotated_set(demo.build_demo_gallery())}
+    if args.real is not None:
+        sets["real"] = load_moments_file(args.real, args.real / "moments.json")
+    print(json.dumps({name: evaluate(model, aset) for name, aset in sets.items()}, indent=1))
+
+
+if __name__ == "__main__":
+    main()
