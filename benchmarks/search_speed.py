@@ -41,6 +41,7 @@ from prvr.index import IndexConfig, IndexStoreError, VideoIndex
 from prvr.index.ingest import RAGGED, ReferenceQueries, half_up
 from prvr.model import MSSL, EncodedVideos, MSSLConfig, window_proposals
 from prvr.preprocess import window_table
+from prvr.propagation import BETA, propagate_finest
 from prvr.search import search
 from prvr.segments import pack, segment_video
 
@@ -164,7 +165,9 @@ def results_arrays(fixed: dict[str, np.ndarray], frames: np.ndarray, g: np.rando
         segments = segment_video(fine)
         bounds, levels = pack(segments, len(fine))
         scales.append(int(segments[:, 0].max()) + 1)
-        video = {"frames": f, "row_start": t, "row_end": t + 1, "fine": fine.astype(np.float16),
+        fine16 = fine.astype(np.float16)
+        context = propagate_finest(fine16.astype(np.float32), segments, BETA).astype(np.float32)
+        video = {"frames": f, "row_start": t, "row_end": t + 1, "fine": fine16, "context": context,
                  "fine_start": t[::step], "fine_end": t[step - 1::step] + 1, "seg_bounds": bounds,
                  "seg_levels": levels}
         for k in RAGGED:

@@ -48,6 +48,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from prvr.model import key_clip_attention
+from prvr.propagation import BETA
 from prvr.training_free import TrainingFreeModel
 
 log = logging.getLogger(__name__)
@@ -71,7 +72,7 @@ class BridgeConfig:
     map_size: int = 32  # clip units per video, as MS-SL
     max_ctx_l: int = 128  # frame rows kept per video, as MS-SL
     propagation: bool = True  # rows -> TF-PRVR propagated segment features before scoring (prvr.propagation)
-    propagation_beta: float = 0.7  # TF-PRVR's propagation strength
+    propagation_beta: float = BETA  # TF-PRVR's propagation strength
 
     def __post_init__(self) -> None:
         """Refuse a propagation strength the closed form cannot use, naming the field."""

@@ -40,7 +40,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from prvr.propagation import propagate
+from prvr.propagation import BETA, propagate_finest
 from prvr.segments import finest
 
 
@@ -48,7 +48,7 @@ from prvr.segments import finest
 class MomentConfig:
     n_moments: int = 3  # key moment + up to 2 more, non-overlapping
     max_cells: int = 128  # heatmap cells at most (one per row below this)
-    propagation_beta: float | None = 0.7  # candidates scored on propagated rows (None: the rows as given)
+    propagation_beta: float | None = BETA  # candidates scored on propagated rows (None: the rows as given)
     descend_t: float = 3.0  # refine into a finer segment whose own rows match better at this t (step 4)
 
     def __post_init__(self) -> None:
@@ -109,11 +109,14 @@ def refine(sim: np.ndarray, spans: np.ndarray, first: int, stop: int, level: flo
 
 
 def find_moments(q: np.ndarray, vectors: np.ndarray, start: np.ndarray, end: np.ndarray,
-                 segments: np.ndarray, cfg: MomentConfig | None = None) -> dict:
+                 segments: np.ndarray, cfg: MomentConfig | None = None,
+                 context: np.ndarray | None = None) -> dict:
     """{"key_moment", "moments", "heatmap"} of one video for query q (see the module docstring).
 
     ``vectors`` (n, H) unit rows with ``start``/``end`` (n,) seconds; ``segments`` (S, 3) ``[scale, first,
-    end)`` over these n rows. A moment: {"start", "end" (seconds), "score", "contrast", "rows": [first, end)}.
+    end)`` over these n rows; ``context``: ``propagate_finest(vectors, segments, cfg.propagation_beta)``
+    if an index stored it (it depends on the video only), else computed here. A moment: {"start", "end"
+    (seconds), "score", "contrast", "rows": [first, end)}.
     """
     cfg = cfg or MomentConfig()
     sim = _similarities(q, vectors, start, end)
@@ -123,10 +126,15 @@ def find_moments(q: np.ndarray, vectors: np.ndarray, start: np.ndarray, end: np.
     code = np.unique(seg[:, 1] * (len(sim) + 1) + seg[:, 2])  # distinct candidates, as one int each
     spans = np.stack([code // (len(sim) + 1), code % (len(sim) + 1)], axis=1)  # (C, 2)
     if cfg.propagation_beta is None:
-        context = sim
+        context_sim = sim
     else:
-        context = _similarities(q, propagate(vectors, seg, cfg.propagation_beta), start, end)
-    t = contrast(context, spans)
+        if context is None:
+            context = propagate_finest(np.asarray(vectors, np.float32), seg, cfg.propagation_beta)
+        parts = finest(seg, len(sim))
+        qn = np.asarray(q, np.float32) / max(float(np.linalg.norm(q)), 1e-12)
+        per_part = np.einsum("fh,h->f", np.asarray(context, np.float32), qn)
+        context_sim = np.repeat(per_part, parts[:, 1] - parts[:, 0])
+    t = contrast(context_sim, spans)
     moments, taken = [], np.zeros(len(sim), bool)
     for k in np.argsort(-t, kind="stable"):
         if moments and t[k] <= 0:

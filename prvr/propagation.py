@@ -28,6 +28,7 @@ from scipy import sparse
 from prvr.segments import finest, segment_video
 
 PROXIMITY = 0.1  # within-scale proximity decays over this fraction of the video's rows (TF-PRVR)
+BETA = 0.7  # TF-PRVR's propagation strength (not tuned here)
 
 
 def _unit(x: np.ndarray) -> np.ndarray:
@@ -53,6 +54,13 @@ def segment_graph(spans: np.ndarray, scales: np.ndarray, feats: np.ndarray, n_ro
 
 def propagate(x: np.ndarray, segments: np.ndarray, beta: float) -> np.ndarray:
     """(n, H) unit rows: TF-PRVR's propagated segment features summed over the segments covering each row."""
+    parts = finest(segments, len(x))
+    return np.repeat(propagate_finest(x, segments, beta), parts[:, 1] - parts[:, 0], axis=0)
+
+
+def propagate_finest(x: np.ndarray, segments: np.ndarray, beta: float) -> np.ndarray:
+    """(F, H) unit rows: ``propagate``'s row for each of the F finest segments (every row of a finest
+    segment gets the same one), in order. Query-independent: an index stores it with the video."""
     if not 0 <= beta < 1:
         raise ValueError(f"propagation beta must be in [0, 1), got {beta}")
     x = np.asarray(x, np.float64)
@@ -69,7 +77,7 @@ def propagate(x: np.ndarray, segments: np.ndarray, beta: float) -> np.ndarray:
     w = segment_graph(spans, scales, feats, len(x))
     prop = (1 - beta) * np.linalg.solve(np.eye(len(spans)) - beta * w, feats)
     # every row of a finest segment is covered by the same spans: one vector per finest segment
-    return np.repeat(_unit(cover.T @ prop), parts[:, 1] - parts[:, 0], axis=0)
+    return _unit(cover.T @ prop)
 
 
 def propagate_rows(raw: np.ndarray, mapped: np.ndarray, beta: float) -> np.ndarray:

@@ -86,7 +86,8 @@ def result_dict(rank: int, hit: VideoEvidence, confidence: str, q: np.ndarray, m
     key_clip = {"start": round(float(spans[key_start, 0]), 3), "end": round(float(spans[key_end - 1, 1]), 3),
                 "proposal": int(hit.key_window), "score": round(float(hit.proposal_cos[hit.key]), 6)}
     if len(hit.fine):
-        where = find_moments(q, hit.fine, hit.fine_start, hit.fine_end, hit.segments)
+        where = find_moments(q, hit.fine, hit.fine_start, hit.fine_end, hit.segments,
+                             context=hit.context if len(hit.context) else None)
     else:  # a producer without fine rows: MS-SL's key clip and clip units are all there is
         where = {"key_moment": key_clip, "moments": [key_clip],
                  "heatmap": {"start": _floats(spans[:, 0]), "end": _floats(spans[:, 1]),

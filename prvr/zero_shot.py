@@ -35,6 +35,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from prvr.propagation import BETA
 from prvr.training_free import TrainingFreeModel
 
 log = logging.getLogger(__name__)
@@ -51,7 +52,7 @@ class ZeroShotConfig:
     map_size: int = 32  # clip units per video, as MS-SL
     max_ctx_l: int = 128  # frame rows kept per video, as MS-SL
     propagation: bool = False  # TF-PRVR segment propagation (prvr.propagation); off: unmeasured with CLIP
-    propagation_beta: float = 0.7
+    propagation_beta: float = BETA
 
     def __post_init__(self) -> None:
         """Refuse settings the scoring cannot run with, naming the field."""

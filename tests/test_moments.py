@@ -4,6 +4,7 @@ import numpy as np
 import pytest
 
 from prvr.moments import MomentConfig, find_moments
+from prvr.propagation import propagate_finest
 from prvr.segments import segment_video
 
 
@@ -156,3 +157,12 @@ def test_moment_config_refuses_bad_settings() -> None:
         MomentConfig(propagation_beta=1.0)
     with pytest.raises(ValueError, match="n_moments"):
         MomentConfig(n_moments=0)
+
+
+def test_a_stored_context_gives_the_same_moments_as_computing_it_here() -> None:
+    rows, start, end, query = long_video(seed=3)
+    segments = segment_video(rows)
+    stored = propagate_finest(rows, segments, MomentConfig().propagation_beta).astype(np.float32)
+    assert len(stored) < len(rows)  # one row per finest segment, not per row
+    assert find_moments(query, rows, start, end, segments, context=stored) == \
+        find_moments(query, rows, start, end, segments)

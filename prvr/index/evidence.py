@@ -54,6 +54,9 @@ class VideoEvidence:
     fine_start: np.ndarray = _none(0)  # (n',) float32 seconds: start of each fine row
     fine_end: np.ndarray = _none(0)  # (n',) float32 seconds: end of each fine row
     segments: np.ndarray = _none(0, 3, dtype=np.int32)  # (S, 3) int32 [scale, first, end) over the fine rows
+    # (F, H) float32: the fine rows propagated over the segments (prvr.propagation.propagate_finest at
+    # prvr.moments' default beta), one row per finest segment; what moments score candidates on
+    context: np.ndarray = _none(0, 0)
     ref_clip: np.ndarray = _none(0, dtype=np.float16)  # (R,) clip scores of the reference queries
     ref_frame: np.ndarray = _none(0, dtype=np.float16)  # (R,) frame scores of the reference queries
 

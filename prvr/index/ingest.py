@@ -26,6 +26,7 @@ import torch
 import torch.nn.functional as F
 
 from prvr.clustering import length_aware_kmedoids
+from prvr.propagation import BETA, propagate_finest
 from prvr.segments import pack, resample, segment_video
 
 COMPACT_PROPOSALS = 32  # MS-SL++ medoids per video in compact mode
@@ -33,7 +34,8 @@ COMPACT_PROPOSALS = 32  # MS-SL++ medoids per video in compact mode
 FIXED = ("units", "pnorm", "pidx", "zhat", "ref_clip", "ref_frame", "n_scales")
 # per-video arrays of varying length -> the name of the count stored for each video
 RAGGED = {"frames": "n_frames", "row_start": "n_rows", "row_end": "n_rows", "fine": "n_fine",
-          "fine_start": "n_fine", "fine_end": "n_fine", "seg_bounds": "n_bounds", "seg_levels": "n_bounds"}
+          "fine_start": "n_fine", "fine_end": "n_fine", "seg_bounds": "n_bounds", "seg_levels": "n_bounds",
+          "context": "n_context"}
 
 
 class GalleryError(ValueError):
@@ -116,11 +118,16 @@ def half_up(x: np.ndarray) -> np.ndarray:
 
 
 def fine_rows(model, video: GalleryVideo) -> dict[str, np.ndarray]:  # noqa: ANN001
-    """One video's rows at the model's finest resolution (float16) with seconds, and its packed segments."""
+    """One video's rows at the model's finest resolution (float16) with seconds, its packed segments and
+    the moments' query-independent context: the stored rows propagated over the segments
+    (``propagate_finest`` at ``prvr.moments``' default beta, which the results layer uses)."""
     vectors, start, end = model.encode_rows(video.features, video.start, video.end)
     segments = resample(segment_video(np.asarray(video.features)), np.asarray(video.start), start)
     bounds, levels = pack(segments, len(vectors))
-    return {"fine": vectors.astype(np.float16), "fine_start": np.asarray(start, np.float32),
+    fine = vectors.astype(np.float16)
+    context = propagate_finest(fine.astype(np.float32), segments, BETA).astype(np.float32)
+    return {"fine": fine, "context": context,
+            "fine_start": np.asarray(start, np.float32),
             "fine_end": np.asarray(end, np.float32), "seg_bounds": bounds, "seg_levels": levels,
             "n_scales": np.int16(segments[:, 0].max() + 1)}
 
@@ -164,7 +171,7 @@ def encode_for_index(model, videos: Sequence[GalleryVideo], mode: str, batch: in
         ragged["frames"].extend(frames[i, :n] for i, n in enumerate(_frame_count(enc.frame_mask)))
         ragged["row_start"].extend(np.asarray(v.start, np.float32) for v in part)
         ragged["row_end"].extend(np.asarray(v.end, np.float32) for v in part)
-        for key in ("fine", "fine_start", "fine_end", "seg_bounds", "seg_levels"):
+        for key in ("fine", "fine_start", "fine_end", "seg_bounds", "seg_levels", "context"):
             ragged[key].extend(f[key] for f in fine)
     return {k: np.concatenate(v) for k, v in fixed.items()}, ragged
 

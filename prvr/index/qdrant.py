@@ -62,7 +62,7 @@ from prvr.query import QueryError, check_weights
 log = logging.getLogger(__name__)
 
 FORMAT = "prvr-qdrant"
-SCHEMA_VERSION = 2  # 2: fine rows, segments and reference scores per video
+SCHEMA_VERSION = 3  # 2: fine rows, segments and reference scores per video; 3: the moments' context
 META = "prvr"  # the key of this package's entry in the collection's metadata
 
 

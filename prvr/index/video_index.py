@@ -426,7 +426,8 @@ class VideoIndex:
         segments = unpack(snap.ragged("seg_bounds", position), snap.ragged("seg_levels", position), len(fine),
                           n_scales)
         return {"fine": fine, "fine_start": np.asarray(snap.ragged("fine_start", position)),
-                "fine_end": np.asarray(snap.ragged("fine_end", position)), "segments": segments}
+                "fine_end": np.asarray(snap.ragged("fine_end", position)), "segments": segments,
+                "context": np.asarray(snap.ragged("context", position))}
 
     def _attention(self, snap: Snapshot, positions: np.ndarray, units: np.ndarray, key_window: np.ndarray,
                    key_index: np.ndarray) -> list[np.ndarray]:
