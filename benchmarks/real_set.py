@@ -27,12 +27,14 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 
+from prvr.paths import cache_dir
+
 log = logging.getLogger(__name__)
 
 WIDTH, HEIGHT, FPS = 480, 270, 10
 FADE_S = 1.0
 DEFAULT_CLIPS = Path(__file__).resolve().parents[1].parent / "shared" / "videos"
-DEFAULT_OUT = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "prvr" / "real_set"
+DEFAULT_OUT = cache_dir("real_set")
 
 # clip name -> (file, first second, last second used, captions written from its frames)
 CLIPS = {

@@ -47,6 +47,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from prvr import paths
 from prvr.model import key_clip_attention
 from prvr.propagation import BETA
 from prvr.training_free import TrainingFreeModel
@@ -55,11 +56,6 @@ log = logging.getLogger(__name__)
 
 NAME = "training-free default (EfficientNet-Lite0 ImageNet classes -> MiniLM text space)"
 PROFILE = "lite"  # the feature profile whose rows and tokens this model reads
-
-
-def default_cache_dir() -> Path:
-    """Where the class-name embeddings are cached: ``$XDG_CACHE_HOME/prvr/bridge``."""
-    return Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "prvr" / "bridge"
 
 
 @dataclass(frozen=True)
@@ -148,7 +144,8 @@ class BridgeModel(TrainingFreeModel):
             raise ValueError(f"profile {PROFILE!r} uses {profile.visual} + {profile.text}; the bridge needs "
                              "('efficientnet_lite0',) + minilm")
         visual, text = (create_backbone(name, device=device) for name in ("efficientnet_lite0", "minilm"))
-        table = class_embeddings(text, cfg.prompt, imagenet_classes(), Path(cache_dir or default_cache_dir()))
+        cache = Path(cache_dir or paths.cache_dir("bridge"))
+        table = class_embeddings(text, cfg.prompt, imagenet_classes(), cache)
         # the identity VideoExtractor/TextEncoder record for these very weights, so indexes can compare
         profile = profile.with_weights({b.name: b.weights.identity for b in (visual, text)})
         return cls(visual.net.head, table, cfg, profile.identity())

@@ -30,16 +30,12 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from prvr.annotated import IOU_HIT, AnnotatedSet, Query, evaluate_set, extract_features, format_report
+from prvr.paths import cache_dir
 from prvr.render import GENERATOR_VERSION, MOTIONS, RenderConfig, Scene, render_videos
 
 log = logging.getLogger(__name__)
 
 SPEC_PATH = Path(__file__).resolve().parents[1] / "assets" / "demo_gallery.json"
-
-
-def default_root() -> Path:
-    """The demo data directory: ``$XDG_CACHE_HOME/prvr/demo`` (``~/.cache/prvr/demo`` by default)."""
-    return Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "prvr" / "demo"
 
 
 @dataclass(frozen=True)
@@ -150,7 +146,7 @@ def build_demo_gallery(
 ) -> DemoGallery:
     """Render (or reuse from ``root``) the demo videos, optionally only ``video_ids``; return the gallery."""
     cfg = cfg or RenderConfig()
-    root = Path(root) if root is not None else default_root()
+    root = Path(root) if root is not None else cache_dir("demo")
     root.mkdir(parents=True, exist_ok=True)
     spec = load_spec(spec_path)
     chosen = [v for v in spec["videos"] if video_ids is None or v["id"] in video_ids]
@@ -230,7 +226,8 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m prvr.demo", description=__doc__.split("\n\n")[0])
     parser.add_argument("command", choices=("build", "evaluate"),
                         help="build: render the gallery; evaluate: metrics of the default model on it")
-    parser.add_argument("--root", type=Path, default=None, help=f"data directory (default {default_root()})")
+    parser.add_argument("--root", type=Path, default=None,
+                        help=f"data directory (default {cache_dir('demo')})")
     parser.add_argument("--videos", nargs="+", default=None, help="only these video ids (default: all)")
     parser.add_argument("--json", action="store_true", help="print the evaluation as JSON")
     args = parser.parse_args(argv)

@@ -37,6 +37,7 @@ import numpy as np
 
 from extract.decode import DecodeLimits, MediaError, find_videos, probe, sha256_file
 from extract.transcode import ensure_browser_playable, unplayable_reason
+from prvr.paths import default_data_dir
 from prvr.query import QueryError
 from prvr.results import SearchResponse
 from prvr.search import search_text
@@ -45,13 +46,6 @@ log = logging.getLogger(__name__)
 
 Progress = Callable[[float, str], None]  # (fraction of this video done, stage in words)
 UPLOAD_MODES = ("session", "shared")
-
-
-def default_data_dir() -> Path:
-    """``/data/prvr`` on a host with writable persistent storage (HF Spaces), else ``~/.cache/prvr``."""
-    if Path("/data").is_dir() and os.access("/data", os.W_OK):
-        return Path("/data/prvr")
-    return Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "prvr"
 
 
 def on_spaces() -> bool:
