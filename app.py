@@ -33,11 +33,11 @@ import extract  # noqa: F401  - before gradio/torch: applies the torchvision CPU
 
 os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
 
-import gradio as gr  # noqa: E402
+import gradio as gr
 
-from prvr.predictor import AppSettings, Predictor, SessionGallery  # noqa: E402
-from prvr.query import QueryError  # noqa: E402
-from prvr.results import SearchResponse  # noqa: E402
+from prvr.predictor import AppSettings, Predictor, SessionGallery
+from prvr.query import QueryError
+from prvr.results import SearchResponse
 
 log = logging.getLogger(__name__)
 

@@ -66,7 +66,7 @@ def decode_speed(path: Path, seconds: float) -> dict:
     return out
 
 
-def _no_decord():  # noqa: ANN202 - a generator that makes FrameReader switch to PyAV at once
+def _no_decord():  # a generator that makes FrameReader switch to PyAV at once
     raise _DecoderFailed("benchmark: PyAV path")
     yield
 

@@ -48,7 +48,7 @@ VARIANTS = {
 }
 
 
-def judged_pairs(model, aset: AnnotatedSet) -> dict[str, list[tuple[int, int]]]:  # noqa: ANN001
+def judged_pairs(model, aset: AnnotatedSet) -> dict[str, list[tuple[int, int]]]:
     """Protocol name -> (query, video) index pairs to localise in, and the inputs find_moments needs."""
     from extract.features import FeatureFile
 
@@ -72,7 +72,7 @@ def metrics(ious: np.ndarray, inside: np.ndarray) -> dict[str, float]:
     return {**out, "mean_iou": round(float(ious.mean()), 3), "centre_inside": round(100.0 * inside.mean(), 1)}
 
 
-def evaluate(model, aset: AnnotatedSet) -> dict:  # noqa: ANN001
+def evaluate(model, aset: AnnotatedSet) -> dict:
     """Protocol -> variant -> metrics of the key moment."""
     pairs, q, fine = judged_pairs(model, aset)
     ids = [vid for vid, _ in aset.videos]

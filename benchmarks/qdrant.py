@@ -70,7 +70,7 @@ def disk_bytes(root: Path) -> int:
     return sum(f.stat().st_size for f in root.rglob("*") if f.is_file())
 
 
-def timed(fn, items: list) -> tuple[dict, list]:  # noqa: ANN001
+def timed(fn, items: list) -> tuple[dict, list]:
     """p50 / p95 milliseconds of fn(item) over the items (after one warm-up call), and the outputs."""
     fn(items[0])
     times, outs = [], []

@@ -202,7 +202,7 @@ def token_queries(n: int, seed: int = 11) -> list[np.ndarray]:
     return [rng.standard_normal((int(rng.integers(8, 21)), 8)).astype(np.float32) for _ in range(n)]
 
 
-def latencies(fn, qs: np.ndarray) -> tuple[dict, list]:  # noqa: ANN001
+def latencies(fn, qs: np.ndarray) -> tuple[dict, list]:
     """p50 / p95 milliseconds of fn(q) over the queries, and the outputs."""
     fn(qs[0])  # warm-up (page cache, faiss build)
     times, outs = [], []

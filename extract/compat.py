@@ -44,15 +44,15 @@ class _AliasFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
 
     OLD, NEW = "torchvision.transforms.functional_tensor", "torchvision.transforms._functional_tensor"
 
-    def find_spec(self, name, path=None, target=None):  # noqa: ANN001, ANN201 - importlib protocol
+    def find_spec(self, name, path=None, target=None):  # importlib protocol
         if name != self.OLD:
             return None
         return importlib.util.spec_from_loader(name, self)
 
-    def create_module(self, spec):  # noqa: ANN001, ANN201
+    def create_module(self, spec):
         return importlib.import_module(self.NEW)
 
-    def exec_module(self, module) -> None:  # noqa: ANN001
+    def exec_module(self, module) -> None:
         pass
 
 

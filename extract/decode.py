@@ -203,7 +203,7 @@ def _container_signature(path: Path) -> str:
     return next((kind for at, magic, kind in _SIGNATURES if head[at : at + len(magic)] == magic), "")
 
 
-def _duration(container, stream) -> float:  # noqa: ANN001 - PyAV objects
+def _duration(container, stream) -> float:  # PyAV objects
     """Duration in seconds from the stream, else the container, else 0 (unknown)."""
     if stream.duration and stream.time_base:
         return float(stream.duration * stream.time_base)
@@ -212,7 +212,7 @@ def _duration(container, stream) -> float:  # noqa: ANN001 - PyAV objects
     return 0.0
 
 
-def _rotation(container, stream) -> int:  # noqa: ANN001 - PyAV objects
+def _rotation(container, stream) -> int:  # PyAV objects
     """Display rotation in degrees CCW, 0/90/180/270, from the first frame's display matrix."""
     # PyAV exposes the stream display matrix only through decoded frames; one frame is cheap.
     import av
@@ -363,7 +363,7 @@ class FrameReader:
         if frames:
             yield FrameBatch(np.stack(frames), times[k - len(frames) : k])
 
-    def _pyav_rgb(self, frame) -> np.ndarray:  # noqa: ANN001 - av.VideoFrame
+    def _pyav_rgb(self, frame) -> np.ndarray:  # av.VideoFrame
         """RGB array of a PyAV frame, resized and turned to display orientation like decord does."""
         turns = (self.info.rotation // 90) % 4
         width, height = self.size or self.info.display_size

@@ -95,7 +95,7 @@ class BigFileWriter:
     def __init__(self, directory: str | Path, dim: int):
         self.dir, self.dim, self.ids = Path(directory), dim, []
         self.dir.mkdir(parents=True, exist_ok=True)
-        self.file = open(self.dir / "feature.bin", "wb")  # noqa: SIM115 - closed in __exit__
+        self.file = open(self.dir / "feature.bin", "wb")  # closed in __exit__
 
     def add(self, ids: list[str], rows: np.ndarray) -> None:
         """Append rows (n, dim) with their ids."""

@@ -143,7 +143,7 @@ def _prefetch(batches: Iterator[FrameBatch], depth: int = 2) -> Iterator[FrameBa
                 if stop.is_set():
                     return
             buffer.put(done)
-        except BaseException as e:  # noqa: BLE001 - handed to the consumer, which re-raises it
+        except BaseException as e:  # handed to the consumer, which re-raises it
             buffer.put(e)
 
     thread = threading.Thread(target=produce, name="extract-decode", daemon=True)

@@ -139,7 +139,7 @@ def _digest_files(path: Path, state: tuple, length: int) -> str:
     return digest.hexdigest()[:length]
 
 
-def from_hub(weights: Weights, load: Callable):  # noqa: ANN202 - whatever the hub loader returns
+def from_hub(weights: Weights, load: Callable):  # whatever the hub loader returns
     """Run a hub download; offline failures become an error naming the hub source and the local option."""
     try:
         return load()

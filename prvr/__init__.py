@@ -8,4 +8,4 @@ import os
 # runtime reads this when it loads, so it is set before anything imports torch; an explicit setting wins.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
-from extract import compat  # noqa: E402, F401  - must run before torchvision / transformers / pytorchvideo
+from extract import compat  # noqa: F401  - must run before torchvision / transformers / pytorchvideo

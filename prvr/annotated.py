@@ -183,7 +183,7 @@ def proposal_spans(start: np.ndarray, end: np.ndarray, map_size: int = 32) -> np
 # ---------------------------------------------------------------------------------------------- scoring
 
 
-def evaluate_set(aset: AnnotatedSet, model=None) -> dict:  # noqa: ANN001
+def evaluate_set(aset: AnnotatedSet, model=None) -> dict:
     """Retrieval and localisation metrics of ``model`` (default: the bridge) on an annotated set, measured
     through the search path (module docstring)."""
     from extract.features import FeatureFile

@@ -101,7 +101,7 @@ def sentence_vectors(tokens_list: Sequence[np.ndarray | Tensor], dim: int) -> Te
     return F.normalize(torch.stack(out), dim=-1)
 
 
-def class_embeddings(text_backbone, prompt: str, names: Sequence[str], cache_dir: Path) -> Tensor:  # noqa: ANN001
+def class_embeddings(text_backbone, prompt: str, names: Sequence[str], cache_dir: Path) -> Tensor:
     """(C, D) prompt embeddings of the class names, computed once and cached per text model + prompt."""
     key = json.dumps([text_backbone.name, text_backbone.weights.identity, prompt, list(names)])
     path = Path(cache_dir) / f"classes-{hashlib.sha256(key.encode()).hexdigest()[:16]}.npy"

@@ -96,7 +96,7 @@ def cuts_of(ref_clip: Sequence[np.ndarray], ref_frame: Sequence[np.ndarray], wei
     return out
 
 
-def _cached_tokens(text_encoder, captions: list[str], cache_dir: Path | None) -> list[np.ndarray]:  # noqa: ANN001
+def _cached_tokens(text_encoder, captions: list[str], cache_dir: Path | None) -> list[np.ndarray]:
     """Token features of the reference captions, cached per text model identity and caption list."""
     backbone = getattr(text_encoder, "backbone", None)
     identity = getattr(getattr(backbone, "weights", None), "identity", None)
@@ -120,14 +120,14 @@ def _cached_tokens(text_encoder, captions: list[str], cache_dir: Path | None) ->
 class Calibrator:
     """Labels (query, video) scores high / medium / low against a fixed reference caption bank."""
 
-    def __init__(self, model, reference_tokens: Sequence[np.ndarray],  # noqa: ANN001
+    def __init__(self, model, reference_tokens: Sequence[np.ndarray],
                  cfg: ConfidenceConfig = ConfidenceConfig(), reference_id: str = "") -> None:
         self.model, self.cfg = model, cfg
         self.references = model.encode_queries(list(reference_tokens))  # what model.score takes
         self.reference_id = reference_id
 
     @classmethod
-    def for_model(cls, model, text_encoder, cache_dir: str | Path | None = None,  # noqa: ANN001
+    def for_model(cls, model, text_encoder, cache_dir: str | Path | None = None,
                   cfg: ConfidenceConfig = ConfidenceConfig(),
                   captions_path: Path = REFERENCE_CAPTIONS) -> Calibrator:
         """Build once per model: encode the reference captions (cached) with the model's text encoder."""

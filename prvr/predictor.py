@@ -221,7 +221,7 @@ def _training_free(settings: AppSettings) -> tuple[object, ModelInfo, str]:
         spec = settings.weight_specs().get("clip")
         try:
             model = zero_shot.ZeroShotModel.from_pretrained(spec, device="cuda" if _cuda() else "cpu")
-        except Exception as err:  # noqa: BLE001 - any failed load falls back (an explicit choice re-raises)
+        except Exception as err:  # any failed load falls back (an explicit choice re-raises)
             if choice == "clip":
                 raise
             fallback = (f"the clip profile's model {model_source(spec)} did not load ({err}); serving the "
@@ -254,7 +254,7 @@ def model_source(spec: str | None) -> str:
     return spec or get_backbone_cfg("clip").weights
 
 
-def _profile(name: str):  # noqa: ANN202 - extract.profiles.Profile, imported lazily
+def _profile(name: str):  # extract.profiles.Profile, imported lazily
     """A registered feature profile."""
     from extract.profiles import get_profile
 
@@ -333,7 +333,7 @@ def warm_search_kernels(model: object, profile: str) -> threading.Thread:
                     videos.append(GalleryVideo(f"warm{i}", rows, times, times + 1.0, float(n)))
                 index.add(videos)
                 search([index], rng.normal(size=(6, dims.text_dim)).astype(np.float32), k=1)
-        except Exception:  # noqa: BLE001 - only a head start: the first real search compiles instead
+        except Exception:  # only a head start: the first real search compiles instead
             log.exception("warming the search kernels failed; the first search will compile them")
             return
         log.info("search kernels ready in %.1f s", time.perf_counter() - t0)
@@ -582,7 +582,7 @@ class Predictor:
         except MediaError as err:
             log.warning("upload %s rejected: %s", shown, err.reason)
             return {"status": "rejected", "video_id": None, "message": f"{shown}: {err.reason}"}
-        except Exception:  # noqa: BLE001 - the UI must never show a stack trace; the log keeps it
+        except Exception:  # the UI must never show a stack trace; the log keeps it
             error_id = uuid.uuid4().hex[:8]
             log.exception("upload %s failed (error id %s)", shown, error_id)
             return {"status": "error", "video_id": None,

@@ -28,7 +28,7 @@ __all__ = ["encode_query", "search", "search_text"]
 TextEncoder = Callable[[list[str]], list[np.ndarray]]  # texts -> token features (L, Dq) each
 
 
-def encode_query(model, tokens: np.ndarray | torch.Tensor) -> np.ndarray | EncodedQueries:  # noqa: ANN001
+def encode_query(model, tokens: np.ndarray | torch.Tensor) -> np.ndarray | EncodedQueries:
     """Token features (L, Dq) -> the model's encoded query: an (H,) vector, or for a CSA model the
     ``EncodedQueries`` of this one query (its frame score needs the tokens)."""
     x = np.asarray(tokens.detach().cpu() if isinstance(tokens, torch.Tensor) else tokens)

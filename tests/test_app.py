@@ -114,7 +114,7 @@ def demo_gallery() -> tuple[dict, dict]:
     return {v["id"]: timeline(v, RenderConfig().transition_s) for v in spec["videos"]}, spec
 
 
-def client(url: str):  # noqa: ANN201
+def client(url: str):
     """A gradio_client session (each Client is its own browser session)."""
     from gradio_client import Client
 

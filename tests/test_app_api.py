@@ -59,7 +59,7 @@ def test_gradio_copy_of_an_upload_is_removed_but_nothing_else(tmp_path: Path,
 
 
 @pytest.fixture(scope="module")
-def served(tmp_path_factory: pytest.TempPathFactory):  # noqa: ANN201
+def served(tmp_path_factory: pytest.TempPathFactory):
     """(URL, predictor, session registry) of the app with MCP on, over one indexed synthetic clip (session
     uploads; a closed tab's uploads are deleted 1 s after); closed afterwards."""
     import gradio as gr

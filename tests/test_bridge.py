@@ -145,7 +145,7 @@ def test_bad_inputs_are_named() -> None:
         BridgeModel(torch.nn.Linear(6, 4), torch.eye(3, 8))
 
 
-def test_class_embeddings_are_cached_per_model_and_prompt(tmp_path) -> None:  # noqa: ANN001
+def test_class_embeddings_are_cached_per_model_and_prompt(tmp_path) -> None:
     calls = []
 
     def encode(texts: list[str]) -> list[np.ndarray]:

@@ -39,12 +39,12 @@ def page(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactor
         browser.close()
 
 
-def current_time(video) -> float:  # noqa: ANN001 - a playwright Locator
+def current_time(video) -> float:  # a playwright Locator
     """The player's position in seconds."""
     return float(video.evaluate("v => v.currentTime"))
 
 
-def wait_for_time(video, seconds: float, timeout: float = 15.0) -> float:  # noqa: ANN001
+def wait_for_time(video, seconds: float, timeout: float = 15.0) -> float:
     """Poll the player until it sits at ``seconds`` (it loads and seeks asynchronously)."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -54,7 +54,7 @@ def wait_for_time(video, seconds: float, timeout: float = 15.0) -> float:  # noq
     return current_time(video)
 
 
-def test_search_shows_cards_with_heatmaps_and_players_that_jump(page) -> None:  # noqa: ANN001
+def test_search_shows_cards_with_heatmaps_and_players_that_jump(page) -> None:
     page.get_by_label("What happens in the moment").fill(QUERY)
     page.get_by_role("button", name="Search", exact=True).click()
     page.wait_for_selector(".result-card .heat rect.bin", timeout=60_000)
@@ -90,7 +90,7 @@ def test_search_shows_cards_with_heatmaps_and_players_that_jump(page) -> None:  
     page.screenshot(path=str(artifacts / "app.png"))
 
 
-def test_top_k_slider_reranks_live(page) -> None:  # noqa: ANN001
+def test_top_k_slider_reranks_live(page) -> None:
     page.get_by_label("What happens in the moment").fill(QUERY)
     page.get_by_role("button", name="Search", exact=True).click()
     page.wait_for_selector(".result-card .heat rect.bin", timeout=60_000)
@@ -103,7 +103,7 @@ def test_top_k_slider_reranks_live(page) -> None:  # noqa: ANN001
     assert page.locator(".card-head").count() == 2
 
 
-def search(page, text: str) -> None:  # noqa: ANN001
+def search(page, text: str) -> None:
     """Type a query, press Search and wait until the summary names it."""
     page.get_by_role("tab", name="Search").click()
     page.get_by_label("What happens in the moment").fill(text)
@@ -113,7 +113,7 @@ def search(page, text: str) -> None:  # noqa: ANN001
         time.sleep(0.2)
 
 
-def test_every_search_starts_each_player_at_its_key_moment(page) -> None:  # noqa: ANN001
+def test_every_search_starts_each_player_at_its_key_moment(page) -> None:
     seeked = 0
     for text in QUERIES:
         search(page, text)
@@ -129,7 +129,7 @@ def test_every_search_starts_each_player_at_its_key_moment(page) -> None:  # noq
     assert seeked >= 2  # not only weak matches: some players really had to move
 
 
-def test_upload_in_the_page_names_the_file_and_empties_the_list(page, tmp_path: Path) -> None:  # noqa: ANN001
+def test_upload_in_the_page_names_the_file_and_empties_the_list(page, tmp_path: Path) -> None:
     from PIL import Image
 
     image = tmp_path / "beach photo.mp4"  # an image renamed: rejected, named as the user named it

@@ -151,7 +151,7 @@ def test_rotation_odd_and_portrait_sizes(media: dict[str, Path], monkeypatch: py
     assert portrait.shape[1:] == (24, 24, 3)
 
 
-def _decord_fails(self: FrameReader):  # noqa: ANN202 - stands in for FrameReader._decord_batches
+def _decord_fails(self: FrameReader):  # stands in for FrameReader._decord_batches
     raise _DecoderFailed("test: decord unavailable")
     yield
 

@@ -76,12 +76,12 @@ def frame_upper(arrays: dict, rows: np.ndarray, hi: np.ndarray, q: BoundQuery,
 
 
 def exact_scores(arrays: dict, rows: np.ndarray, q: np.ndarray, w: tuple,
-                 table: np.ndarray | None = None):  # noqa: ANN201
+                 table: np.ndarray | None = None):
     """rank.exact_rows of one segment's arrays."""
     return exact_rows(*_one_segment(arrays), rows, BoundQuery.of(q), w, table)
 
 
-def assert_matches_model(index: VideoIndex, model, videos: list[GalleryVideo], tokens: list[np.ndarray],  # noqa: ANN001
+def assert_matches_model(index: VideoIndex, model, videos: list[GalleryVideo], tokens: list[np.ndarray],
                          k: int = 10) -> None:
     """Index scores == model.score within 1e-5 and the same top-k (ties by position)."""
     scores = model.score(model.encode_queries(tokens), model.encode_videos([v.features for v in videos]))

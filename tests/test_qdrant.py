@@ -30,7 +30,7 @@ def copies(base: list[GalleryVideo], originals: int, times: int) -> list[Gallery
             for v in base[:originals] for c in range(times)]
 
 
-def both(model, videos: list[GalleryVideo], root: Path,  # noqa: ANN001
+def both(model, videos: list[GalleryVideo], root: Path,
          mode: str = "exact") -> tuple[VideoIndex, QdrantIndex]:
     """A built-in index and an in-memory Qdrant index of the same videos, encoded once (with the scores of
     a small reference bank, so that confidence and every stored array take part)."""
@@ -44,12 +44,12 @@ def both(model, videos: list[GalleryVideo], root: Path,  # noqa: ANN001
     return builtin, qdrant
 
 
-def bank(model, n: int = 40) -> ReferenceQueries:  # noqa: ANN001
+def bank(model, n: int = 40) -> ReferenceQueries:
     """A reference bank of random queries, encoded by the model."""
     return ReferenceQueries(model.encode_queries(queries(n, seed=99)), "test-bank")
 
 
-def assert_same_evidence(a, b) -> None:  # noqa: ANN001
+def assert_same_evidence(a, b) -> None:
     """Same ids in the same order, totals within 1e-5, same key clips, the same stored arrays for results
     (fine rows and their seconds, segments, reference scores)."""
     assert [h.id for h in a.hits] == [h.id for h in b.hits]
@@ -62,7 +62,7 @@ def assert_same_evidence(a, b) -> None:  # noqa: ANN001
         assert len(x.fine) and len(x.segments)
 
 
-def without_stats(response) -> dict:  # noqa: ANN001
+def without_stats(response) -> dict:
     """A response's dict without its timings."""
     return {k: v for k, v in response.to_dict().items() if k != "stats"}
 
@@ -165,7 +165,7 @@ def test_a_failed_upload_leaves_the_collection_as_it_was() -> None:
     qdrant.add(videos[:2])
     upsert, calls = qdrant.client.upsert, []
 
-    def flaky(*args, **kw):  # noqa: ANN002, ANN003, ANN202
+    def flaky(*args, **kw):
         calls.append(1)
         if len(calls) == 3:
             raise ConnectionError("the server went away")

@@ -36,27 +36,27 @@ def write_clip(path: Path, frames: int = 24, size: tuple[int, int] = (64, 48)) -
 
 
 @pytest.fixture(scope="module")
-def model():  # noqa: ANN201
+def model():
     """The default model (real lite backbones, installed from PyPI; class names cached)."""
     from prvr.bridge import BridgeModel
 
     return BridgeModel.from_pretrained()
 
 
-def make_predictor(data_dir: Path, model, **settings):  # noqa: ANN001, ANN201, ANN003
+def make_predictor(data_dir: Path, model, **settings):
     """A Predictor over an empty shared index in ``data_dir`` (no demo gallery: fast)."""
     from prvr.predictor import AppSettings, ModelInfo, Predictor
 
     return Predictor(AppSettings(data_dir=data_dir, **settings), model, ModelInfo("m", "d"), "lite")
 
 
-def test_messages_name_the_uploaded_file_not_the_stored_copy(tmp_path: Path, model,  # noqa: ANN001
+def test_messages_name_the_uploaded_file_not_the_stored_copy(tmp_path: Path, model,
                                                              monkeypatch: pytest.MonkeyPatch) -> None:
     predictor = make_predictor(tmp_path / "data", model)
     clip = write_clip(tmp_path / "gradio" / "Birthday party.mp4")
     original = predictor.extractor.extract
 
-    def damaged(path, **kw):  # noqa: ANN001, ANN003 - the stored copy fails to decode half way
+    def damaged(path, **kw):  # the stored copy fails to decode half way
         raise CorruptVideo(path, "the video is damaged: only 3 of 24 frames decode.", "Re-encode it.")
 
     monkeypatch.setattr(predictor.extractor, "extract", damaged)
@@ -79,7 +79,7 @@ def test_messages_name_the_uploaded_file_not_the_stored_copy(tmp_path: Path, mod
     assert added["message"].startswith("Birthday party.mp4: added") and "“Birthday party”" in added["message"]
 
 
-def test_session_limit_message_suits_browser_and_api(tmp_path: Path, model) -> None:  # noqa: ANN001
+def test_session_limit_message_suits_browser_and_api(tmp_path: Path, model) -> None:
     predictor = make_predictor(tmp_path / "data", model, uploads="session", max_uploads_per_session=1)
     session = predictor.ensure_session(None)
     session.uploads = 1
@@ -88,7 +88,7 @@ def test_session_limit_message_suits_browser_and_api(tmp_path: Path, model) -> N
     assert "new client" in out["message"] and "reload the page" in out["message"]
 
 
-def test_start_sweeps_what_an_interrupted_upload_left(tmp_path: Path, model) -> None:  # noqa: ANN001
+def test_start_sweeps_what_an_interrupted_upload_left(tmp_path: Path, model) -> None:
     data = tmp_path / "data"
     predictor = make_predictor(data, model)
     kept = predictor.add_video(write_clip(tmp_path / "kept.mp4"))
@@ -154,7 +154,7 @@ p.add_video({str(clip)!r})
     assert len(predictor.index) == 0
 
 
-def test_search_kernels_warm_in_the_background(model, caplog: pytest.LogCaptureFixture) -> None:  # noqa: ANN001
+def test_search_kernels_warm_in_the_background(model, caplog: pytest.LogCaptureFixture) -> None:
     import logging
 
     from prvr.predictor import warm_search_kernels
@@ -168,7 +168,7 @@ def test_search_kernels_warm_in_the_background(model, caplog: pytest.LogCaptureF
     assert messages[-1].startswith("search kernels ready in"), messages  # a failure logs an exception
 
 
-def test_an_old_schema_index_is_left_alone_and_a_new_one_built_beside_it(tmp_path: Path, model) -> None:  # noqa: ANN001
+def test_an_old_schema_index_is_left_alone_and_a_new_one_built_beside_it(tmp_path: Path, model) -> None:
     """The shared index lives in a directory named by the index schema: a data dir written by a release
     before schema 6 (no fine rows, segments or reference scores) keeps its old index untouched, the app
     builds a new one, and opening the old one directly is refused with a message to rebuild it."""

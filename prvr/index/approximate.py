@@ -28,7 +28,7 @@ def scene_centres(units: np.ndarray) -> np.ndarray:
     return scenes.astype(np.float16)
 
 
-def build_ivf(scenes: np.ndarray, nlist: int = 0):  # noqa: ANN201
+def build_ivf(scenes: np.ndarray, nlist: int = 0):
     """faiss IVF index (inner product, 8-bit scalar-quantised lists) over scene centres (n, SCENES, H)."""
     import faiss
 
@@ -43,7 +43,7 @@ def build_ivf(scenes: np.ndarray, nlist: int = 0):  # noqa: ANN201
     return ivf
 
 
-def candidates(ivf, q: np.ndarray, alive: np.ndarray, nprobe: int, units: int, videos: int) -> np.ndarray:  # noqa: ANN001
+def candidates(ivf, q: np.ndarray, alive: np.ndarray, nprobe: int, units: int, videos: int) -> np.ndarray:
     """Sorted live positions of the ``videos`` videos whose best scene centre is nearest to q, among the
     ``units`` nearest centres that faiss finds visiting ``nprobe`` lists."""
     import faiss

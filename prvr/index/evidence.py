@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 
-def _none(*shape: int, dtype: type = np.float32):  # noqa: ANN202
+def _none(*shape: int, dtype: type = np.float32):
     """A default for an array field an older producer does not fill: an empty array."""
     return field(default_factory=lambda: np.zeros(shape, dtype))
 

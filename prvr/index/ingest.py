@@ -56,7 +56,7 @@ class GalleryVideo:
     sha256: str = ""
 
     @classmethod
-    def from_features(cls, video_id: str, vf, title: str = "", path: str = "") -> GalleryVideo:  # noqa: ANN001
+    def from_features(cls, video_id: str, vf, title: str = "", path: str = "") -> GalleryVideo:
         """From an ``extract.features.VideoFeatures``."""
         return cls(video_id, vf.features, vf.start, vf.end, float(vf.duration), title or vf.source,
                    path, vf.sha256)
@@ -117,7 +117,7 @@ def half_up(x: np.ndarray) -> np.ndarray:
     return np.where(h.astype(np.float64) < x, np.nextafter(h, np.float16(np.inf)), h)
 
 
-def fine_rows(model, video: GalleryVideo) -> dict[str, np.ndarray]:  # noqa: ANN001
+def fine_rows(model, video: GalleryVideo) -> dict[str, np.ndarray]:
     """One video's rows at the model's finest resolution (float16) with seconds, its packed segments and
     the moments' query-independent context: the stored rows propagated over the segments
     (``propagate_finest`` at ``prvr.moments``' default beta, which the results layer uses)."""
@@ -132,7 +132,7 @@ def fine_rows(model, video: GalleryVideo) -> dict[str, np.ndarray]:  # noqa: ANN
             "n_scales": np.int16(segments[:, 0].max() + 1)}
 
 
-def encode_for_index(model, videos: Sequence[GalleryVideo], mode: str, batch: int,  # noqa: ANN001
+def encode_for_index(model, videos: Sequence[GalleryVideo], mode: str, batch: int,
                      references: ReferenceQueries | None = None) -> tuple[dict[str, np.ndarray],
                                                                            dict[str, list[np.ndarray]]]:
     """Run the model over raw rows: the ``FIXED`` arrays (one row per video) and the ``RAGGED`` ones (a

@@ -42,7 +42,7 @@ KERNEL = {"nogil": True, "cache": True, "fastmath": {"reassoc", "contract", "nsz
 
 
 @numba.njit(inline="always")
-def _int_dots(x, q, out):  # noqa: ANN001, ANN202  # pragma: no cover - compiled
+def _int_dots(x, q, out):  # pragma: no cover - compiled
     """out[t] = x[t] . q for the rows of x (R, H) int8 and q (H,) int16, exact in int32 (``BoundQuery`` keeps
     the sums in range; integer sums reassociate freely, so LLVM vectorises the loop)."""
     R, H = x.shape
@@ -53,14 +53,14 @@ def _int_dots(x, q, out):  # noqa: ANN001, ANN202  # pragma: no cover - compiled
         out[t] = total
 
 @numba.njit(inline="always")
-def _code_dot(dot, scale, step):  # noqa: ANN001, ANN202  # pragma: no cover - compiled
+def _code_dot(dot, scale, step):  # pragma: no cover - compiled
     """step (levels . codes) scale: a row stored as 8-bit codes times ``scale`` dotted with the query's
     16-bit copy, from their exact integer product ``dot`` (``_int_dots``)."""
     return np.float64(dot) * np.float64(scale) * step
 
 
 @numba.njit(inline="always", fastmath={"reassoc", "contract", "nsz"})
-def _row_dots(x, q, out):  # noqa: ANN001, ANN202  # pragma: no cover - compiled
+def _row_dots(x, q, out):  # pragma: no cover - compiled
     """out[t] = x[t] . q in float32 for the rows of x (M, H) (cast to float32), four rows at a time: four
     independent sums keep the vector units busy, and each q element is loaded once for four rows."""
     M, H = x.shape
@@ -84,7 +84,7 @@ def _row_dots(x, q, out):  # noqa: ANN001, ANN202  # pragma: no cover - compiled
 
 
 @numba.njit(inline="always", fastmath={"reassoc", "contract", "nsz"})
-def _twice(c, cc):  # noqa: ANN001, ANN202  # pragma: no cover - compiled
+def _twice(c, cc):  # pragma: no cover - compiled
     """cc = the prefix sums c (M + 1) twice over: every grid cell reads cc[i + r] - cc[i]."""
     W = c.shape[0]
     for t in range(W):
@@ -93,7 +93,7 @@ def _twice(c, cc):  # noqa: ANN001, ANN202  # pragma: no cover - compiled
 
 
 @numba.njit(inline="always")
-def _cell_sum(cc, r, i, M):  # noqa: ANN001, ANN202  # pragma: no cover - compiled
+def _cell_sum(cc, r, i, M):  # pragma: no cover - compiled
     """The window sum of grid cell (r, i) from the prefix sums twice over: cc[i + r] - cc[i], negated in
     the row's second part (i > M - r: the window of M + 1 - r units ending at unit i)."""
     x = cc[i + r] - cc[i]
@@ -101,7 +101,7 @@ def _cell_sum(cc, r, i, M):  # noqa: ANN001, ANN202  # pragma: no cover - compil
 
 
 @numba.njit(inline="always", fastmath={"reassoc", "contract", "nsz"})
-def _grid_values(c, factors, step, cc, out, lanes):  # noqa: ANN001, ANN202  # pragma: no cover - compiled
+def _grid_values(c, factors, step, cc, out, lanes):  # pragma: no cover - compiled
     """Every window's value (c[end] - c[start]) * factor * step over the factor grid (``window_factors``)
     from prefix sums c, into out (empty cells -inf), and lanes[i] = the largest in column i: fixed-length
     rows vectorise."""
@@ -118,13 +118,13 @@ def _grid_values(c, factors, step, cc, out, lanes):  # noqa: ANN001, ANN202  # p
 
 
 @numba.njit(inline="always")
-def _grid_window(r, i, M):  # noqa: ANN001, ANN202  # pragma: no cover - compiled
+def _grid_window(r, i, M):  # pragma: no cover - compiled
     """(start, end) units of the window in grid row r, cell i."""
     return (i, i + r) if i <= M - r else (i - (M + 1 - r), i)
 
 
 @numba.njit(inline="always", fastmath={"reassoc", "contract", "nsz"})
-def _window_values(c, factors, step, pidx_row, table, out):  # noqa: ANN001, ANN202  # pragma: no cover
+def _window_values(c, factors, step, pidx_row, table, out):  # pragma: no cover
     """out[j] = (c[end_j] - c[start_j]) * factors[j] * step for a video's stored windows pidx_row of
     ``table``, from prefix sums c."""
     for j in range(out.shape[0]):
@@ -133,7 +133,7 @@ def _window_values(c, factors, step, pidx_row, table, out):  # noqa: ANN001, ANN
 
 
 @numba.njit(inline="always")
-def _max(x):  # noqa: ANN001, ANN202  # pragma: no cover - compiled
+def _max(x):  # pragma: no cover - compiled
     """max of a float array, as eight independent running maxima (numba leaves a max reduction scalar)."""
     b0 = b1 = b2 = b3 = b4 = b5 = b6 = b7 = -np.inf
     n = x.shape[0] - x.shape[0] % 8
@@ -147,14 +147,14 @@ def _max(x):  # noqa: ANN001, ANN202  # pragma: no cover - compiled
 
 
 @numba.njit(inline="always")
-def _margin(err, norm, qn, spread):  # noqa: ANN001, ANN202  # pragma: no cover - compiled
+def _margin(err, norm, qn, spread):  # pragma: no cover - compiled
     """How far step * (levels . codes_t) * scale_t may be from q.C_t: the unit's quantisation error
     (|q| err_t) and the query's (spread |C~_t|, with |C~_t| <= |C_t| + err_t)."""
     return qn * err + spread * (norm + err)
 
 
 @numba.njit(inline="always")
-def _peak(c):  # noqa: ANN001, ANN202  # pragma: no cover - compiled
+def _peak(c):  # pragma: no cover - compiled
     """max |c_t| of prefix sums: a window sum is at most twice it in size."""
     peak = 0.0
     for t in range(c.shape[0]):
@@ -163,15 +163,15 @@ def _peak(c):  # noqa: ANN001, ANN202  # pragma: no cover - compiled
 
 
 @numba.njit(inline="always")
-def _negative(best, c, step):  # noqa: ANN001, ANN202  # pragma: no cover - compiled
+def _negative(best, c, step):  # pragma: no cover - compiled
     """A bound from the largest window value ``best``: a factor rounded up by up to one ``step`` makes a
     negative window sum more negative, so a negative maximum moves up by at most 2 max |c| step."""
     return best if best >= 0 else min(0.0, best + 2.0 * _peak(c) * step)
 
 
 @numba.njit(**KERNEL)
-def _clip_pass(codes, scale, err, norm, pinv, pinv_scale, pidx, table, rows, levels, step, qn, spread,  # noqa: ANN001, ANN202
-               out, hi):  # noqa: ANN001  # pragma: no cover - compiled
+def _clip_pass(codes, scale, err, norm, pinv, pinv_scale, pidx, table, rows, levels, step, qn, spread,
+               out, hi):  # pragma: no cover - compiled
     """out[i] >= max_j cos(q, p_j) for video v = rows[i] (at most 1): the largest window upper bound; hi[i]
     = the prefix sums of its unit upper bounds q.C_t <= step (levels . codes_t) scale_t + margin_t (the
     frame pass starts from them)."""
@@ -195,9 +195,9 @@ def _clip_pass(codes, scale, err, norm, pinv, pinv_scale, pidx, table, rows, lev
 
 
 @numba.njit(**KERNEL)
-def _frame_pass(err, norm, pinv, pinv_scale, ball_codes, ball_scale, ball_norm, ball_radius, ball_of,  # noqa: ANN001, ANN202
-                ball_dist, zhat, pidx, table, rows, hi, at, levels, step, q, qn, spread, key_eps, enough,  # noqa: ANN001
-                out):  # noqa: ANN001  # pragma: no cover - compiled
+def _frame_pass(err, norm, pinv, pinv_scale, ball_codes, ball_scale, ball_norm, ball_radius, ball_of,
+                ball_dist, zhat, pidx, table, rows, hi, at, levels, step, q, qn, spread, key_eps, enough,
+                out):  # pragma: no cover - compiled
     """out[i] >= q^.z_j* for video v = rows[i], j* its key clip, given hi[at[i]], the prefix sums of its unit
     upper bounds; below ``enough[i]`` where these bounds can show it, in three tiers, each only where the
     one before is not below ``enough[i]``.
@@ -300,7 +300,8 @@ def _frame_pass(err, norm, pinv, pinv_scale, ball_codes, ball_scale, ball_norm, 
 
 
 @numba.njit(**KERNEL)
-def _exact(units, pnorm, zhat, pidx, table, rows, q, qn, u_out, cos_out, key_out, frame_out):  # noqa: ANN001, ANN202  # pragma: no cover
+def _exact(units, pnorm, zhat, pidx, table, rows, q, qn, u_out, cos_out,  # pragma: no cover
+           key_out, frame_out):
     """Exact scores of videos rows[i]: u_out[i] = q.C_t, cos_out[i] = every stored proposal's clip-scale
     cosine, key_out[i] = its first argmax, frame_out[i] = q.z_key (float32, one video at a time)."""
     M, P = units.shape[1], pnorm.shape[1]
@@ -346,8 +347,8 @@ PARALLEL = {"parallel": True, "nogil": True, "cache": True}
 
 
 @numba.njit(**PARALLEL)
-def _clip_scan(codes, scale, err, norm, pinv, pinv_scale, pidx, table, rows, levels, step, qn, spread, out,  # noqa: ANN001, ANN202
-               hi, tasks):  # noqa: ANN001  # pragma: no cover - compiled
+def _clip_scan(codes, scale, err, norm, pinv, pinv_scale, pidx, table, rows, levels, step, qn, spread, out,
+               hi, tasks):  # pragma: no cover - compiled
     """``_clip_pass`` in parts."""
     n = rows.shape[0]
     for c in numba.prange(tasks):
@@ -357,7 +358,7 @@ def _clip_scan(codes, scale, err, norm, pinv, pinv_scale, pidx, table, rows, lev
 
 
 @numba.njit(inline="always")
-def _segment_run(seg_start, positions, a):  # noqa: ANN001, ANN202  # pragma: no cover - compiled
+def _segment_run(seg_start, positions, a):  # pragma: no cover - compiled
     """(s, b): the segment s holding sorted global positions[a] (segment s holds seg_start[s] up to
     seg_start[s + 1]) and the end b of the run positions[a:b] inside it."""
     s = np.searchsorted(seg_start, positions[a], side="right") - 1
@@ -365,9 +366,9 @@ def _segment_run(seg_start, positions, a):  # noqa: ANN001, ANN202  # pragma: no
 
 
 @numba.njit(**KERNEL)
-def _frame_runs(err, norm, pinv, pinv_scale, ball_codes, ball_scale, ball_norm, ball_radius, ball_of,  # noqa: ANN001, ANN202
-                ball_dist, zhat, pidx, table, seg_start, positions, hi, at, levels, step, q, qn, spread,  # noqa: ANN001
-                key_eps, enough, out):  # noqa: ANN001  # pragma: no cover - compiled
+def _frame_runs(err, norm, pinv, pinv_scale, ball_codes, ball_scale, ball_norm, ball_radius, ball_of,
+                ball_dist, zhat, pidx, table, seg_start, positions, hi, at, levels, step, q, qn, spread,
+                key_eps, enough, out):  # pragma: no cover - compiled
     """``_frame_pass`` of sorted global positions, the arrays typed Lists over segments (as ``Stored``):
     one call per segment."""
     a = 0
@@ -381,8 +382,8 @@ def _frame_runs(err, norm, pinv, pinv_scale, ball_codes, ball_scale, ball_norm, 
 
 
 @numba.njit(**KERNEL)
-def _exact_runs(units, pnorm, zhat, pidx, table, seg_start, positions, q, qn, u_out, cos_out, key_out,  # noqa: ANN001, ANN202
-                frame_out):  # noqa: ANN001  # pragma: no cover - compiled
+def _exact_runs(units, pnorm, zhat, pidx, table, seg_start, positions, q, qn, u_out, cos_out, key_out,
+                frame_out):  # pragma: no cover - compiled
     """``_exact`` of sorted global positions, the arrays typed Lists over segments (as ``Stored``): one
     call per segment."""
     a = 0
@@ -394,9 +395,9 @@ def _exact_runs(units, pnorm, zhat, pidx, table, seg_start, positions, q, qn, u_
 
 
 @numba.njit(**PARALLEL)
-def _frame_scan(err, norm, pinv, pinv_scale, ball_codes, ball_scale, ball_norm, ball_radius, ball_of,  # noqa: ANN001, ANN202
-                ball_dist, zhat, pidx, table, seg_start, positions, hi, at, levels, step, q, qn, spread,  # noqa: ANN001
-                key_eps, enough, out, tasks):  # noqa: ANN001  # pragma: no cover - compiled
+def _frame_scan(err, norm, pinv, pinv_scale, ball_codes, ball_scale, ball_norm, ball_radius, ball_of,
+                ball_dist, zhat, pidx, table, seg_start, positions, hi, at, levels, step, q, qn, spread,
+                key_eps, enough, out, tasks):  # pragma: no cover - compiled
     """``_frame_runs`` in parts."""
     n = positions.shape[0]
     for c in numba.prange(tasks):
@@ -407,7 +408,7 @@ def _frame_scan(err, norm, pinv, pinv_scale, ball_codes, ball_scale, ball_norm, 
 
 
 @numba.njit(**PARALLEL)
-def _exact_scan(units, pnorm, zhat, pidx, table, seg_start, positions, q, qn, tasks):  # noqa: ANN001, ANN202  # pragma: no cover
+def _exact_scan(units, pnorm, zhat, pidx, table, seg_start, positions, q, qn, tasks):  # pragma: no cover
     """``_exact_runs`` in parts: (u, cos, key, frame) as ``_exact`` writes them."""
     n, M, P = positions.shape[0], units[0].shape[1], pnorm[0].shape[1]
     u_out, cos_out = np.empty((n, M), np.float32), np.empty((n, P), np.float32)
@@ -429,6 +430,6 @@ def tasks_for(n: int, threads: int) -> int:  # pragma: no cover - compiled
 
 
 @numba.njit(cache=True)
-def _slack(x):  # noqa: ANN001, ANN202  # pragma: no cover - compiled
+def _slack(x):  # pragma: no cover - compiled
     """x plus a relative margin, monotone in x (so it commutes with max)."""
     return x + np.abs(x) * SLACK

@@ -137,7 +137,7 @@ class View(NamedTuple):
         return cls(videos, {v["id"]: i for i, v in enumerate(videos)})
 
 
-def _vector_size(model) -> int:  # noqa: ANN001
+def _vector_size(model) -> int:
     """Width of the model's encoded vectors (MS-SL: hidden_size; the bridge: its class-text vectors)."""
     size = getattr(model.cfg, "hidden_size", None)
     if size is None and hasattr(model, "class_text"):
@@ -150,7 +150,7 @@ def _vector_size(model) -> int:  # noqa: ANN001
 class QdrantIndex:
     """A Qdrant collection opened for one model; see the module docstring."""
 
-    def __init__(self, target: QdrantTarget, client, model, cfg: QdrantConfig, meta: dict,  # noqa: ANN001
+    def __init__(self, target: QdrantTarget, client, model, cfg: QdrantConfig, meta: dict,
                  references: ReferenceQueries | None = None) -> None:
         self.target, self.client, self.model, self.cfg, self.meta = target, client, model, cfg, meta
         self.references = references
@@ -167,14 +167,14 @@ class QdrantIndex:
         """The parsed target of a URL (or the target itself)."""
         return spec if isinstance(spec, QdrantTarget) else QdrantTarget.parse(spec)
 
-    def _call(self, what: str, method: str, *args: object, **kw: object):  # noqa: ANN202
+    def _call(self, what: str, method: str, *args: object, **kw: object):
         """self.client.<method>(collection, ...), errors naming the target (see ``guarded``)."""
         with self._local:
             call = getattr(self.client, method)
             return guarded(self.target, what, call, self.target.collection, *args, **kw)
 
     @classmethod
-    def create(cls, spec: str | QdrantTarget, model, cfg: QdrantConfig | None = None,  # noqa: ANN001
+    def create(cls, spec: str | QdrantTarget, model, cfg: QdrantConfig | None = None,
                references: ReferenceQueries | None = None) -> QdrantIndex:
         """Make a new, empty collection for this model (refuses an existing one); ``references`` as for
         ``VideoIndex.create``."""
@@ -202,7 +202,7 @@ class QdrantIndex:
         return cls(target, client, model, cfg, meta, references)
 
     @classmethod
-    def open(cls, spec: str | QdrantTarget, model, cfg: QdrantConfig | None = None,  # noqa: ANN001
+    def open(cls, spec: str | QdrantTarget, model, cfg: QdrantConfig | None = None,
              references: ReferenceQueries | None = None) -> QdrantIndex:
         """Open an existing collection; refuses one made for another model, profile or reference bank, or
         not by prvr."""
@@ -220,7 +220,7 @@ class QdrantIndex:
         return cls(target, client, model, cfg, meta, references)
 
     @staticmethod
-    def _checked_meta(target: QdrantTarget, client, model) -> dict:  # noqa: ANN001
+    def _checked_meta(target: QdrantTarget, client, model) -> dict:
         """The collection's prvr metadata, refused when missing or made for another model or schema."""
         if not guarded(target, "check the collection", client.collection_exists, target.collection):
             raise IndexStoreError(f"{target.where} does not exist; create it first")
@@ -238,7 +238,7 @@ class QdrantIndex:
         return meta
 
     @classmethod
-    def open_or_create(cls, spec: str | QdrantTarget, model, cfg: QdrantConfig | None = None,  # noqa: ANN001
+    def open_or_create(cls, spec: str | QdrantTarget, model, cfg: QdrantConfig | None = None,
                        references: ReferenceQueries | None = None) -> QdrantIndex:
         """Open the collection, or create it when there is none."""
         target = cls._target(spec)
@@ -342,7 +342,7 @@ class QdrantIndex:
             raise
         self.view = View.of(self.view.videos + [{k: r[k] for k in RECORD if k in r} for r in records])
 
-    def _point(self, record: dict, seq: int, arrays: dict[str, np.ndarray], balls: np.ndarray):  # noqa: ANN202
+    def _point(self, record: dict, seq: int, arrays: dict[str, np.ndarray], balls: np.ndarray):
         """The Qdrant point of one video (see ``prvr.index.qdrant_store``)."""
         from qdrant_client import models
 

@@ -85,7 +85,7 @@ class QdrantTarget:
         """The store in words, for messages: the server URL with the collection, or the directory."""
         return f"{self.url}/collections/{self.collection}" if self.url else f"qdrant+local://{self.path}"
 
-    def connect(self, timeout: float):  # noqa: ANN201 - a QdrantClient
+    def connect(self, timeout: float):  # a QdrantClient
         """A client for this target; a server is asked for its collections once, so that an unreachable
         one fails here (within ``timeout`` seconds) with its URL and the cause."""
         from qdrant_client import QdrantClient
@@ -110,7 +110,7 @@ def guarded(target: QdrantTarget, what: str, call: Callable[..., T], *args: obje
         return call(*args, **kw)
     except (IndexStoreError, ValueError, KeyError):
         raise
-    except Exception as err:  # noqa: BLE001 - httpx, grpc and qdrant_client errors share no base class
+    except Exception as err:  # httpx, grpc and qdrant_client errors share no base class
         cause = f"{type(err).__name__}: {err}".strip().rstrip(":")
         raise QdrantConnectionError(f"Qdrant at {target.where}: could not {what} ({cause})") from err
 

@@ -53,7 +53,7 @@ def _table(table: np.ndarray | None) -> np.ndarray:
 
 
 @numba.njit(cache=True)
-def _list_of(array):  # noqa: ANN001, ANN202  # pragma: no cover - compiled
+def _list_of(array):  # pragma: no cover - compiled
     """A typed List holding ``array``. Built in compiled, cached code: a List built from Python compiles its
     methods for each element type in every process (4 s for an index's 14 Lists here)."""
     out = List()
@@ -62,7 +62,7 @@ def _list_of(array):  # noqa: ANN001, ANN202  # pragma: no cover - compiled
 
 
 @numba.njit(cache=True)
-def _append(out, array):  # noqa: ANN001, ANN202  # pragma: no cover - compiled
+def _append(out, array):  # pragma: no cover - compiled
     """out.append(array), compiled and cached (see ``_list_of``)."""
     out.append(array)
 

@@ -151,7 +151,7 @@ class BoundQuery:
 
 
 @numba.njit(nogil=True, cache=True)
-def _query_levels(q, top):  # noqa: ANN001, ANN202  # pragma: no cover - compiled
+def _query_levels(q, top):  # pragma: no cover - compiled
     """(levels, step, spread, |q|) of ``BoundQuery`` for q (H,) float32: levels in -top..top, the largest
     |q_h| at top. Compiled: a dozen numpy calls on a short vector cost more than the first pass saves."""
     peak, square = 0.0, 0.0

@@ -70,7 +70,7 @@ class Snapshot:
         with self._lazy:
             return Stored.of(self.segments)
 
-    def ivf(self, nlist: int):  # noqa: ANN201
+    def ivf(self, nlist: int):
         """The faiss index of the scene centres (built on first use)."""
         with self._lazy:
             if getattr(self, "_ivf", None) is None:

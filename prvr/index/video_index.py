@@ -94,7 +94,7 @@ def _vector(q: np.ndarray | torch.Tensor | EncodedQueries) -> np.ndarray:
 class VideoIndex:
     """An index directory opened for one model; see the module docstring."""
 
-    def __init__(self, root: Path, model, cfg: IndexConfig, manifest: dict,  # noqa: ANN001
+    def __init__(self, root: Path, model, cfg: IndexConfig, manifest: dict,
                  references: ReferenceQueries | None = None) -> None:
         self.root, self.model, self.cfg, self.references = Path(root), model, cfg, references
         self._csa = bool(getattr(model.cfg, "csa", False))
@@ -103,7 +103,7 @@ class VideoIndex:
 
     # ------------------------------------------------------------------ opening
     @staticmethod
-    def _identity(model) -> dict:  # noqa: ANN001
+    def _identity(model) -> dict:
         """What an index records about its model: fingerprint, profile identity, geometry."""
         return {"model_fingerprint": model.fingerprint(), "profile": getattr(model, "profile", None),
                 "map_size": int(model.cfg.map_size), "max_ctx_l": int(model.cfg.max_ctx_l)}
@@ -114,7 +114,7 @@ class VideoIndex:
         return None if references is None else {"id": references.id, "count": len(references)}
 
     @classmethod
-    def create(cls, root: str | Path, model, cfg: IndexConfig | None = None,  # noqa: ANN001
+    def create(cls, root: str | Path, model, cfg: IndexConfig | None = None,
                references: ReferenceQueries | None = None) -> VideoIndex:
         """Make a new, empty index directory for this model (refuses an existing index); ``references``:
         the encoded reference queries whose scores each video stores (confidence), None for none."""
@@ -134,7 +134,7 @@ class VideoIndex:
         return cls(root, model, cfg, manifest, references)
 
     @classmethod
-    def open(cls, root: str | Path, model, cfg: IndexConfig | None = None,  # noqa: ANN001
+    def open(cls, root: str | Path, model, cfg: IndexConfig | None = None,
              references: ReferenceQueries | None = None) -> VideoIndex:
         """Open an existing index; refuses one built for another model, profile, schema or reference bank
         (without ``references`` it opens for reading; adding then needs the bank it was built with). The
@@ -157,7 +157,7 @@ class VideoIndex:
         return cls(root, model, cfg, manifest, references)
 
     @classmethod
-    def open_or_create(cls, root: str | Path, model, cfg: IndexConfig | None = None,  # noqa: ANN001
+    def open_or_create(cls, root: str | Path, model, cfg: IndexConfig | None = None,
                        references: ReferenceQueries | None = None) -> VideoIndex:
         """Open the index at root, or create it when there is none."""
         if (Path(root) / store.MANIFEST).exists():
