@@ -33,12 +33,11 @@ All of them are fields of ``BridgeConfig`` and enter ``fingerprint()``, which an
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 import json
 import logging
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -48,7 +47,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from prvr import paths
-from prvr.model import key_clip_attention
+from prvr.model import DictConfig, key_clip_attention
 from prvr.propagation import BETA
 from prvr.training_free import TrainingFreeModel
 
@@ -59,7 +58,7 @@ PROFILE = "lite"  # the feature profile whose rows and tokens this model reads
 
 
 @dataclass(frozen=True)
-class BridgeConfig:
+class BridgeConfig(DictConfig):
     prompt: str = "a photo of a {}."  # CLIP's standard ImageNet template
     top_k: int = 5  # classes kept per frame row (ImageNet's top-5), probabilities renormalised
     temperature: float = 0.05  # key-clip attention logits are divided by this (criterion: module docstring)
@@ -75,17 +74,6 @@ class BridgeConfig:
         if not 0 <= self.propagation_beta < 1:
             raise ValueError(f"BridgeConfig.propagation_beta must be in [0, 1), got {self.propagation_beta}")
 
-    def to_dict(self) -> dict:
-        """A JSON-able dict that ``from_dict`` turns back into an equal config."""
-        return dataclasses.asdict(self)
-
-    @classmethod
-    def from_dict(cls, d: Mapping) -> BridgeConfig:
-        """Build from ``to_dict`` output; unknown keys are an error (another code version wrote them)."""
-        unknown = sorted(set(d) - {f.name for f in dataclasses.fields(cls)})
-        if unknown:
-            raise ValueError(f"unknown BridgeConfig fields {unknown}")
-        return cls(**d)
 
 
 def sentence_vectors(tokens_list: Sequence[np.ndarray | Tensor], dim: int) -> Tensor:

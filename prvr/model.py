@@ -18,6 +18,7 @@ import math
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Self
 
 import torch
 import torch.nn.functional as F
@@ -223,8 +224,25 @@ def two_branch_scores(queries: Tensor, videos: EncodedVideos, attend: AttendFn,
 
 
 # ----------------------------------------------------------------------------- config and outputs
+class DictConfig:
+    """``to_dict`` / ``from_dict`` of a model's config dataclass (stored with checkpoints and indexes)."""
+
+    def to_dict(self) -> dict:
+        """A JSON-able dict that ``from_dict`` turns back into an equal config."""
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: Mapping) -> Self:
+        """Build from ``to_dict`` output; unknown keys are an error (they mean another code version)."""
+        names = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(d) - names)
+        if unknown:
+            raise ValueError(f"unknown {cls.__name__} fields {unknown}; known: {sorted(names)}")
+        return cls(**d)
+
+
 @dataclass
-class MSSLConfig:
+class MSSLConfig(DictConfig):
     visual_dim: int  # width of a raw video feature row (official visual_input_size)
     query_dim: int  # width of a raw token feature (official query_input_size)
     hidden_size: int = 384  # width of every encoded vector
@@ -271,19 +289,6 @@ class MSSLConfig:
         if not 0 <= self.clusters <= self.map_size * (self.map_size + 1) // 2:
             raise ValueError(f"MSSLConfig.clusters {self.clusters} outside [0, {self.map_size} * "
                              f"{self.map_size + 1} / 2]")
-
-    def to_dict(self) -> dict:
-        """A JSON-able dict that ``from_dict`` turns back into an equal config."""
-        return dataclasses.asdict(self)
-
-    @classmethod
-    def from_dict(cls, d: Mapping) -> MSSLConfig:
-        """Build from ``to_dict`` output; unknown keys are an error (they mean another code version)."""
-        names = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(d) - names)
-        if unknown:
-            raise ValueError(f"unknown MSSLConfig fields {unknown}; known: {sorted(names)}")
-        return cls(**d)
 
     @classmethod
     def from_official(cls, official_cfg: Mapping) -> MSSLConfig:

@@ -23,11 +23,10 @@ towers (``--weights clip=DIR``); see ``extract.clip`` for the default model and 
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 import json
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -35,6 +34,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from prvr.model import DictConfig
 from prvr.propagation import BETA
 from prvr.training_free import TrainingFreeModel
 
@@ -45,7 +45,7 @@ PROFILE = "clip"  # the feature profile whose rows and tokens this model reads
 
 
 @dataclass(frozen=True)
-class ZeroShotConfig:
+class ZeroShotConfig(DictConfig):
     temperature: float = 0.05  # key-clip attention logits are divided by this (module docstring)
     clip_scale_w: float = 0.7  # MS-SL's default score weights
     frame_scale_w: float = 0.3
@@ -65,17 +65,6 @@ class ZeroShotConfig:
             raise ValueError(f"ZeroShotConfig.map_size {self.map_size} must be in [1, max_ctx_l "
                              f"{self.max_ctx_l}]")
 
-    def to_dict(self) -> dict:
-        """A JSON-able dict that ``from_dict`` turns back into an equal config."""
-        return dataclasses.asdict(self)
-
-    @classmethod
-    def from_dict(cls, d: Mapping) -> ZeroShotConfig:
-        """Build from ``to_dict`` output; unknown keys are an error (another code version wrote them)."""
-        unknown = sorted(set(d) - {f.name for f in dataclasses.fields(cls)})
-        if unknown:
-            raise ValueError(f"unknown ZeroShotConfig fields {unknown}")
-        return cls(**d)
 
 
 class ZeroShotModel(TrainingFreeModel):
