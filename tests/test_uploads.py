@@ -9,30 +9,19 @@ import sys
 import time
 from pathlib import Path
 
-import numpy as np
 import pytest
 
 import extract  # noqa: F401  - the torchvision fix, before any backbone
 from extract.decode import CorruptVideo
+from tests.test_app import write_video
 
 REPO = Path(__file__).resolve().parents[1]
 
 
 def write_clip(path: Path, frames: int = 24, size: tuple[int, int] = (64, 48)) -> Path:
-    """A 2 s H.264 clip (a moving gradient) with PyAV."""
-    import av
-
-    width, height = size
+    """A 2 s H.264 clip (``test_app.write_video``'s moving gradient), its folder made if missing."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    with av.open(str(path), "w") as container:
-        stream = container.add_stream("libx264", rate=12)
-        stream.width, stream.height, stream.pix_fmt = width, height, "yuv420p"
-        x = np.linspace(0, 255, width, dtype=np.float32)[None, :, None]
-        for i in range(frames):
-            image = np.ascontiguousarray(np.broadcast_to((x + 10 * i) % 256, (height, width, 3)), np.uint8)
-            container.mux(stream.encode(av.VideoFrame.from_ndarray(image, format="rgb24")))
-        container.mux(stream.encode())
-    return path
+    return write_video(path, "libx264", size, frames)
 
 
 @pytest.fixture(scope="module")
