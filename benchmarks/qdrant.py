@@ -31,6 +31,7 @@ from benchmarks.search_speed import (
     SceneModel,
     build_index,
     identity_attention_model,
+    latencies,
     make_queries,
     reference_bank,
     token_queries,
@@ -70,18 +71,6 @@ def disk_bytes(root: Path) -> int:
     return sum(f.stat().st_size for f in root.rglob("*") if f.is_file())
 
 
-def timed(fn, items: list) -> tuple[dict, list]:
-    """p50 / p95 milliseconds of fn(item) over the items (after one warm-up call), and the outputs."""
-    fn(items[0])
-    times, outs = [], []
-    for item in items:
-        t = time.perf_counter()
-        outs.append(fn(item))
-        times.append(1e3 * (time.perf_counter() - t))
-    return {"p50_ms": round(float(np.percentile(times, 50)), 2),
-            "p95_ms": round(float(np.percentile(times, 95)), 2)}, outs
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -105,17 +94,17 @@ def main() -> None:
         copy_into(qdrant, builtin, builtin.snapshot.live)
         t2 = time.perf_counter()
         qs = list(make_queries(sm, concepts, args.queries, torch.Generator().manual_seed(1)))
-        rank_b, ev_b = timed(lambda q: builtin.rank(q, 10), qs)
-        rank_q, ev_q = timed(lambda q: qdrant.rank(q, 10), qs)
-        _, ev_a = timed(lambda q: qdrant.rank(q, 10, approximate=True), qs)
+        rank_b, ev_b = latencies(lambda q: builtin.rank(q, 10), qs)
+        rank_q, ev_q = latencies(lambda q: qdrant.rank(q, 10), qs)
+        _, ev_a = latencies(lambda q: qdrant.rank(q, 10, approximate=True), qs)
         pairs = list(zip(ev_b, ev_q, strict=True))
         agree = np.mean([[h.id for h in a.hits] == [h.id for h in b.hits] for a, b in pairs])
         diff = max(float(np.abs(a.totals - b.totals).max()) for a, b in pairs)
         recall = np.mean([len({h.id for h in a.hits} & {h.id for h in b.hits}) / len(b.hits)
                           for a, b in zip(ev_a, ev_b, strict=True)])
         tokens = token_queries(max(5, args.queries // 3))
-        search_b, res_b = timed(lambda t: search([builtin], t, 10).to_dict(), tokens)
-        search_q, res_q = timed(lambda t: search([qdrant], t, 10).to_dict(), tokens)
+        search_b, res_b = latencies(lambda t: search([builtin], t, 10).to_dict(), tokens)
+        search_q, res_q = latencies(lambda t: search([qdrant], t, 10).to_dict(), tokens)
         same_results = np.mean([{**a, "stats": 0} == {**b, "stats": 0}
                                 for a, b in zip(res_b, res_q, strict=True)])
         out = {"videos": args.videos, "mode": args.mode, "queries": args.queries, "threads": args.threads,
