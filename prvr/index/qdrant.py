@@ -52,9 +52,10 @@ from prvr.index.ingest import (
 )
 from prvr.index.qdrant_store import BALLS, RECORD, WINDOWS, QdrantTarget, guarded, point_id
 from prvr.index.rank import BOUND_EPS, EXACT, FIRST_CHUNK, _typed_list, kth_largest
+from prvr.index.scoring import evidence_of, exact_of, is_csa, query_vector
 from prvr.index.sketch import BoundQuery
 from prvr.index.store import IndexStoreError
-from prvr.index.video_index import IndexMismatchError, VideoIndex, _vector
+from prvr.index.video_index import IndexMismatchError, VideoIndex
 from prvr.model import EncodedQueries
 from prvr.preprocess import window_table
 from prvr.query import QueryError, check_weights
@@ -154,7 +155,7 @@ class QdrantIndex:
                  references: ReferenceQueries | None = None) -> None:
         self.target, self.client, self.model, self.cfg, self.meta = target, client, model, cfg, meta
         self.references = references
-        self._csa = bool(getattr(model.cfg, "csa", False))
+        self._csa = is_csa(model)
         self.table = window_table(int(model.cfg.map_size)).numpy()
         self._writing = threading.Lock()
         # the embedded client is plain Python over shared lists: one call at a time
@@ -379,13 +380,8 @@ class QdrantIndex:
             self.view = View.of([v for v in self.view.videos if v["id"] not in gone])
 
     # ------------------------------------------------------------------ ranking
-    # The built-in index's exact scores and evidence assembly, run on ``Candidates`` (one implementation of
-    # each: the same arithmetic gives the same bits, key clips, attention and CSA frame scores).
-    _exact = VideoIndex._exact
-    _csa_frame = VideoIndex._csa_frame
-    _evidence = VideoIndex._evidence
-    _fine = staticmethod(VideoIndex._fine)
-    _attention = VideoIndex._attention
+    # Exact scores and evidence come from prvr.index.scoring, run on ``Candidates``: the built-in index's
+    # own arithmetic, so the same bits, key clips, attention and CSA frame scores.
 
     def weights(self, weights: Sequence[float] | None = None) -> tuple[float, float]:
         """(clip_w, frame_w): the given pair, checked, or the model's."""
@@ -412,7 +408,7 @@ class QdrantIndex:
     def _score(self, found: list[dict], q: np.ndarray | EncodedQueries, w: tuple[float, float],
                bq: BoundQuery) -> np.ndarray:
         """Exact totals of fetched videos."""
-        return self._exact(Candidates(found, self.table), np.arange(len(found)), q, w, bq).total
+        return exact_of(self.model, Candidates(found, self.table), np.arange(len(found)), q, w, bq).total
 
     def rank(self, q: np.ndarray | torch.Tensor | EncodedQueries, k: int = 10,
              weights: Sequence[float] | None = None, approximate: bool = False) -> Evidence:
@@ -420,7 +416,7 @@ class QdrantIndex:
         if not isinstance(k, int) or isinstance(k, bool) or k < 1:
             raise QueryError(f"k must be a positive integer, got {k!r}")
         w, live = self.weights(weights), len(self)
-        v = _vector(q)
+        v = query_vector(q)
         bq = BoundQuery.of(v)
         unit = (v / max(float(np.linalg.norm(v.astype(np.float64))), 1e-12)).astype(np.float32)
         eps = BOUND_EPS * (1 + w[0] + w[1])
@@ -445,6 +441,7 @@ class QdrantIndex:
             limit *= 2
         best = sorted(seen.values(), key=lambda pt: (-pt[1], pt[0]["seq"]))[:k]
         found = [p for p, _ in best]
-        hits = self._evidence(Candidates(found, self.table), np.arange(len(found)), q, w) if found else ()
+        hits = (evidence_of(self.model, Candidates(found, self.table), np.arange(len(found)), q, w)
+                if found else ())
         cfg = self.model.cfg
         return Evidence(hits, w, len(seen), live, int(cfg.map_size), int(cfg.max_ctx_l), approximate)

@@ -34,9 +34,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from prvr import ral
 from prvr.index import approximate, store
-from prvr.index.evidence import Evidence, VideoEvidence
+from prvr.index.evidence import Evidence
 from prvr.index.ingest import (
     FIXED,
     RAGGED,
@@ -48,13 +47,12 @@ from prvr.index.ingest import (
     encode_for_index,
     segment_arrays,
 )
-from prvr.index.rank import Exact, clip_bounds, exact_rows, frame_bounds, top_k
+from prvr.index.rank import Exact, clip_bounds, frame_bounds, top_k
+from prvr.index.scoring import evidence_of, exact_of, is_csa, query_vector
 from prvr.index.sketch import FIRST_PASS, BoundQuery, sketch
 from prvr.index.snapshot import Snapshot
-from prvr.model import EncodedQueries, EncodedVideos
-from prvr.preprocess import pad
+from prvr.model import EncodedQueries
 from prvr.query import QueryError, check_weights
-from prvr.segments import unpack
 
 log = logging.getLogger(__name__)
 
@@ -79,25 +77,13 @@ class IndexConfig:
     candidate_videos: int = 2048  # approximate search: videos (by their best scene centre) ranked exactly
 
 
-def _vector(q: np.ndarray | torch.Tensor | EncodedQueries) -> np.ndarray:
-    """The (H,) float32 query vector of the model's encoding of one query."""
-    if isinstance(q, EncodedQueries):
-        q = q.vectors
-    if isinstance(q, torch.Tensor):
-        q = q.detach().float().cpu().numpy()
-    x = np.asarray(q, dtype=np.float32).reshape(-1)
-    if not np.isfinite(x).all():
-        raise QueryError("the query vector contains NaN or inf")
-    return np.ascontiguousarray(x)
-
-
 class VideoIndex:
     """An index directory opened for one model; see the module docstring."""
 
     def __init__(self, root: Path, model, cfg: IndexConfig, manifest: dict,
                  references: ReferenceQueries | None = None) -> None:
         self.root, self.model, self.cfg, self.references = Path(root), model, cfg, references
-        self._csa = bool(getattr(model.cfg, "csa", False))
+        self._csa = is_csa(model)
         self._writing = threading.Lock()  # one writer per process (the store's flock: one per directory)
         self.snapshot = Snapshot(self.root, manifest, cfg.verify_checksums)
 
@@ -340,20 +326,21 @@ class VideoIndex:
         w, snap = self.weights(weights), self.snapshot
         positions, _, scored = self._top(snap, q, k, w, approximate)
         cfg = self.model.cfg
-        return Evidence(self._evidence(snap, positions, q, w), w, scored, len(snap.live), int(cfg.map_size),
-                        int(cfg.max_ctx_l), approximate)
+        hits = evidence_of(self.model, snap, positions, q, w)
+        return Evidence(hits, w, scored, len(snap.live), int(cfg.map_size), int(cfg.max_ctx_l), approximate)
 
     def exact(self, positions: np.ndarray, q: np.ndarray | EncodedQueries,
               weights: Sequence[float] | None = None) -> Exact:
         """Exact scores of the videos at sorted ``positions`` (live or not) for q."""
-        return self._exact(self.snapshot, np.asarray(positions, dtype=np.int64), q, self.weights(weights))
+        return exact_of(self.model, self.snapshot, np.asarray(positions, dtype=np.int64), q,
+                        self.weights(weights))
 
     def _top(self, snap: Snapshot, q: np.ndarray | EncodedQueries, k: int, w: tuple[float, float],
              approx: bool) -> tuple[np.ndarray, np.ndarray, int]:
         """Top-k live positions with exact totals, and how many were scored exactly."""
         if not len(snap.live):
             return np.zeros(0, dtype=np.int64), np.zeros(0), 0
-        bq, table, threads = BoundQuery.of(_vector(q)), snap.windows, torch.get_num_threads()
+        bq, table, threads = BoundQuery.of(query_vector(q)), snap.windows, torch.get_num_threads()
         candidates = snap.live
         if approx and len(snap.live) > self.cfg.candidate_videos:
             cfg = self.cfg
@@ -366,82 +353,5 @@ class VideoIndex:
                                 threads)
 
         # a CSA model scores frames its own way (at most 1): the stored z do not bound it
-        return top_k(clip, candidates, w, k, lambda pos: self._exact(snap, pos, q, w, bq).total,
+        return top_k(clip, candidates, w, k, lambda pos: exact_of(self.model, snap, pos, q, w, bq).total,
                      None if self._csa else frame_bound)
-
-    def _exact(self, snap: Snapshot, positions: np.ndarray, q: np.ndarray | EncodedQueries,
-               w: tuple[float, float], bq: BoundQuery | None = None) -> Exact:
-        """``rank.Exact`` for sorted positions of a snapshot (the CSA frame score for a CSA model)."""
-        bq = bq or BoundQuery.of(_vector(q))
-        threads = torch.get_num_threads() if len(positions) > 1 else 1
-        ex = exact_rows(snap.stored, snap.seg_start, positions, bq, w, snap.windows, threads)
-        if not self._csa:
-            return ex
-        frame = self._csa_frame(snap, positions, q)
-        return dataclasses.replace(ex, frame=frame, total=w[0] * ex.clip + w[1] * frame)
-
-    def _csa_frame(self, snap: Snapshot, positions: np.ndarray, q: np.ndarray | EncodedQueries) -> np.ndarray:
-        """CSA frame scores (float64) of the videos at ``positions``, from their stored frames."""
-        if not isinstance(q, EncodedQueries):
-            raise QueryError("this index's model scores frames with CSA, which needs the query's tokens: "
-                             "pass the model's EncodedQueries of the query (model.encode_queries) as q")
-        device = self.model.device
-        frames, mask = pad([torch.from_numpy(snap.frames(p).copy()) for p in positions])
-        with torch.no_grad():
-            scores = ral.csa_scores(self.model.text_weight_fc, q.tokens.to(device), q.token_mask.to(device),
-                                    frames.to(device), mask.to(device), pad_to=self.model.cfg.max_ctx_l)
-        return scores[0].double().cpu().numpy()
-
-    def _evidence(self, snap: Snapshot, ranked: np.ndarray, q: np.ndarray | EncodedQueries,
-                  w: tuple[float, float]) -> tuple[VideoEvidence, ...]:
-        """VideoEvidence of the ranked positions (read in storage order, returned in rank order)."""
-        if not len(ranked):
-            return ()
-        order = np.argsort(ranked)
-        positions = ranked[order]
-        ex = self._exact(snap, positions, q, w)
-        units = snap.gather("units", positions).astype(np.float32)
-        pidx = snap.gather("pidx", positions).astype(np.int64)
-        windows = snap.table[pidx]  # (V, P, 2)
-        V = np.arange(len(positions))
-        key_window = windows[V, ex.key]  # (V, 2)
-        attention = self._attention(snap, positions, units, key_window, pidx[V, ex.key])
-        unit_norm = np.maximum(np.linalg.norm(units.astype(np.float64), axis=-1), 1e-12)
-        unit_cos = ex.u / unit_norm / max(float(np.linalg.norm(_vector(q).astype(np.float64))), 1e-12)
-        ref_clip, ref_frame = snap.gather("ref_clip", positions), snap.gather("ref_frame", positions)
-        n_scales = snap.gather("n_scales", positions)
-        hits = [VideoEvidence(snap.videos[p], float(ex.total[i]), float(ex.clip[i]), float(ex.frame[i]),
-                              int(ex.key[i]), int(pidx[i, ex.key[i]]),
-                              (int(key_window[i, 0]), int(key_window[i, 1])), windows[i], pidx[i],
-                              ex.proposal_cos[i].astype(np.float64), unit_cos[i], *snap.rows(p), attention[i],
-                              **self._fine(snap, p, int(n_scales[i])), ref_clip=ref_clip[i],
-                              ref_frame=ref_frame[i])
-                for i, p in enumerate(positions)]
-        return tuple(hits[i] for i in np.argsort(order))
-
-    @staticmethod
-    def _fine(snap: Snapshot, position: int, n_scales: int) -> dict[str, np.ndarray]:
-        """A video's fine rows (float16, as stored: mapped rows are read here) with seconds and segments."""
-        fine = np.asarray(snap.ragged("fine", position))
-        segments = unpack(snap.ragged("seg_bounds", position), snap.ragged("seg_levels", position), len(fine),
-                          n_scales)
-        return {"fine": fine, "fine_start": np.asarray(snap.ragged("fine_start", position)),
-                "fine_end": np.asarray(snap.ragged("fine_end", position)), "segments": segments,
-                "context": np.asarray(snap.ragged("context", position))}
-
-    def _attention(self, snap: Snapshot, positions: np.ndarray, units: np.ndarray, key_window: np.ndarray,
-                   key_index: np.ndarray) -> list[np.ndarray]:
-        """The key clip's attention over each video's frames, from the model (only these videos are read)."""
-        frames = [torch.from_numpy(snap.frames(p).copy()) for p in positions]
-        lengths = torch.tensor([len(f) for f in frames])
-        padded = torch.nn.utils.rnn.pad_sequence(frames, batch_first=True)
-        mask = (torch.arange(padded.shape[1]) < lengths[:, None]).float()
-        u = torch.from_numpy(units).double()
-        key = torch.stack([u[i, s:e].mean(0) for i, (s, e) in enumerate(key_window)]).float()[:, None]
-        index = torch.from_numpy(key_index).long()[:, None]
-        device = getattr(self.model, "device", torch.device("cpu"))
-        enc = EncodedVideos(torch.from_numpy(units).to(device), key.to(device), index.to(device),
-                            padded.to(device), mask.to(device))
-        with torch.no_grad():
-            _, alpha = self.model.attend(enc, torch.zeros(len(positions), 1, dtype=torch.long, device=device))
-        return [alpha[i, 0, :n].float().cpu().numpy() for i, n in enumerate(lengths.tolist())]

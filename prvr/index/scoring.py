@@ -1,0 +1,114 @@
+"""Exact scores and evidence of chosen videos, for any gallery backend: the built-in index reads them from
+its ``Snapshot``, the Qdrant backend from the payloads of its candidates (a reader with the same accessors:
+stored, seg_start, windows, table, gather, frames, rows, ragged, videos)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import torch
+
+from prvr import ral
+from prvr.index.evidence import VideoEvidence
+from prvr.index.rank import Exact, exact_rows
+from prvr.index.sketch import BoundQuery
+from prvr.index.snapshot import Snapshot
+from prvr.model import EncodedQueries, EncodedVideos
+from prvr.preprocess import pad
+from prvr.query import QueryError
+from prvr.segments import unpack
+
+
+def query_vector(q: np.ndarray | torch.Tensor | EncodedQueries) -> np.ndarray:
+    """The (H,) float32 query vector of the model's encoding of one query."""
+    if isinstance(q, EncodedQueries):
+        q = q.vectors
+    if isinstance(q, torch.Tensor):
+        q = q.detach().float().cpu().numpy()
+    x = np.asarray(q, dtype=np.float32).reshape(-1)
+    if not np.isfinite(x).all():
+        raise QueryError("the query vector contains NaN or inf")
+    return np.ascontiguousarray(x)
+
+
+def is_csa(model) -> bool:
+    """True for a model whose frame score is RAL's CSA (from the query's tokens, not bounded by stored z)."""
+    return bool(getattr(model.cfg, "csa", False))
+
+
+def exact_of(model, snap: Snapshot, positions: np.ndarray, q: np.ndarray | EncodedQueries,
+         w: tuple[float, float], bq: BoundQuery | None = None) -> Exact:
+    """``rank.Exact`` for sorted positions of a snapshot (the CSA frame score for a CSA model)."""
+    bq = bq or BoundQuery.of(query_vector(q))
+    threads = torch.get_num_threads() if len(positions) > 1 else 1
+    ex = exact_rows(snap.stored, snap.seg_start, positions, bq, w, snap.windows, threads)
+    if not is_csa(model):
+        return ex
+    frame = csa_frame(model, snap, positions, q)
+    return dataclasses.replace(ex, frame=frame, total=w[0] * ex.clip + w[1] * frame)
+
+def csa_frame(model, snap: Snapshot, positions: np.ndarray, q: np.ndarray | EncodedQueries) -> np.ndarray:
+    """CSA frame scores (float64) of the videos at ``positions``, from their stored frames."""
+    if not isinstance(q, EncodedQueries):
+        raise QueryError("this index's model scores frames with CSA, which needs the query's tokens: "
+                         "pass the model's EncodedQueries of the query (model.encode_queries) as q")
+    device = model.device
+    frames, mask = pad([torch.from_numpy(snap.frames(p).copy()) for p in positions])
+    with torch.no_grad():
+        scores = ral.csa_scores(model.text_weight_fc, q.tokens.to(device), q.token_mask.to(device),
+                                frames.to(device), mask.to(device), pad_to=model.cfg.max_ctx_l)
+    return scores[0].double().cpu().numpy()
+
+def evidence_of(model, snap: Snapshot, ranked: np.ndarray, q: np.ndarray | EncodedQueries,
+            w: tuple[float, float]) -> tuple[VideoEvidence, ...]:
+    """VideoEvidence of the ranked positions (read in storage order, returned in rank order)."""
+    if not len(ranked):
+        return ()
+    order = np.argsort(ranked)
+    positions = ranked[order]
+    ex = exact_of(model, snap, positions, q, w)
+    units = snap.gather("units", positions).astype(np.float32)
+    pidx = snap.gather("pidx", positions).astype(np.int64)
+    windows = snap.table[pidx]  # (V, P, 2)
+    V = np.arange(len(positions))
+    key_window = windows[V, ex.key]  # (V, 2)
+    attention = _attention(model, snap, positions, units, key_window, pidx[V, ex.key])
+    unit_norm = np.maximum(np.linalg.norm(units.astype(np.float64), axis=-1), 1e-12)
+    unit_cos = ex.u / unit_norm / max(float(np.linalg.norm(query_vector(q).astype(np.float64))), 1e-12)
+    ref_clip, ref_frame = snap.gather("ref_clip", positions), snap.gather("ref_frame", positions)
+    n_scales = snap.gather("n_scales", positions)
+    hits = [VideoEvidence(snap.videos[p], float(ex.total[i]), float(ex.clip[i]), float(ex.frame[i]),
+                          int(ex.key[i]), int(pidx[i, ex.key[i]]),
+                          (int(key_window[i, 0]), int(key_window[i, 1])), windows[i], pidx[i],
+                          ex.proposal_cos[i].astype(np.float64), unit_cos[i], *snap.rows(p), attention[i],
+                          **_fine(snap, p, int(n_scales[i])), ref_clip=ref_clip[i],
+                          ref_frame=ref_frame[i])
+            for i, p in enumerate(positions)]
+    return tuple(hits[i] for i in np.argsort(order))
+
+def _fine(snap: Snapshot, position: int, n_scales: int) -> dict[str, np.ndarray]:
+    """A video's fine rows (float16, as stored: mapped rows are read here) with seconds and segments."""
+    fine = np.asarray(snap.ragged("fine", position))
+    segments = unpack(snap.ragged("seg_bounds", position), snap.ragged("seg_levels", position), len(fine),
+                      n_scales)
+    return {"fine": fine, "fine_start": np.asarray(snap.ragged("fine_start", position)),
+            "fine_end": np.asarray(snap.ragged("fine_end", position)), "segments": segments,
+            "context": np.asarray(snap.ragged("context", position))}
+
+def _attention(model, snap: Snapshot, positions: np.ndarray, units: np.ndarray, key_window: np.ndarray,
+           key_index: np.ndarray) -> list[np.ndarray]:
+    """The key clip's attention over each video's frames, from the model (only these videos are read)."""
+    frames = [torch.from_numpy(snap.frames(p).copy()) for p in positions]
+    lengths = torch.tensor([len(f) for f in frames])
+    padded = torch.nn.utils.rnn.pad_sequence(frames, batch_first=True)
+    mask = (torch.arange(padded.shape[1]) < lengths[:, None]).float()
+    u = torch.from_numpy(units).double()
+    key = torch.stack([u[i, s:e].mean(0) for i, (s, e) in enumerate(key_window)]).float()[:, None]
+    index = torch.from_numpy(key_index).long()[:, None]
+    device = getattr(model, "device", torch.device("cpu"))
+    enc = EncodedVideos(torch.from_numpy(units).to(device), key.to(device), index.to(device),
+                        padded.to(device), mask.to(device))
+    with torch.no_grad():
+        _, alpha = model.attend(enc, torch.zeros(len(positions), 1, dtype=torch.long, device=device))
+    return [alpha[i, 0, :n].float().cpu().numpy() for i, n in enumerate(lengths.tolist())]
