@@ -180,9 +180,13 @@ def key_clip_attention(
     keys, values (Nv, L, H), frame_mask (Nv, L) 1 = valid, key_clips (Nv, J, H)
     -> z (Nv, J, H) attended frame features, alpha (Nv, J, L) weights (exactly 0 on padding).
     """
-    logits = key_clips @ keys.transpose(-1, -2) / temperature  # (Nv, J, L)
-    alpha = logits.masked_fill(frame_mask[:, None, :] == 0, -1e9).softmax(dim=-1)
+    alpha = attention_weights(key_clips @ keys.transpose(-1, -2), frame_mask, temperature)
     return alpha @ values, alpha
+
+
+def attention_weights(logits: Tensor, frame_mask: Tensor, temperature: float = 1.0) -> Tensor:
+    """Softmax over frames of (Nv, J, L) key-clip logits / temperature; exactly 0 on padding (mask 0)."""
+    return (logits / temperature).masked_fill(frame_mask[:, None, :] == 0, -1e9).softmax(dim=-1)
 
 
 # how a model attends: (frames (Nv, L, H), frame_mask (Nv, L), key_clips (Nv, J, H)) -> z (Nv, J, H), alpha
@@ -458,6 +462,13 @@ class MSSL(nn.Module):
         """
         keys, values = self.mapping_linear[0](frames), self.mapping_linear[1](frames)
         return key_clip_attention(keys, values, frame_mask, key_clips)
+
+    @torch.no_grad()
+    def key_attention(self, frames: Tensor, frame_mask: Tensor, key_clips: Tensor) -> Tensor:
+        """``_attend``'s alpha alone (what results show): W_k folded into the key clips instead of projecting
+        every frame, c . (W_k f) = (c W_k) . f."""
+        folded = key_clips @ self.mapping_linear[0].weight  # (Nv, J, H)
+        return attention_weights(folded @ frames.transpose(-1, -2), frame_mask)
 
     # ---- inference on raw features
     @staticmethod

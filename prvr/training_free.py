@@ -29,6 +29,7 @@ from prvr.model import (
     EncodedVideos,
     Scores,
     attend_proposals,
+    attention_weights,
     key_clip_attention,
     two_branch_scores,
     window_proposals,
@@ -107,6 +108,11 @@ class TrainingFreeModel:
     def _attend(self, frames: Tensor, frame_mask: Tensor, key_clips: Tensor) -> tuple[Tensor, Tensor]:
         """Key-clip-guided attention with identity projections and this model's temperature."""
         return key_clip_attention(frames, frames, frame_mask, key_clips, self.cfg.temperature)
+
+    @torch.no_grad()
+    def key_attention(self, frames: Tensor, frame_mask: Tensor, key_clips: Tensor) -> Tensor:
+        """``_attend``'s alpha alone (what results show)."""
+        return attention_weights(key_clips @ frames.transpose(-1, -2), frame_mask, self.cfg.temperature)
 
     @torch.no_grad()
     def attend(self, videos: EncodedVideos, proposal_idx: Tensor) -> tuple[Tensor, Tensor]:

@@ -32,18 +32,23 @@ def fake_text_encoder(texts: list[str]) -> list[np.ndarray]:
     return out
 
 
+def gallery() -> list[GalleryVideo]:
+    """Six random videos: below 32 units, between, and re-binned frames (one row per 2 s)."""
+    rng = np.random.default_rng(0)
+    videos = []
+    for i, rows in enumerate([1, 20, 45, 90, 33, 64]):
+        t = np.arange(rows, dtype=np.float32) * 2.0
+        videos.append(GalleryVideo(f"v{i}", rng.standard_normal((rows, 24)).astype(np.float32), t, t + 2.0,
+                                   2.0 * rows, title=f"clip {i}", path=f"/videos/v{i}.mp4"))
+    return videos
+
+
 @pytest.fixture(scope="module")
 def index(tmp_path_factory: pytest.TempPathFactory) -> VideoIndex:
     torch.manual_seed(0)
     model = MSSL(MSSLConfig(visual_dim=24, query_dim=16, hidden_size=32, n_heads=2, max_ctx_l=32)).eval()
-    rng = np.random.default_rng(0)
-    videos = []
-    for i, rows in enumerate([1, 20, 45, 90, 33, 64]):  # below 32 units, between, and re-binned frames
-        t = np.arange(rows, dtype=np.float32) * 2.0  # one row per 2 s
-        videos.append(GalleryVideo(f"v{i}", rng.standard_normal((rows, 24)).astype(np.float32), t, t + 2.0,
-                                   2.0 * rows, title=f"clip {i}", path=f"/videos/v{i}.mp4"))
     ix = VideoIndex.create(tmp_path_factory.mktemp("search") / "ix", model)
-    ix.add(videos)
+    ix.add(gallery())
     return ix
 
 
@@ -100,6 +105,16 @@ def test_search_result_dicts(index: VideoIndex) -> None:
         assert len(att["time"]) == len(att["weight"]) and sum(att["weight"]) == pytest.approx(1, abs=1e-4)
         assert all(0 <= t <= r["duration"] for t in att["time"])
         assert r["path"].endswith(".mp4") and r["title"].startswith("clip")
+
+
+def test_attention_is_the_models_key_clip_attention(index: VideoIndex) -> None:
+    """Each result's attention is what MS-SL's frame branch computes for its key clip (model.attend)."""
+    rows = {v.id: v.features for v in gallery()}
+    for r in search_text([index], "a dog runs after a ball", fake_text_encoder, k=6):
+        enc = index.model.encode_videos([rows[r["video_id"]]])
+        window = torch.tensor([[r["key_clip"]["proposal"]]])  # every window is stored: number = position
+        _, alpha = index.model.attend(enc, window)
+        np.testing.assert_allclose(r["attention"]["weight"], alpha[0, 0].numpy(), atol=2e-6)
 
 
 def test_search_weights_rerank_and_token_queries(index: VideoIndex) -> None:

@@ -14,7 +14,7 @@ from prvr.index.evidence import VideoEvidence
 from prvr.index.rank import Exact, exact_rows
 from prvr.index.sketch import BoundQuery
 from prvr.index.snapshot import Snapshot
-from prvr.model import EncodedQueries, EncodedVideos
+from prvr.model import EncodedQueries
 from prvr.preprocess import pad
 from prvr.query import QueryError
 from prvr.segments import unpack
@@ -73,7 +73,7 @@ def evidence_of(model, snap: Snapshot, ranked: np.ndarray, q: np.ndarray | Encod
     windows = snap.table[pidx]  # (V, P, 2)
     V = np.arange(len(positions))
     key_window = windows[V, ex.key]  # (V, 2)
-    attention = _attention(model, snap, positions, units, key_window, pidx[V, ex.key])
+    attention = _attention(model, snap, positions, units, key_window)
     unit_norm = np.maximum(np.linalg.norm(units.astype(np.float64), axis=-1), 1e-12)
     unit_cos = ex.u / unit_norm / max(float(np.linalg.norm(query_vector(q).astype(np.float64))), 1e-12)
     ref_clip, ref_frame = snap.gather("ref_clip", positions), snap.gather("ref_frame", positions)
@@ -96,19 +96,13 @@ def _fine(snap: Snapshot, position: int, n_scales: int) -> dict[str, np.ndarray]
             "fine_end": np.asarray(snap.ragged("fine_end", position)), "segments": segments,
             "context": np.asarray(snap.ragged("context", position))}
 
-def _attention(model, snap: Snapshot, positions: np.ndarray, units: np.ndarray, key_window: np.ndarray,
-           key_index: np.ndarray) -> list[np.ndarray]:
-    """The key clip's attention over each video's frames, from the model (only these videos are read)."""
-    frames = [torch.from_numpy(snap.frames(p).copy()) for p in positions]
-    lengths = torch.tensor([len(f) for f in frames])
-    padded = torch.nn.utils.rnn.pad_sequence(frames, batch_first=True)
-    mask = (torch.arange(padded.shape[1]) < lengths[:, None]).float()
-    u = torch.from_numpy(units).double()
-    key = torch.stack([u[i, s:e].mean(0) for i, (s, e) in enumerate(key_window)]).float()[:, None]
-    index = torch.from_numpy(key_index).long()[:, None]
+def _attention(model, snap: Snapshot, positions: np.ndarray, units: np.ndarray,
+               key_window: np.ndarray) -> list[np.ndarray]:
+    """The key clip's attention over each video's frames (``model.key_attention``; only these are read)."""
+    frames, mask = pad([torch.from_numpy(snap.frames(p).copy()) for p in positions])
+    key = np.stack([units[i, s:e].astype(np.float64).mean(0) for i, (s, e) in enumerate(key_window)])
     device = getattr(model, "device", torch.device("cpu"))
-    enc = EncodedVideos(torch.from_numpy(units).to(device), key.to(device), index.to(device),
-                        padded.to(device), mask.to(device))
-    with torch.no_grad():
-        _, alpha = model.attend(enc, torch.zeros(len(positions), 1, dtype=torch.long, device=device))
-    return [alpha[i, 0, :n].float().cpu().numpy() for i, n in enumerate(lengths.tolist())]
+    alpha = model.key_attention(frames.to(device), mask.to(device),
+                                torch.from_numpy(key.astype(np.float32))[:, None].to(device))
+    lengths = mask.sum(1).long().tolist()
+    return [alpha[i, 0, :n].float().cpu().numpy() for i, n in enumerate(lengths)]
