@@ -98,11 +98,13 @@ def _fine(snap: Snapshot, position: int, n_scales: int) -> dict[str, np.ndarray]
 
 def _attention(model, snap: Snapshot, positions: np.ndarray, units: np.ndarray,
                key_window: np.ndarray) -> list[np.ndarray]:
-    """The key clip's attention over each video's frames (``model.key_attention``; only these are read)."""
-    frames, mask = pad([torch.from_numpy(snap.frames(p).copy()) for p in positions])
-    key = np.stack([units[i, s:e].astype(np.float64).mean(0) for i, (s, e) in enumerate(key_window)])
+    """The key clip's attention over each video's frames (``model.key_attention``; only these are read).
+    One video at a time, unpadded: its weights do not depend on which videos share the call."""
     device = getattr(model, "device", torch.device("cpu"))
-    alpha = model.key_attention(frames.to(device), mask.to(device),
-                                torch.from_numpy(key.astype(np.float32))[:, None].to(device))
-    lengths = mask.sum(1).long().tolist()
-    return [alpha[i, 0, :n].float().cpu().numpy() for i, n in enumerate(lengths)]
+    out = []
+    for i, (s, e) in enumerate(key_window):
+        frames = torch.from_numpy(np.array(snap.frames(positions[i]), np.float32)).to(device)[None]
+        key = torch.from_numpy(units[i, s:e].astype(np.float64).mean(0).astype(np.float32)).to(device)
+        alpha = model.key_attention(frames, torch.ones(frames.shape[:2], device=device), key[None, None])
+        out.append(alpha[0, 0].float().cpu().numpy())
+    return out
