@@ -64,13 +64,16 @@ class MomentConfig:
 def contrast(sim: np.ndarray, spans: np.ndarray) -> np.ndarray:
     """(C,) t statistic of the rows inside each [first, end) span (C, 2) against the rest of the video."""
     n = len(sim)
-    csum = np.concatenate([[0.0], np.cumsum(sim, dtype=np.float64)])
+    csum = np.zeros(n + 1)
+    np.cumsum(sim, dtype=np.float64, out=csum[1:])
+    deviation = sim - csum[-1] / n
+    sd = max(float(np.sqrt(np.dot(deviation, deviation) / n)), 1e-9)  # the video's own spread
     n_in = (spans[:, 1] - spans[:, 0]).astype(np.float64)
     n_out = np.maximum(n - n_in, 1)
     sum_in = csum[spans[:, 1]] - csum[spans[:, 0]]
-    sd = max(float(sim.std()), 1e-9)
     t = (sum_in / n_in - (csum[-1] - sum_in) / n_out) / (sd * np.sqrt(1 / n_in + 1 / n_out))
-    return np.where(n_in < n, t, 0.0)  # the whole video contrasts with nothing
+    t[n_in >= n] = 0.0  # the whole video contrasts with nothing
+    return t
 
 
 def _similarities(q: np.ndarray, vectors: np.ndarray, start: np.ndarray, end: np.ndarray) -> np.ndarray:
@@ -88,7 +91,10 @@ def _similarities(q: np.ndarray, vectors: np.ndarray, start: np.ndarray, end: np
 def heatmap(sim: np.ndarray, start: np.ndarray, end: np.ndarray, max_cells: int) -> dict:
     """Row similarities as at most ``max_cells`` cells: {"start", "end", "score"} (seconds, mean cos)."""
     n = len(sim)
-    edges = np.unique(np.linspace(0, n, min(n, max_cells) + 1).round().astype(np.int64))
+    if n <= max_cells:  # one cell per row
+        return {"start": np.round(start, 3).tolist(), "end": np.round(end, 3).tolist(),
+                "score": np.round(sim.astype(np.float64), 6).tolist()}
+    edges = np.unique(np.linspace(0, n, max_cells + 1).round().astype(np.int64))
     score = np.add.reduceat(sim.astype(np.float64), edges[:-1]) / np.diff(edges)
     return {"start": np.round(start[edges[:-1]], 3).tolist(), "end": np.round(end[edges[1:] - 1], 3).tolist(),
             "score": np.round(score, 6).tolist()}
@@ -121,8 +127,8 @@ def find_moments(q: np.ndarray, vectors: np.ndarray, start: np.ndarray, end: np.
     cfg = cfg or MomentConfig()
     sim = _similarities(q, vectors, start, end)
     start, end = np.asarray(start, np.float64), np.asarray(end, np.float64)
-    finest(segments, len(sim))  # the segments must cover exactly these rows
     seg = np.asarray(segments, np.int64)
+    parts = finest(seg, len(sim))  # the segments must cover exactly these rows
     code = np.unique(seg[:, 1] * (len(sim) + 1) + seg[:, 2])  # distinct candidates, as one int each
     spans = np.stack([code // (len(sim) + 1), code % (len(sim) + 1)], axis=1)  # (C, 2)
     if cfg.propagation_beta is None:
@@ -130,7 +136,6 @@ def find_moments(q: np.ndarray, vectors: np.ndarray, start: np.ndarray, end: np.
     else:
         if context is None:
             context = propagate_finest(np.asarray(vectors, np.float32), seg, cfg.propagation_beta)
-        parts = finest(seg, len(sim))
         qn = np.asarray(q, np.float32) / max(float(np.linalg.norm(q)), 1e-12)
         per_part = np.einsum("fh,h->f", np.asarray(context, np.float32), qn)
         context_sim = np.repeat(per_part, parts[:, 1] - parts[:, 0])
