@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import time
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -341,6 +343,43 @@ class TextBackbone:
     model: nn.Module
     tokenizer: object
     device: torch.device
+    traced: object | None = None  # the model as TorchScript, set by ``trace``; ``encode`` runs it when set
+
+    def trace(self, example: str = "a person opens the door and walks into the kitchen") -> bool:
+        """Trace the model to TorchScript on CPU, for ``encode`` to run from then on; whether it is in use.
+
+        A traced forward runs in C++ without holding Python's GIL (one short query: about twice as fast,
+        and concurrent queries overlap). It is kept only if it gives the eager model's outputs for texts
+        of other lengths than the example's and for a padded batch; otherwise ``encode`` stays eager."""
+        if self.device.type != "cpu":
+            return False
+        t0 = time.perf_counter()
+        checks = [[example], ["a dog"], ["someone laughs", "a man in a red coat runs up the stairs", "x"]]
+        try:
+            with torch.no_grad(), warnings.catch_warnings():
+                warnings.simplefilter("ignore")  # the tracer's notes on shape-dependent Python code
+                traced = torch.jit.trace(self.model, example_kwarg_inputs=self._inputs(checks[0], None),
+                                         strict=False)
+                for texts in checks[1:]:
+                    inputs = self._inputs(texts, None)
+                    if not torch.allclose(_hidden(traced(**inputs)), _hidden(self.model(**inputs)),
+                                          atol=1e-5, rtol=1e-4):
+                        log.warning("%s: the traced model differs from the eager one; staying eager",
+                                    self.name)
+                        return False
+        except Exception as err:  # a model TorchScript cannot trace: the eager model serves as before
+            log.warning("%s: cannot trace the text model (%s); staying eager", self.name, err)
+            return False
+        self.traced = traced
+        log.info("%s: text model traced in %.1f s (queries now encode without the GIL)", self.name,
+                 time.perf_counter() - t0)
+        return True
+
+    def _inputs(self, texts: list[str], limit: int | None) -> dict[str, torch.Tensor]:
+        """The tokenizer's padded tensors for texts, on ``device``."""
+        inputs = self.tokenizer(texts, padding=True, truncation=True, max_length=limit or self.cfg.max_tokens,
+                                return_tensors="pt")
+        return {k: v.to(self.device) for k, v in inputs.items()}
 
     @torch.inference_mode()
     def encode(self, texts: list[str], max_tokens: int | None = None, batch: int = 64) -> list[np.ndarray]:
@@ -354,13 +393,17 @@ class TextBackbone:
             for text, ids in zip(chunk, self.tokenizer(chunk)["input_ids"], strict=True):
                 if len(ids) > limit:
                     log.warning("%s: text cut from %d to %d tokens: %.60s", self.name, len(ids), limit, text)
-            inputs = self.tokenizer(chunk, padding=True, truncation=True, max_length=limit,
-                                    return_tensors="pt").to(self.device)
+            inputs = self._inputs(chunk, limit)
             with _autocast(self.device, self.cfg):
-                hidden = self.model(**inputs).last_hidden_state.float()  # (b, L, dim)
+                hidden = _hidden((self.traced or self.model)(**inputs)).float()  # (b, L, dim)
             mask = inputs["attention_mask"].bool()
             out += [h[m].cpu().numpy() for h, m in zip(hidden, mask, strict=True)]
         return out
+
+
+def _hidden(output: object) -> torch.Tensor:
+    """The last hidden states (b, L, dim) of a text model's output (a traced model returns a dict)."""
+    return output["last_hidden_state"] if isinstance(output, dict) else output.last_hidden_state
 
 
 def create_backbone(name: str, weights: str | None = None,

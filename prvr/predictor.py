@@ -387,6 +387,7 @@ class Predictor:
         # Searches run in parallel: each index serves reads from an immutable snapshot and serialises its
         # own writes; nothing else here is shared mutable state.
         self.examples: list[str] = []
+        self.tracing: threading.Thread | None = None  # from_settings' background trace of the text model
 
     @classmethod
     def from_settings(cls, settings: AppSettings) -> Predictor:
@@ -411,6 +412,10 @@ class Predictor:
             predictor.search(predictor.examples[0] if predictor.examples else "a video", k=1)
         log.info("ready in %.1f s: %d videos in %s", time.perf_counter() - t0, len(predictor.index),
                  predictor.index_dir)
+        # searches run the text model eagerly until its TorchScript trace is ready and checked (seconds)
+        predictor.tracing = threading.Thread(target=predictor.text.backbone.trace, name="trace-text-model",
+                                             daemon=True)
+        predictor.tracing.start()
         return predictor
 
     # ------------------------------------------------------------------ leaving nothing behind

@@ -163,6 +163,40 @@ def test_tiny_roberta_through_a_profile() -> None:
     assert encoder.profile.identity()["weights"]["roberta_test"] == "random"
 
 
+def test_traced_text_model_gives_the_eager_tokens() -> None:
+    encoder = TextEncoder("paper_test", device="cpu")
+    texts = ["a dog", "someone opens the fridge and takes out a bottle of milk", "x y", "a " * 40]
+    eager = encoder.encode(texts)
+    assert encoder.backbone.trace() and encoder.backbone.traced is not None
+    for batch in (texts, texts[:1], texts[2:]):  # other lengths and paddings than the trace's example
+        for mine, theirs in zip(encoder.encode(batch), eager[texts.index(batch[0]):], strict=False):
+            assert mine.shape == theirs.shape and np.allclose(mine, theirs, atol=1e-5)
+
+
+class LengthDependent(torch.nn.Module):
+    """A text model whose output depends on the length through Python: a trace would freeze the branch."""
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor,
+                attention_mask: torch.Tensor) -> dict:
+        hidden = self.model(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+        return {"last_hidden_state": hidden * 2 if int(input_ids.shape[1]) > 6 else hidden}
+
+
+def test_text_model_that_traces_wrongly_stays_eager(caplog: pytest.LogCaptureFixture) -> None:
+    encoder = TextEncoder("paper_test", device="cpu")
+    encoder.backbone.model = LengthDependent(encoder.backbone.model)
+    before = encoder.encode(["a dog", "a man in a red coat runs up the stairs"])
+    with caplog.at_level(logging.WARNING, logger="extract.backbones"):
+        assert not encoder.backbone.trace() and encoder.backbone.traced is None
+    assert "differs from the eager one" in caplog.text
+    after = encoder.encode(["a dog", "a man in a red coat runs up the stairs"])
+    assert all(np.array_equal(a, b) for a, b in zip(before, after, strict=True))
+
+
 # ----------------------------------------------------------------------------- profiles
 def test_profiles_dims_and_identity() -> None:
     assert {"lite", "paper", "paper_test"} <= set(list_profiles())
