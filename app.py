@@ -35,9 +35,10 @@ os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
 
 import gradio as gr
 
-from prvr.predictor import AppSettings, Predictor, SessionGallery
+from prvr.predictor import Predictor, SessionGallery
 from prvr.query import QueryError
 from prvr.results import SearchResponse
+from prvr.settings import AppSettings
 
 log = logging.getLogger(__name__)
 

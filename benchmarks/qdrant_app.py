@@ -18,7 +18,8 @@ import time
 from pathlib import Path
 
 import prvr  # noqa: F401  - applies the torchvision CPU fix before anything else
-from prvr.predictor import AppSettings, Predictor
+from prvr.predictor import Predictor
+from prvr.settings import AppSettings
 
 QUERIES = ("a person riding a bike", "a cat on a sofa", "a rocket launch", "people walking on a street",
            "a dog running")

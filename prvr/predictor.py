@@ -1,10 +1,9 @@
 """The one object the app talks to: a model, its shared index, per-session upload indexes and uploads.
 
-``Predictor.from_settings(AppSettings.from_args())`` picks the model (a trained MS-SL checkpoint, else a
-training-free one: the ``clip`` profile's where its weights load, else the ``lite`` profile's; see
-``load_model``), opens the shared index in the data directory (building it from the generated demo
-gallery on first start) and optionally indexes a folder of the user's videos (only new or changed files,
-by sha256). Then:
+``Predictor.from_settings(AppSettings.from_args())`` picks the model (``prvr.model_choice.load_model``: a
+trained MS-SL checkpoint, else a training-free one), opens the shared index in the data directory (building
+it from the generated demo gallery on first start) and optionally indexes a folder of the user's videos
+(only new or changed files, by sha256). Then:
 
     predictor.search(query, k, clip_weight, session) -> SearchResponse    # a list of Contract 4 dicts
     predictor.add_video(path, session, progress)     -> {status, video_id, message}
@@ -18,7 +17,6 @@ session; locally (``uploads="shared"``) it joins the shared gallery.
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import json
 import logging
@@ -29,113 +27,21 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass
 from pathlib import Path
 from typing import NamedTuple
 
-import numpy as np
-
 from extract.decode import DecodeLimits, MediaError, find_videos, probe, sha256_file
 from extract.transcode import ensure_browser_playable, unplayable_reason
-from prvr.paths import default_data_dir
+from prvr.model_choice import ModelInfo, load_model, profile_weights, warm_search_kernels
 from prvr.query import QueryError
 from prvr.results import SearchResponse
 from prvr.search import search_text
+from prvr.settings import AppSettings
 
 log = logging.getLogger(__name__)
 
 Progress = Callable[[float, str], None]  # (fraction of this video done, stage in words)
-UPLOAD_MODES = ("session", "shared")
-
-
-def on_spaces() -> bool:
-    """True inside a Hugging Face Space (public: listen on all interfaces, keep uploads private)."""
-    return bool(os.environ.get("SPACE_ID"))
-
-
-@dataclass
-class AppSettings:
-    """Everything the app can be told; CLI flags override ``PRVR_*`` environment variables."""
-
-    host: str = field(default_factory=lambda: "0.0.0.0" if on_spaces() else "127.0.0.1")
-    port: int = 7860
-    data_dir: Path = field(default_factory=default_data_dir)
-    checkpoint: Path | None = None  # a trained MS-SL checkpoint; None: a training-free model
-    profile: str | None = None  # None: the checkpoint's profile, else "clip" if it loads, else "lite"
-    weights: tuple[str, ...] = ()  # BACKBONE=SPEC each (e.g. clip=DIR); env PRVR_WEIGHTS: comma-separated
-    gallery: Path | None = None  # a folder of the user's videos, indexed at start (incrementally)
-    uploads: str = field(default_factory=lambda: "session" if on_spaces() else "shared")
-    max_upload_mb: int = 200
-    max_uploads_per_session: int = 10
-    max_duration_s: float = 20 * 60.0  # longer uploads are refused (extraction runs ~1 s of video per 50 ms)
-    session_ttl_s: float = 6 * 3600.0  # a session's private uploads are deleted after this much idle time
-    demo_videos: str | None = None  # comma-separated demo video ids to index; None: all (fewer: faster start)
-    mcp: bool = False  # also serve the named endpoints as MCP tools at /gradio_api/mcp/ (needs gradio[mcp])
-    # the shared gallery's backend: None, the built-in index in data_dir; qdrant://HOST:PORT/COLLECTION (a
-    # server) or qdrant+local://DIR (embedded): prvr.index.qdrant, docs/qdrant.md
-    index: str | None = None
-
-    def __post_init__(self) -> None:
-        if self.uploads not in UPLOAD_MODES:
-            raise ValueError(f"uploads must be one of {UPLOAD_MODES}, got {self.uploads!r}")
-        for name in ("max_upload_mb", "max_uploads_per_session", "max_duration_s", "port"):
-            if getattr(self, name) <= 0:
-                raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
-        self.data_dir = Path(self.data_dir).expanduser()
-        self.checkpoint = Path(self.checkpoint).expanduser() if self.checkpoint else None
-        self.gallery = Path(self.gallery).expanduser() if self.gallery else None
-        if self.index:
-            from prvr.index.qdrant_store import QdrantTarget
-
-            QdrantTarget.parse(self.index)  # a bad URL is refused before anything loads
-        self.weights = tuple(self.weights)
-        self.weight_specs()  # a malformed --weights fails here, naming it
-
-    def weight_specs(self) -> dict[str, str]:
-        """``--weights`` as {backbone: spec}; every item must name its backbone (NAME=SPEC)."""
-        from extract.pipeline import parse_weights
-
-        specs = parse_weights(list(self.weights))
-        if isinstance(specs, str):
-            raise ValueError(f"--weights {specs!r} must name its backbone, e.g. clip=/path/to/model")
-        return specs or {}
-
-    @classmethod
-    def from_args(cls, argv: Sequence[str] | None = None) -> AppSettings:
-        """Settings from command-line flags, falling back to ``PRVR_<NAME>`` variables, then defaults."""
-        parser = argparse.ArgumentParser(description="PRVR video search app (Gradio).")
-        for f in fields(cls):
-            env = os.environ.get(f"PRVR_{f.name.upper()}")
-            if f.name == "weights":  # repeatable; the variable holds comma-separated items
-                parser.add_argument("--weights", action="append", metavar="BACKBONE=SPEC",
-                                    default=None, help="backbone weights, e.g. clip=/path/to/model "
-                                    "(repeatable; env PRVR_WEIGHTS, comma-separated)")
-                continue
-            kind = {"port": int, "max_upload_mb": int, "max_uploads_per_session": int,
-                    "max_duration_s": float, "session_ttl_s": float, "mcp": _yes}.get(f.name, str)
-            flag = {"nargs": "?", "const": True} if kind is _yes else {}  # ``--mcp`` alone means yes
-            parser.add_argument(f"--{f.name.replace('_', '-')}", type=kind, default=env,
-                                choices=UPLOAD_MODES if f.name == "uploads" else None,
-                                help=f"(env PRVR_{f.name.upper()})", **flag)
-        # argparse converts string defaults (the environment's values) with ``type`` too
-        given = {k: v for k, v in vars(parser.parse_args(argv)).items() if v is not None}
-        if "weights" not in given and os.environ.get("PRVR_WEIGHTS"):
-            given["weights"] = [w.strip() for w in os.environ["PRVR_WEIGHTS"].split(",") if w.strip()]
-        try:
-            return cls(**given)
-        except ValueError as err:
-            parser.error(str(err))
-            raise  # unreachable: parser.error exits
-
-
-def _yes(text: str) -> bool:
-    """A boolean flag or variable: 1/true/yes/on or 0/false/no/off."""
-    value = str(text).strip().lower()
-    if value not in ("1", "true", "yes", "on", "0", "false", "no", "off", ""):
-        raise argparse.ArgumentTypeError(f"expected yes or no (1/0, true/false), got {text!r}")
-    return value in ("1", "true", "yes", "on")
-
-
 class UploadRefused(MediaError):
     """An upload refused by the app's limits (size, count), before any decoding."""
 
@@ -183,117 +89,6 @@ class Pending(NamedTuple):
     sha256: str
 
 
-@dataclass(frozen=True)
-class ModelInfo:
-    """What the info panel says about the model in use."""
-
-    name: str
-    description: str
-    metrics: dict | None = None
-    why: str = ""  # why this model serves: an explicit flag, or the automatic choice and any fallback
-
-
-TRAINING_FREE = ("clip", "lite")  # profiles with a training-free model: the first that loads serves
-
-
-def load_model(settings: AppSettings) -> tuple[object, ModelInfo, str]:
-    """(model, its description, feature profile name): the checkpoint if given, else a training-free model.
-
-    With no --profile: ``clip`` where its weights load (a host with hub access, or --weights clip=DIR),
-    else ``lite``; a failed load is logged with the model, the cause and the fallback.
-    """
-    if settings.checkpoint is None:
-        return _training_free(settings)
-    return _checkpoint(settings)
-
-
-def _training_free(settings: AppSettings) -> tuple[object, ModelInfo, str]:
-    """The clip profile's zero-shot model where it loads (or was asked for), else the lite bridge."""
-    from prvr import bridge, zero_shot
-
-    choice = settings.profile
-    if choice not in (None, *TRAINING_FREE):
-        known = " or ".join(map(repr, TRAINING_FREE))
-        raise ValueError(f"the training-free models read the {known} profile, not {choice!r}; give a "
-                         f"--checkpoint trained on {choice!r}")
-    fallback = ""
-    if choice in (None, "clip"):
-        spec = settings.weight_specs().get("clip")
-        try:
-            model = zero_shot.ZeroShotModel.from_pretrained(spec, device="cuda" if _cuda() else "cpu")
-        except Exception as err:  # any failed load falls back (an explicit choice re-raises)
-            if choice == "clip":
-                raise
-            fallback = (f"the clip profile's model {model_source(spec)} did not load ({err}); serving the "
-                        "offline default, the lite profile's bridge, instead")
-            log.warning("%s", fallback)
-        else:
-            why = ("chosen with --profile clip" if choice else
-                   "chosen automatically: no --profile was given and the clip profile's weights loaded")
-            log.info("model: %s from %s (%s)", zero_shot.NAME, model.source, why)
-            about = (f"No PRVR training: the image and text embeddings of one CLIP-family model "
-                     f"({model.source}), scored with MS-SL's clip-scale and frame-scale branches. Give "
-                     "`--checkpoint` to use a trained MS-SL model.")
-            return model, ModelInfo(zero_shot.NAME, about, why=why), zero_shot.PROFILE
-    if set(settings.weight_specs()) & {b for b, _ in _profile(bridge.PROFILE).weights}:
-        raise ValueError(f"the {bridge.PROFILE!r} training-free model uses its packaged weights; --weights "
-                         "applies to the clip profile or to a checkpoint's profile")
-    model = bridge.BridgeModel.from_pretrained(cache_dir=settings.data_dir / "bridge")
-    why = "chosen with --profile lite" if choice else f"chosen automatically: {fallback}"
-    log.info("model: %s (%s)", bridge.NAME, why)
-    about = ("No PRVR training: EfficientNet-Lite0's ImageNet classes mapped into MiniLM's sentence "
-             "space, scored with MS-SL's clip-scale and frame-scale branches. Give `--checkpoint` to use "
-             "a trained MS-SL model.")
-    return model, ModelInfo(bridge.NAME, about, why=why), bridge.PROFILE
-
-
-def model_source(spec: str | None) -> str:
-    """The clip profile's weights in words: the given spec, or the registry's default hub id."""
-    from extract.backbones import get_backbone_cfg
-
-    return spec or get_backbone_cfg("clip").weights
-
-
-def _profile(name: str):  # extract.profiles.Profile, imported lazily
-    """A registered feature profile."""
-    from extract.profiles import get_profile
-
-    return get_profile(name)
-
-
-def profile_weights(settings: AppSettings, profile: str) -> dict[str, str]:
-    """The --weights that concern this profile's backbones (others are for another profile)."""
-    names = {b for b, _ in _profile(profile).weights}
-    return {b: spec for b, spec in settings.weight_specs().items() if b in names}
-
-
-def _checkpoint(settings: AppSettings) -> tuple[object, ModelInfo, str]:
-    """A trained MS-SL checkpoint and the profile it was trained on."""
-    from prvr.model import MSSL
-
-    device = "cuda" if _cuda() else "cpu"
-    model = MSSL.from_checkpoint(settings.checkpoint, map_location=device).eval()
-    meta = getattr(model, "checkpoint_meta", None) or {}
-    profile = (model.profile or {}).get("name") or settings.profile
-    if profile is None:
-        raise ValueError(f"checkpoint {settings.checkpoint} records no feature profile; give --profile")
-    if settings.profile and settings.profile != profile:
-        raise ValueError(f"checkpoint {settings.checkpoint} was trained on profile {profile!r}, "
-                         f"not {settings.profile!r}")
-    epoch = f", epoch {meta['epoch']}" if meta.get("epoch") is not None else ""
-    info = ModelInfo(f"MS-SL checkpoint {settings.checkpoint.name}",
-                     f"Trained MS-SL model from `{settings.checkpoint}`{epoch}.", meta.get("metrics"),
-                     why="chosen with --checkpoint")
-    return model, info, profile
-
-
-def _cuda() -> bool:
-    """True when a CUDA device is usable."""
-    import torch
-
-    return torch.cuda.is_available()
-
-
 def upload_limits(settings: AppSettings) -> DecodeLimits:
     """Decoder limits for uploads: the app's maximum duration, the decoder's other defaults."""
     return DecodeLimits(max_duration_s=settings.max_duration_s)
@@ -307,40 +102,6 @@ def caption_examples(captions: Sequence[object], limit: int = 24) -> list[str]:
     rounds = max((len(v) for v in by_photo.values()), default=0)
     ordered = [texts[i] for i in range(rounds) for texts in by_photo.values() if i < len(texts)]
     return list(dict.fromkeys(ordered))[:limit]
-
-
-def warm_search_kernels(model: object, profile: str) -> threading.Thread:
-    """Compile (first start in a checkout, about a minute on 2 cores) or load the index's numba search
-    kernels in a background thread, by searching a throwaway two-video index of random rows."""
-    from extract.profiles import get_profile
-    from prvr.index import GalleryVideo, IndexConfig, VideoIndex
-    from prvr.search import search
-
-    dims = get_profile(profile)
-
-    def run() -> None:
-        t0 = time.perf_counter()
-        log.info("preparing the search kernels in the background (about a minute on a checkout's first "
-                 "start, while numba compiles them; about a second once cached)")
-        rng = np.random.default_rng(0)
-        try:
-            with tempfile.TemporaryDirectory(prefix="prvr-kernels-") as tmp:
-                index = VideoIndex.create(Path(tmp) / "index", model, IndexConfig())
-                videos = []
-                for i, n in enumerate((40, 70)):
-                    rows = np.abs(rng.normal(size=(n, dims.visual_dim))).astype(np.float32)
-                    times = np.arange(n, dtype=np.float64)
-                    videos.append(GalleryVideo(f"warm{i}", rows, times, times + 1.0, float(n)))
-                index.add(videos)
-                search([index], rng.normal(size=(6, dims.text_dim)).astype(np.float32), k=1)
-        except Exception:  # only a head start: the first real search compiles instead
-            log.exception("warming the search kernels failed; the first search will compile them")
-            return
-        log.info("search kernels ready in %.1f s", time.perf_counter() - t0)
-
-    thread = threading.Thread(target=run, name="warm-search-kernels", daemon=True)
-    thread.start()
-    return thread
 
 
 class Predictor:

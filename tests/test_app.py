@@ -288,7 +288,7 @@ def test_playable_mp4_is_kept_and_garbage_is_a_media_error(tmp_path: Path) -> No
 
 
 def test_settings_come_from_flags_then_environment_then_defaults(monkeypatch: pytest.MonkeyPatch) -> None:
-    from prvr.predictor import AppSettings
+    from prvr.settings import AppSettings
 
     for name in ("PRVR_UPLOADS", "PRVR_HOST", "PRVR_PORT", "PRVR_MAX_UPLOAD_MB", "SPACE_ID", "PRVR_MCP"):
         monkeypatch.delenv(name, raising=False)

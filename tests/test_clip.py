@@ -201,7 +201,7 @@ def test_index_of_one_profile_is_never_searched_with_another(models: dict, video
 
 # ----------------------------------------------------------------------------- choosing, serving, training
 def test_app_settings_take_weights_from_flags_or_environment(monkeypatch: pytest.MonkeyPatch) -> None:
-    from prvr.predictor import AppSettings
+    from prvr.settings import AppSettings
 
     monkeypatch.delenv("PRVR_WEIGHTS", raising=False)
     assert AppSettings.from_args([]).weight_specs() == {}
@@ -216,7 +216,8 @@ def test_app_settings_take_weights_from_flags_or_environment(monkeypatch: pytest
 
 def test_without_a_profile_the_app_falls_back_to_lite_naming_model_and_cause(tmp_path: Path) -> None:
     from prvr import bridge
-    from prvr.predictor import AppSettings, load_model
+    from prvr.model_choice import load_model
+    from prvr.settings import AppSettings
 
     t0 = time.perf_counter()
     model, info, profile = load_model(AppSettings(data_dir=tmp_path))
@@ -269,7 +270,9 @@ def test_checkpoint_trained_on_clip_features_is_served(models: dict, videos: lis
                                                         tmp_path: Path) -> None:
     from extract.profiles import ProfileMismatch
     from prvr.evaluate import main as evaluate_main
-    from prvr.predictor import AppSettings, Predictor, load_model
+    from prvr.model_choice import load_model
+    from prvr.predictor import Predictor
+    from prvr.settings import AppSettings
     from prvr.train import main as train_main
 
     feats, caps, split = tmp_path / "f.h5", tmp_path / "caps.txt", tmp_path / "all.txt"

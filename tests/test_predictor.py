@@ -7,7 +7,8 @@ from pathlib import Path
 import pytest
 
 from prvr import bridge
-from prvr.predictor import AppSettings, load_model
+from prvr.model_choice import load_model
+from prvr.settings import AppSettings
 
 
 def test_bridge_class_embeddings_land_in_the_data_dir(tmp_path: Path,

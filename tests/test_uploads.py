@@ -34,7 +34,9 @@ def model():
 
 def make_predictor(data_dir: Path, model, **settings):
     """A Predictor over an empty shared index in ``data_dir`` (no demo gallery: fast)."""
-    from prvr.predictor import AppSettings, ModelInfo, Predictor
+    from prvr.model_choice import ModelInfo
+    from prvr.predictor import Predictor
+    from prvr.settings import AppSettings
 
     return Predictor(AppSettings(data_dir=data_dir, **settings), model, ModelInfo("m", "d"), "lite")
 
@@ -115,7 +117,9 @@ import sys, time, shutil
 sys.path.insert(0, {str(REPO)!r})
 import extract
 from prvr.bridge import BridgeModel
-from prvr.predictor import AppSettings, ModelInfo, Predictor
+from prvr.model_choice import ModelInfo
+from prvr.predictor import Predictor
+from prvr.settings import AppSettings
 p = Predictor(AppSettings(data_dir={str(data)!r}), BridgeModel.from_pretrained(), ModelInfo("m", "d"), "lite")
 real_copy = shutil.copyfile
 def slow_copy(src, dst, **kw):
@@ -146,13 +150,13 @@ p.add_video({str(clip)!r})
 def test_search_kernels_warm_in_the_background(model, caplog: pytest.LogCaptureFixture) -> None:
     import logging
 
-    from prvr.predictor import warm_search_kernels
+    from prvr.model_choice import warm_search_kernels
 
-    with caplog.at_level(logging.INFO, logger="prvr.predictor"):
+    with caplog.at_level(logging.INFO, logger="prvr.model_choice"):
         thread = warm_search_kernels(model, "lite")
         thread.join(timeout=300)
     assert not thread.is_alive()
-    messages = [r.getMessage() for r in caplog.records if r.name == "prvr.predictor"]
+    messages = [r.getMessage() for r in caplog.records if r.name == "prvr.model_choice"]
     assert messages[0].startswith("preparing the search kernels in the background")
     assert messages[-1].startswith("search kernels ready in"), messages  # a failure logs an exception
 
