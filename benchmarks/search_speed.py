@@ -37,9 +37,10 @@ import numpy as np
 import torch
 
 import prvr  # noqa: F401  - applies the torchvision CPU fix before anything else
+from prvr.branches import EncodedVideos, window_proposals
 from prvr.index import IndexConfig, IndexStoreError, VideoIndex
 from prvr.index.ingest import RAGGED, ReferenceQueries, half_up
-from prvr.model import MSSL, EncodedVideos, MSSLConfig, window_proposals
+from prvr.model import MSSL, MSSLConfig
 from prvr.preprocess import window_table
 from prvr.propagation import BETA, propagate_finest
 from prvr.search import search

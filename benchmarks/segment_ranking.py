@@ -41,7 +41,7 @@ from prvr.annotated import (
     load_moments_file,
     recall_metrics,
 )
-from prvr.model import key_clip_attention
+from prvr.branches import key_clip_attention
 from prvr.propagation import propagate
 from prvr.segments import segment_video
 

@@ -47,7 +47,8 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from prvr import paths
-from prvr.model import DictConfig, key_clip_attention
+from prvr.branches import key_clip_attention
+from prvr.model import DictConfig
 from prvr.propagation import BETA
 from prvr.training_free import TrainingFreeModel
 

@@ -29,8 +29,9 @@ import torch
 
 import prvr  # noqa: F401 - applies the torchvision CPU fix before anything imports torchvision
 from prvr.annotated import first_relevant_ranks
+from prvr.branches import EncodedVideos, cat_queries
 from prvr.data import PreparedSplit, add_source_args, check_compatible, prepare_split, source_from_args
-from prvr.model import MSSL, EncodedVideos, cat_queries
+from prvr.model import MSSL
 
 log = logging.getLogger(__name__)
 

@@ -1,10 +1,10 @@
 """MS-SL (ACM MM 2022) and its MS-SL++ variant: a clip-scale and a frame-scale branch over video features.
 
-Read bottom-up, nanoGPT style: input projection, positional encoding, attention encoder, the shared pure
-scoring functions (also used by the training-free models, prvr/training_free.py), then ``MSSLConfig`` and
-``MSSL``.
-Parameter names are the official ones, so official checkpoints load with ``strict=True``; every numeric
-quirk of the official code is kept (see docs/design.md and the MS-SL reference notes).
+Read top to bottom: ``MSSLConfig``, then ``MSSL``: encoders (built from ``prvr.layers``), inference on raw
+features through the shared branch functions (``prvr.branches``, also used by the training-free models),
+the training loss, checkpoints. Parameter names are the official ones, so official checkpoints load with
+``strict=True``; every numeric quirk of the official code is kept (see docs/design.md and the MS-SL
+reference notes).
 """
 
 from __future__ import annotations
@@ -14,8 +14,7 @@ import functools
 import hashlib
 import json
 import logging
-import math
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Self
@@ -25,12 +24,26 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from prvr import losses, ral, regularizers
+from prvr.branches import (
+    EncodedQueries,
+    EncodedVideos,
+    Scores,
+    attend_proposals,
+    attention_weights,
+    branch_scores,
+    cat_queries,
+    chunks,
+    clip_scale,
+    clip_scale_with_raw,
+    key_clip_attention,
+    two_branch_scores,
+    window_proposals,
+)
 from prvr.clustering import length_aware_kmedoids
-from prvr.preprocess import ArrayLike, check_rows, clip_input, frame_input, pad, query_input, window_table
+from prvr.layers import BertAttention, LinearLayer, TrainablePositionalEncoding, project_valid
+from prvr.preprocess import ArrayLike, check_rows, clip_input, frame_input, pad, query_input
 
 log = logging.getLogger(__name__)
-
-_CHUNK_ELEMENTS = 1 << 24  # bound on the largest intermediate tensor in chunked scoring (64 MB float32)
 
 EXTENSIONS = {  # the seed papers' options, each switched by one MSSLConfig field (train.py: --<name>)
     "csa": "RAL's CSA: word-confidence set-to-set frame score (also used at inference)",
@@ -39,192 +52,6 @@ EXTENSIONS = {  # the seed papers' options, each switched by one MSSLConfig fiel
     "irm": "IRM: redundancy features as extra negatives (training only)",
     "tcp": "TCP: temporal coherence prediction on both branches (training only)",
 }
-
-
-# ----------------------------------------------------------------------------- building blocks
-class LinearLayer(nn.Module):
-    """Input projection: LayerNorm over the input dim -> Dropout -> Linear -> ReLU."""
-
-    def __init__(self, in_dim: int, out_dim: int, dropout: float):
-        super().__init__()
-        self.LayerNorm = nn.LayerNorm(in_dim)
-        self.net = nn.Sequential(nn.Dropout(dropout), nn.Linear(in_dim, out_dim))
-
-    def forward(self, x: Tensor) -> Tensor:  # (B, L, in_dim) -> (B, L, out_dim)
-        return F.relu(self.net(self.LayerNorm(x)))
-
-
-def project_valid(proj: LinearLayer, x: Tensor, mask: Tensor) -> Tensor:
-    """proj over the valid rows of a zero-padded (B, L, D) batch only -> (B, L, H).
-
-    Every padded row gets the projection of one zero row (in eval mode exactly what projecting the zero
-    padding gives). Padded rows never reach a valid output (attention and pooling give them exactly zero
-    weight), so valid rows are unchanged, while the largest matmul of a training step (and its backward)
-    skips the padding. Only the dropout draws differ from projecting the padded batch (fewer rows).
-    """
-    B, L, D = x.shape
-    idx = mask.reshape(-1).nonzero().squeeze(1)  # flat positions of the valid rows
-    if len(idx) == B * L:
-        return proj(x)
-    valid = proj(x.reshape(B * L, D).index_select(0, idx))  # (n, H)
-    padding = proj(x.new_zeros(1, D)).expand(B * L, -1)
-    return padding.index_copy(0, idx, valid).view(B, L, -1)
-
-
-class TrainablePositionalEncoding(nn.Module):
-    """x + learned position embedding, then LayerNorm and Dropout."""
-
-    def __init__(self, max_len: int, hidden: int, dropout: float):
-        super().__init__()
-        self.position_embeddings = nn.Embedding(max_len, hidden)
-        self.LayerNorm = nn.LayerNorm(hidden)
-        self.dropout = nn.Dropout(dropout)
-
-    def forward(self, x: Tensor) -> Tensor:  # (B, L, H)
-        positions = torch.arange(x.shape[1], device=x.device)
-        return self.dropout(self.LayerNorm(x + self.position_embeddings(positions)))
-
-
-class BertAttention(nn.Module):
-    """One multi-head self-attention block with residual + LayerNorm and no feed-forward (as official)."""
-
-    def __init__(self, hidden: int, n_heads: int, dropout: float):
-        super().__init__()
-        self.n_heads, self.dropout = n_heads, dropout
-        # ModuleDicts reproduce the official names: self.{query,key,value}, output.{dense,LayerNorm}
-        self.self = nn.ModuleDict({name: nn.Linear(hidden, hidden) for name in ("query", "key", "value")})
-        self.output = nn.ModuleDict({"dense": nn.Linear(hidden, hidden), "LayerNorm": nn.LayerNorm(hidden)})
-
-    def forward(self, x: Tensor, mask: Tensor | None = None) -> Tensor:
-        """x (B, L, H), mask (B, L) 1 = valid or None -> (B, L, H)."""
-        B, L, H = x.shape
-        q, k, v = (self.self[n](x).view(B, L, self.n_heads, -1).transpose(1, 2)  # (B, nh, L, hs)
-                   for n in ("query", "key", "value"))
-        logits = q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1])  # (B, nh, L, L)
-        if mask is not None:  # additive -10000, as BERT does; padded keys get ~0 weight
-            logits = logits + (1.0 - mask[:, None, None, :]) * -10000.0
-        probs = F.dropout(logits.softmax(dim=-1), self.dropout, self.training)
-        context = (probs @ v).transpose(1, 2).reshape(B, L, H)
-        out = F.dropout(self.output["dense"](context), self.dropout, self.training)
-        return self.output["LayerNorm"](out + x)
-
-
-# ----------------------------------------------------------------------------- shared scoring functions
-@functools.lru_cache(maxsize=8)
-def _window_matrix(map_size: int, device: torch.device) -> Tensor:
-    """(M(M+1)/2, M) averaging matrix: row j holds 1/k over the k units of window j (by length then start)."""
-    table = window_table(map_size)
-    units = torch.arange(map_size)
-    inside = (units >= table[:, :1]) & (units < table[:, 1:])  # (P, M)
-    return (inside / (table[:, 1:] - table[:, :1])).float().to(device)
-
-
-def window_proposals(units: Tensor) -> Tensor:
-    """(B, M, H) clip units -> (B, M(M+1)/2, H): mean of every contiguous window, by length then start."""
-    # one small matmul: within ~3e-7 of the official average pooling (as close as that pooling is to the
-    # exact means) and ~10x faster than prefix sums + gathers, forward and backward
-    weights = _window_matrix(units.shape[1], units.device).to(units.dtype)
-    return torch.matmul(weights, units)
-
-
-def _chunks(n: int, size: int) -> Iterator[slice]:
-    """Consecutive slices of at most ``size`` covering range(n)."""
-    size = max(1, size)
-    return (slice(i, min(i + size, n)) for i in range(0, n, size))
-
-
-def clip_scale(queries: Tensor, proposals: Tensor) -> tuple[Tensor, Tensor]:
-    """Max over proposals of cos(q, p) and its argmax: (Nq, H) x (Nv, P, H) -> (Nq, Nv) twice."""
-    queries, proposals = F.normalize(queries, dim=-1), F.normalize(proposals, dim=-1)
-    per_chunk = _CHUNK_ELEMENTS // max(1, queries.shape[0] * proposals.shape[1])
-    best = [torch.einsum("qh,vph->qvp", queries, proposals[c]).max(dim=-1)  # (Nq, c) each
-            for c in _chunks(len(proposals), per_chunk)]
-    return torch.cat([b.values for b in best], dim=1), torch.cat([b.indices for b in best], dim=1)
-
-
-def clip_scale_with_raw(queries: Tensor, proposals: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-    """Training's two maxima: (max cos, its argmax, max raw q.p), each (Nq, Nv), differentiable."""
-    # a max passes gradient to its argmax only, so the (Nq, Nv, P) products run once without autograd to
-    # find both argmaxes (raw and cosine, from ONE product), and only the winning (q, proposal) pairs are
-    # recomputed with gradient: the backward of the largest matmul of a training step disappears
-    Nq, (Nv, P, H) = len(queries), proposals.shape
-    p_norm = proposals.norm(dim=-1).clamp_min(1e-12)  # (Nv, P), F.normalize's eps
-    with torch.no_grad():
-        inv_norm = 1.0 / p_norm  # |q| does not move the argmax
-        per_chunk = _CHUNK_ELEMENTS // max(1, Nq * P)
-        cos_arg, raw_arg = [], []
-        for c in _chunks(Nv, per_chunk):
-            dots = torch.einsum("qh,vph->qvp", queries, proposals[c])  # (Nq, c, P)
-            raw_arg.append(dots.argmax(dim=-1))
-            cos_arg.append(dots.mul_(inv_norm[None, c]).argmax(dim=-1))
-        cos_arg, raw_arg = torch.cat(cos_arg, dim=1), torch.cat(raw_arg, dim=1)
-    base = torch.arange(Nv, device=proposals.device) * P  # row of proposal 0 of each video in (Nv * P, H)
-    flat = proposals.reshape(Nv * P, H)
-
-    def picked_dots(arg: Tensor) -> tuple[Tensor, Tensor]:
-        """(Nq, Nv) q . proposals[v, arg[q, v]] and the flat proposal rows; backward is an index_add."""
-        rows = (base + arg).flatten()
-        return torch.einsum("qh,qvh->qv", queries, flat.index_select(0, rows).view(Nq, Nv, H)), rows
-
-    raw, _ = picked_dots(raw_arg)
-    cos_dots, rows = picked_dots(cos_arg)
-    q_norm = queries.norm(dim=-1).clamp_min(1e-12)
-    return cos_dots / (q_norm[:, None] * p_norm.flatten().index_select(0, rows).view(Nq, Nv)), cos_arg, raw
-
-
-def key_clip_attention(
-    keys: Tensor, values: Tensor, frame_mask: Tensor, key_clips: Tensor, temperature: float = 1.0
-) -> tuple[Tensor, Tensor]:
-    """Single-head attention of key clips over frames (no scaling, as official).
-
-    keys, values (Nv, L, H), frame_mask (Nv, L) 1 = valid, key_clips (Nv, J, H)
-    -> z (Nv, J, H) attended frame features, alpha (Nv, J, L) weights (exactly 0 on padding).
-    """
-    alpha = attention_weights(key_clips @ keys.transpose(-1, -2), frame_mask, temperature)
-    return alpha @ values, alpha
-
-
-def attention_weights(logits: Tensor, frame_mask: Tensor, temperature: float = 1.0) -> Tensor:
-    """Softmax over frames of (Nv, J, L) key-clip logits / temperature; exactly 0 on padding (mask 0)."""
-    return (logits / temperature).masked_fill(frame_mask[:, None, :] == 0, -1e9).softmax(dim=-1)
-
-
-# how a model attends: (frames (Nv, L, H), frame_mask (Nv, L), key_clips (Nv, J, H)) -> z (Nv, J, H), alpha
-AttendFn = Callable[[Tensor, Tensor, Tensor], tuple[Tensor, Tensor]]
-
-
-def attend_proposals(videos: EncodedVideos, proposal_idx: Tensor, attend: AttendFn) -> tuple[Tensor, Tensor]:
-    """Key-clip-guided attention for proposals (Nv, J) (indices into videos.proposals) -> z, alpha."""
-    idx = proposal_idx.to(videos.proposals.device)
-    key_clips = videos.proposals.gather(1, idx[..., None].expand(-1, -1, videos.proposals.shape[-1]))
-    return attend(videos.frames, videos.frame_mask, key_clips)
-
-
-def frame_scale(queries: Tensor, videos: EncodedVideos, key_idx: Tensor, attend: AttendFn) -> Tensor:
-    """cos(q, z) for every pair, z = ``attend`` of the pair's key clip (key_idx (Nq, Nv)) -> (Nq, Nv)."""
-    (Nq, H), Nv, L = queries.shape, len(videos.proposals), videos.frames.shape[1]
-    unit = F.normalize(queries, dim=-1)
-    frame = queries.new_empty(Nq, Nv)
-    for c in _chunks(Nv, _CHUNK_ELEMENTS // max(1, Nq * max(L, H))):
-        idx = key_idx[:, c].t()  # (c, Nq)
-        key_clips = videos.proposals[c].gather(1, idx[..., None].expand(-1, -1, H))  # (c, Nq, H)
-        z, _ = attend(videos.frames[c], videos.frame_mask[c], key_clips)  # (c, Nq, H)
-        frame[:, c] = torch.einsum("qh,vqh->qv", unit, F.normalize(z, dim=-1))
-    return frame
-
-
-def branch_scores(clip: Tensor, key_idx: Tensor, frame: Tensor, videos: EncodedVideos,
-                  weights: tuple[float, float]) -> Scores:
-    """Scores from the two branches' (Nq, Nv) cosines, weighted (clip, frame); key clips among all windows."""
-    key_clip = videos.proposal_index.gather(1, key_idx.t()).t()
-    return Scores(total=weights[0] * clip + weights[1] * frame, clip=clip, frame=frame, key_clip=key_clip)
-
-
-def two_branch_scores(queries: Tensor, videos: EncodedVideos, attend: AttendFn,
-                      weights: tuple[float, float]) -> Scores:
-    """MS-SL's inference score of every (query, video) pair: key clip, its attention, weighted sum."""
-    clip, key_idx = clip_scale(queries, videos.proposals)
-    return branch_scores(clip, key_idx, frame_scale(queries, videos, key_idx, attend), videos, weights)
 
 
 # ----------------------------------------------------------------------------- config and outputs
@@ -306,52 +133,6 @@ class MSSLConfig(DictConfig):
             kwargs["clusters"] = int(official_cfg.get("cluster_num", 32))
         return cls(visual_dim=int(official_cfg["visual_input_size"]),
                    query_dim=int(official_cfg["query_input_size"]), **kwargs)
-
-
-@dataclass
-class EncodedVideos:
-    clip_units: Tensor  # (Nv, M, H) encoded clip units C
-    proposals: Tensor  # (Nv, P, H): all M(M+1)/2 windows (by length then start), or the k medoids
-    proposal_index: Tensor  # (Nv, P) long: index 0..527 of each proposal among all windows
-    frames: Tensor  # (Nv, L, H) encoded frames, zero-padded
-    frame_mask: Tensor  # (Nv, L) float, 1 = valid
-
-
-@dataclass
-class EncodedQueries:
-    """What a CSA model scores queries with: the pooled vectors plus the frame-branch tokens."""
-
-    vectors: Tensor  # (Nq, H) attention-pooled query vectors (clip branch)
-    tokens: Tensor  # (Nq, Lq, H) frame-branch token features, zero-padded
-    token_mask: Tensor  # (Nq, Lq) float, 1 = valid
-
-    def __len__(self) -> int:
-        return len(self.vectors)
-
-    def __getitem__(self, idx: slice | Tensor) -> EncodedQueries:
-        return EncodedQueries(self.vectors[idx], self.tokens[idx], self.token_mask[idx])
-
-    def to(self, device: torch.device | str) -> EncodedQueries:
-        """Move every tensor to ``device``."""
-        return EncodedQueries(self.vectors.to(device), self.tokens.to(device), self.token_mask.to(device))
-
-
-def cat_queries(parts: Sequence[Tensor | EncodedQueries]) -> Tensor | EncodedQueries:
-    """Concatenate batches of encoded queries (token batches are zero-padded to a common length)."""
-    if not isinstance(parts[0], EncodedQueries):
-        return torch.cat(list(parts))
-    L = max(p.tokens.shape[1] for p in parts)
-    return EncodedQueries(torch.cat([p.vectors for p in parts]),
-                          torch.cat([F.pad(p.tokens, (0, 0, 0, L - p.tokens.shape[1])) for p in parts]),
-                          torch.cat([F.pad(p.token_mask, (0, L - p.token_mask.shape[1])) for p in parts]))
-
-
-@dataclass
-class Scores:  # every field is (Nq, Nv)
-    total: Tensor  # clip_scale_w * clip + frame_scale_w * frame
-    clip: Tensor  # max cosine over proposals
-    frame: Tensor  # cosine between the query and its key-clip-guided frame feature
-    key_clip: Tensor  # long: index (0..527, among all windows) of the key clip
 
 
 # ----------------------------------------------------------------------------- the model
@@ -485,7 +266,7 @@ class MSSL(nn.Module):
         if len(frames_list) == 0:
             raise ValueError("encode_videos: got no videos")
         parts = []
-        for c in _chunks(len(frames_list), batch_size):
+        for c in chunks(len(frames_list), batch_size):
             raw = [self._checked(x, self.cfg.visual_dim, f"video {i}")
                    for i, x in enumerate(frames_list[c], c.start)]
             clips = torch.stack([clip_input(x, self.cfg.map_size) for x in raw])
@@ -517,7 +298,7 @@ class MSSL(nn.Module):
         if len(tokens_list) == 0:
             raise ValueError("encode_queries: got no queries")
         out = []
-        for c in _chunks(len(tokens_list), batch_size):
+        for c in chunks(len(tokens_list), batch_size):
             raw = [self._checked(x, self.cfg.query_dim, f"query {i}")
                    for i, x in enumerate(tokens_list[c], c.start)]
             tokens, mask = pad([query_input(x, self.cfg.max_desc_l) for x in raw])

@@ -17,9 +17,9 @@ from collections.abc import Callable, Sequence
 import numpy as np
 import torch
 
+from prvr.branches import EncodedQueries
 from prvr.confidence import CalibratedConfidence
 from prvr.index import Evidence, VideoIndex
-from prvr.model import EncodedQueries
 from prvr.query import QueryError, check_weights, clean_query
 from prvr.results import Confidence, SearchResponse, result_dicts
 

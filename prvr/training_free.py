@@ -25,7 +25,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from prvr.model import (
+from prvr.branches import (
     EncodedVideos,
     Scores,
     attend_proposals,

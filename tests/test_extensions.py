@@ -11,7 +11,8 @@ from torch.distributions import Normal, kl_divergence
 
 import prvr  # noqa: F401  - applies the torchvision CPU fix first
 from prvr import ral, regularizers
-from prvr.model import MSSL, EncodedQueries, MSSLConfig
+from prvr.branches import EncodedQueries
+from prvr.model import MSSL, MSSLConfig
 from prvr.preprocess import pad
 from prvr.query import QueryError
 

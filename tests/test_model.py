@@ -14,9 +14,9 @@ import torch
 import torch.nn.functional as F
 
 import prvr  # noqa: F401  - applies the torchvision CPU fix first
-from prvr import losses
-from prvr import model as model_module
-from prvr.model import MSSL, MSSLConfig, clip_scale, clip_scale_with_raw, key_clip_attention, window_proposals
+from prvr import branches, losses
+from prvr.branches import clip_scale, clip_scale_with_raw, key_clip_attention, window_proposals
+from prvr.model import MSSL, MSSLConfig
 from prvr.preprocess import (
     clip_input,
     clip_unit_rows,
@@ -185,7 +185,7 @@ def test_score_chunking_does_not_change_results(monkeypatch):
     videos, queries = _gallery()
     encoded, q = model.encode_videos(videos), model.encode_queries(queries)
     whole = model.score(q, encoded)
-    monkeypatch.setattr(model_module, "_CHUNK_ELEMENTS", 1)  # one video per chunk
+    monkeypatch.setattr(branches, "_CHUNK_ELEMENTS", 1)  # one video per chunk
     chunked = model.score(q, encoded)
     for name in ("total", "clip", "frame"):
         torch.testing.assert_close(getattr(chunked, name), getattr(whole, name), atol=1e-6, rtol=0)

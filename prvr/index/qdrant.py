@@ -38,6 +38,7 @@ from typing import NamedTuple
 import numpy as np
 import torch
 
+from prvr.branches import EncodedQueries
 from prvr.index import qdrant_store as layout
 from prvr.index.evidence import Evidence
 from prvr.index.ingest import (
@@ -56,7 +57,6 @@ from prvr.index.scoring import evidence_of, exact_of, is_csa, query_vector
 from prvr.index.sketch import BoundQuery
 from prvr.index.store import IndexStoreError
 from prvr.index.video_index import IndexMismatchError, VideoIndex
-from prvr.model import EncodedQueries
 from prvr.preprocess import window_table
 from prvr.query import QueryError, check_weights
 

@@ -10,11 +10,11 @@ import numpy as np
 import torch
 
 from prvr import ral
+from prvr.branches import EncodedQueries
 from prvr.index.evidence import VideoEvidence
 from prvr.index.rank import Exact, exact_rows
 from prvr.index.sketch import BoundQuery
 from prvr.index.snapshot import Snapshot
-from prvr.model import EncodedQueries
 from prvr.preprocess import pad
 from prvr.query import QueryError
 from prvr.segments import unpack

@@ -34,6 +34,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from prvr.branches import EncodedQueries
 from prvr.index import approximate, store
 from prvr.index.evidence import Evidence
 from prvr.index.ingest import (
@@ -51,7 +52,6 @@ from prvr.index.rank import Exact, clip_bounds, frame_bounds, top_k
 from prvr.index.scoring import evidence_of, exact_of, is_csa, query_vector
 from prvr.index.sketch import FIRST_PASS, BoundQuery, sketch
 from prvr.index.snapshot import Snapshot
-from prvr.model import EncodedQueries
 from prvr.query import QueryError, check_weights
 
 log = logging.getLogger(__name__)
