@@ -16,9 +16,9 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 import numpy as np
-import torch
 
 from prvr.index.evidence import Evidence, VideoEvidence
+from prvr.index.scoring import query_vector
 from prvr.moments import find_moments
 from prvr.preprocess import clip_unit_rows
 
@@ -68,14 +68,6 @@ class Confidence(Protocol):
 def _floats(x: np.ndarray | Sequence[float]) -> list[float]:
     """Plain Python floats (JSON-able), rounded to 6 decimals."""
     return np.round(np.asarray(x, dtype=np.float64).reshape(-1), 6).tolist()
-
-
-def query_vector(q: object) -> np.ndarray:
-    """The (H,) float32 query vector of the model's encoded query (a vector, or ``EncodedQueries``)."""
-    v = getattr(q, "vectors", q)
-    if isinstance(v, torch.Tensor):
-        v = v.detach().float().cpu().numpy()
-    return np.asarray(v, dtype=np.float32).reshape(-1)
 
 
 def result_dict(rank: int, hit: VideoEvidence, confidence: str, q: np.ndarray, map_size: int = 32,
