@@ -32,10 +32,9 @@ model's rows by ``prvr.segments.resample`` when the model re-bins them).
 
 Each moment reports ``score`` (the mean cosine similarity of its rows) and ``contrast`` (the order: the t
 statistic, on the propagated similarities (z-scores where normalised), of the candidate it was refined
-from). The heatmap (raw cosines) has one cell
-per row up to ``max_cells`` cells, then the rows' similarities averaged into ``max_cells`` equal bins.
-Alternatives measured and dropped are in benchmarks/RESULTS.md ("Moments", "Localisation and segment
-ranking").
+from). The heatmap has one cell per row up to ``max_cells`` cells, then the rows' cosines averaged into
+``max_cells`` equal bins. Alternatives measured and dropped are in benchmarks/RESULTS.md ("Moments",
+"Localisation and segment ranking", "Centre inside: query-bank normalised localisation").
 """
 
 from __future__ import annotations
