@@ -221,7 +221,7 @@ def evaluate_set(aset: AnnotatedSet, model=None, references=None) -> dict:
     metrics, judged = {}, {}
     with tempfile.TemporaryDirectory(prefix="prvr-evaluate-") as tmp:
         index = VideoIndex.create(Path(tmp) / "index", model, IndexConfig(),
-                                  references=references or reference_bank(model))
+                                  references if references is not None else reference_bank(model))
         index.add([GalleryVideo.from_features(vid, r) for vid, r in zip(ids, rows, strict=True)])
         for name, weights in rows_weights.items():
             ranks, found = [], []
