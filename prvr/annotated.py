@@ -15,15 +15,16 @@ the videos it is listed under: the same text under two videos (or twice under on
 several relevant videos (or moments).
 
 Protocol (``evaluate_set``): what users get. The set's videos are indexed (``prvr.index.VideoIndex`` in a
-temporary directory, as the app indexes uploads) and every query goes through ``prvr.search.search`` with
-k = the number of videos: at the model's weights for the ``two_branch`` row, at (1, 0) for ``clip`` and at
-(0, 1) for ``frame``. A query's rank is that of its FIRST-ranked relevant video in the response (1-based;
-equal totals in index order); R@k = % of queries with rank <= k; SumR = R@1 + R@5 + R@10. Localisation is
-judged on that first-ranked relevant video's result, against the query's annotated moments in it (best IoU
-over them): IoU >= 0.3 / 0.5 / 0.7 rates, mean IoU and the rate of predicted centres inside a moment, for
-(a) the result's ``key_moment`` (``prvr.moments`` over the stored fine rows and segments), (b) its
-``key_clip`` (MS-SL's raw key clip) and (c) a random window: one of the 528 MS-SL proposals uniformly at
-random, reported as its exact expectation (nothing is sampled).
+temporary directory, as the app indexes uploads: with the scores and row statistics of the reference caption
+bank, ``prvr.confidence``, which localisation normalises by) and every query goes through
+``prvr.search.search`` with k = the number of videos: at the model's weights for the ``two_branch`` row, at
+(1, 0) for ``clip`` and at (0, 1) for ``frame``. A query's rank is that of its FIRST-ranked relevant video in
+the response (1-based; equal totals in index order); R@k = % of queries with rank <= k; SumR = R@1 + R@5 +
+R@10. Localisation is judged on that first-ranked relevant video's result, against the query's annotated
+moments in it (best IoU over them): IoU >= 0.3 / 0.5 / 0.7 rates, mean IoU and the rate of predicted centres
+inside a moment, for (a) the result's ``key_moment`` (``prvr.moments`` over the stored fine rows and
+segments), (b) its ``key_clip`` (MS-SL's raw key clip) and (c) a random window: one of the 528 MS-SL proposals
+uniformly at random, reported as its exact expectation (nothing is sampled).
 """
 
 from __future__ import annotations
@@ -183,9 +184,21 @@ def proposal_spans(start: np.ndarray, end: np.ndarray, map_size: int = 32) -> np
 # ---------------------------------------------------------------------------------------------- scoring
 
 
-def evaluate_set(aset: AnnotatedSet, model=None) -> dict:
+def reference_bank(model, profile: str = "lite"):
+    """The app's reference caption bank (``prvr.confidence``) encoded by ``model`` for an index: its
+    ``ReferenceQueries`` (caption tokens by ``profile``'s text encoder, cached as the app caches them)."""
+    from extract.pipeline import TextEncoder
+    from prvr.confidence import Calibrator
+    from prvr.paths import cache_dir
+
+    calibrator = Calibrator.for_model(model, TextEncoder(profile), cache_dir=cache_dir("confidence"))
+    return calibrator.reference_queries
+
+
+def evaluate_set(aset: AnnotatedSet, model=None, references=None) -> dict:
     """Retrieval and localisation metrics of ``model`` (default: the bridge) on an annotated set, measured
-    through the search path (module docstring)."""
+    through the search path (module docstring); ``references``: the index's ``ReferenceQueries`` (default:
+    ``reference_bank(model)``, as the app)."""
     from extract.features import FeatureFile
     from extract.profiles import check_identity
     from prvr.index import GalleryVideo, IndexConfig, VideoIndex
@@ -207,7 +220,8 @@ def evaluate_set(aset: AnnotatedSet, model=None) -> dict:
     rows_weights = {"two_branch": None, "clip": (1.0, 0.0), "frame": (0.0, 1.0)}
     metrics, judged = {}, {}
     with tempfile.TemporaryDirectory(prefix="prvr-evaluate-") as tmp:
-        index = VideoIndex.create(Path(tmp) / "index", model, IndexConfig())
+        index = VideoIndex.create(Path(tmp) / "index", model, IndexConfig(),
+                                  references if references is not None else reference_bank(model))
         index.add([GalleryVideo.from_features(vid, r) for vid, r in zip(ids, rows, strict=True)])
         for name, weights in rows_weights.items():
             ranks, found = [], []

@@ -17,6 +17,13 @@ Settings, and the criterion each was fixed on (none was tuned on the demo galler
 - ``prompt``: CLIP's standard single ImageNet template, "a photo of a {}.".
 - ``top_k`` = 5: ImageNet's customary top-5. Keeping the long tail of ~995 tiny probabilities would pull every
   row towards the mean of all class embeddings, a direction all videos share.
+- ``fine_top_k`` = None (every class): the rows ``encode_rows`` gives localisation (``prvr.moments``) mix
+  the full posterior, not the top 5. The long tail's shared direction is what ``top_k`` avoids when
+  videos are compared with each other; inside one video it is nearly a constant, and localisation removes
+  what is common to every caption anyway (``prvr.hubness``), while the tail tells apart scenes whose top 5
+  are vague. Kept because it raises the key moment's centre-inside rate on both the demo gallery and the
+  real-video set (benchmarks/RESULTS.md, "Centre inside: query-bank normalised localisation"); the
+  ranking never reads these rows.
 - ``temperature`` = 0.05: the largest value of {1, 0.5, 0.2, 0.1, 0.05, 0.02, 0.01} at which key-clip
   attention puts at least 90 % of its mass on the key clip's own scene, measured by ``attention_focus`` on
   synthetic videos (1 s rows, 8 s scenes, each scene a random mix of 5 random ImageNet classes in the text
@@ -62,6 +69,7 @@ PROFILE = "lite"  # the feature profile whose rows and tokens this model reads
 class BridgeConfig(DictConfig):
     prompt: str = "a photo of a {}."  # CLIP's standard ImageNet template
     top_k: int = 5  # classes kept per frame row (ImageNet's top-5), probabilities renormalised
+    fine_top_k: int | None = None  # ... in encode_rows' rows (localisation's evidence); None: every class
     temperature: float = 0.05  # key-clip attention logits are divided by this (criterion: module docstring)
     clip_scale_w: float = 0.7  # MS-SL's default score weights
     frame_scale_w: float = 0.3
@@ -71,7 +79,11 @@ class BridgeConfig(DictConfig):
     propagation_beta: float = BETA  # TF-PRVR's propagation strength
 
     def __post_init__(self) -> None:
-        """Refuse a propagation strength the closed form cannot use, naming the field."""
+        """Refuse a propagation strength the closed form cannot use or a class count below 1, naming the
+        field."""
+        if self.top_k < 1 or (self.fine_top_k is not None and self.fine_top_k < 1):
+            raise ValueError(f"BridgeConfig: top_k {self.top_k} and fine_top_k {self.fine_top_k} must be "
+                             ">= 1 (fine_top_k None: every class)")
         if not 0 <= self.propagation_beta < 1:
             raise ValueError(f"BridgeConfig.propagation_beta must be in [0, 1), got {self.propagation_beta}")
 
@@ -161,12 +173,19 @@ class BridgeModel(TrainingFreeModel):
             digest.update(t.detach().float().cpu().contiguous().numpy().tobytes())
         return digest.hexdigest()
 
-    @torch.no_grad()
     def to_text_space(self, rows: np.ndarray | Tensor) -> Tensor:
         """Visual rows (n, Dv) -> (n, D) unit vectors: top-k class probabilities x class embeddings."""
+        return self.class_mix(rows, self.cfg.top_k)
+
+    @torch.no_grad()
+    def class_mix(self, rows: np.ndarray | Tensor, top_k: int | None) -> Tensor:
+        """Visual rows (n, Dv) -> (n, D) unit vectors: the class embeddings weighted by the ``top_k`` largest
+        class probabilities, renormalised (None: every class)."""
         rows = torch.as_tensor(rows, dtype=torch.float32).to(self.device)
         probs = self.head(rows).softmax(dim=-1)  # (n, C)
-        top = probs.topk(self.cfg.top_k, dim=-1)
+        if top_k is None or top_k >= probs.shape[-1]:
+            return F.normalize(probs @ self.class_text, dim=-1)
+        top = probs.topk(top_k, dim=-1)
         weights = torch.zeros_like(probs).scatter_(-1, top.indices, top.values)
         weights = weights / weights.sum(dim=-1, keepdim=True)
         return F.normalize(weights @ self.class_text, dim=-1)
@@ -174,6 +193,10 @@ class BridgeModel(TrainingFreeModel):
     def rows_to_space(self, rows: Tensor) -> Tensor:
         """The frame rows in the text space (``to_text_space``)."""
         return self.to_text_space(rows)
+
+    def fine_rows_to_space(self, rows: Tensor) -> Tensor:
+        """The rows localisation reads: the class mix of ``fine_top_k`` classes (module docstring)."""
+        return self.class_mix(rows, self.cfg.fine_top_k)
 
     def query_vectors(self, tokens_list: Sequence[np.ndarray | Tensor]) -> Tensor:
         """Raw per-query MiniLM token rows (L_j, D) -> (Nq, D) sentence vectors."""

@@ -6,7 +6,10 @@ model's finest resolution with their seconds (``model.encode_rows``), and the vi
 segments on those rows (``prvr.segments.segment_video`` of the extracted feature rows, mapped onto the
 model's rows by ``prvr.segments.resample`` when the model re-bins them).
 
-1. ``s_t = cos(q, row_t)`` for every row.
+1. ``s_t = cos(q, row_t)`` for every row. Where the index stored each row's statistics against the reference
+   caption bank (``prvr.hubness``; ``reference_z``), the steps below read the z-score of ``s_t`` among the
+   bank's cosines with that row instead: a row similar to every caption (a blank card, a vague scene) is not
+   evidence for this one. The propagated rows of step 3 are normalised by their own statistics.
 2. Candidates: every segment of every scale of the hierarchy (distinct spans): coherent stretches of the
    video, from single shots to groups of them.
 3. Each candidate is scored by how much better the query matches inside it than in the rest of the video,
@@ -27,11 +30,11 @@ model's rows by ``prvr.segments.resample`` when the model re-bins them).
    best candidate, refined, that overlaps no kept moment and still matches better inside than outside
    (t > 0).
 
-Each moment reports ``score`` (the mean similarity of its rows) and ``contrast`` (the order: the t
-statistic, on the propagated similarities, of the candidate it was refined from). The heatmap has one cell
-per row up to ``max_cells`` cells, then the rows' similarities averaged into ``max_cells`` equal bins.
-Alternatives measured and dropped are in benchmarks/RESULTS.md ("Moments", "Localisation and segment
-ranking").
+Each moment reports ``score`` (the mean cosine similarity of its rows) and ``contrast`` (the order: the t
+statistic, on the propagated similarities (z-scores where normalised), of the candidate it was refined
+from). The heatmap has one cell per row up to ``max_cells`` cells, then the rows' cosines averaged into
+``max_cells`` equal bins. Alternatives measured and dropped are in benchmarks/RESULTS.md ("Moments",
+"Localisation and segment ranking", "Centre inside: query-bank normalised localisation").
 """
 
 from __future__ import annotations
@@ -40,6 +43,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from prvr.hubness import bank_z
 from prvr.propagation import BETA, propagate_finest
 from prvr.segments import finest
 
@@ -50,6 +54,7 @@ class MomentConfig:
     max_cells: int = 128  # heatmap cells at most (one per row below this)
     propagation_beta: float | None = BETA  # candidates scored on propagated rows (None: the rows as given)
     descend_t: float = 3.0  # refine into a finer segment whose own rows match better at this t (step 4)
+    reference_z: bool = True  # z-score similarities by each row's reference bank statistics, when given
 
     def __post_init__(self) -> None:
         """Refuse settings the search cannot use, naming the field."""
@@ -116,7 +121,8 @@ def refine(sim: np.ndarray, spans: np.ndarray, first: int, stop: int, level: flo
 
 def find_moments(q: np.ndarray, vectors: np.ndarray, start: np.ndarray, end: np.ndarray,
                  segments: np.ndarray, cfg: MomentConfig | None = None,
-                 context: np.ndarray | None = None) -> dict:
+                 context: np.ndarray | None = None, row_bank: np.ndarray | None = None,
+                 context_bank: np.ndarray | None = None) -> dict:
     """{"key_moment", "moments", "heatmap"} of one video for query q (see the module docstring).
 
     ``vectors`` (n, H) unit rows with ``start``/``end`` (n,) seconds; ``segments`` (S, 3) ``[scale, first,
@@ -125,7 +131,9 @@ def find_moments(q: np.ndarray, vectors: np.ndarray, start: np.ndarray, end: np.
     (seconds), "score", "contrast", "rows": [first, end)}.
     """
     cfg = cfg or MomentConfig()
-    sim = _similarities(q, vectors, start, end)
+    cos = _similarities(q, vectors, start, end)
+    use_bank = cfg.reference_z and row_bank is not None and len(row_bank) > 0
+    sim = bank_z(cos, row_bank) if use_bank else cos
     start, end = np.asarray(start, np.float64), np.asarray(end, np.float64)
     seg = np.asarray(segments, np.int64)
     parts = finest(seg, len(sim))  # the segments must cover exactly these rows
@@ -138,6 +146,8 @@ def find_moments(q: np.ndarray, vectors: np.ndarray, start: np.ndarray, end: np.
             context = propagate_finest(np.asarray(vectors, np.float32), seg, cfg.propagation_beta)
         qn = np.asarray(q, np.float32) / max(float(np.linalg.norm(q)), 1e-12)
         per_part = np.einsum("fh,h->f", np.asarray(context, np.float32), qn)
+        if cfg.reference_z and context_bank is not None and len(context_bank) > 0:
+            per_part = bank_z(per_part, context_bank)
         context_sim = np.repeat(per_part, parts[:, 1] - parts[:, 0])
     t = contrast(context_sim, spans)
     moments, taken = [], np.zeros(len(sim), bool)
@@ -149,9 +159,9 @@ def find_moments(q: np.ndarray, vectors: np.ndarray, start: np.ndarray, end: np.
             continue
         taken[first:stop] = True
         moments.append({"start": round(float(start[first]), 3), "end": round(float(end[stop - 1]), 3),
-                        "score": round(float(sim[first:stop].mean()), 6),
+                        "score": round(float(cos[first:stop].mean()), 6),
                         "contrast": round(float(t[k]), 4),
                         "rows": [int(first), int(stop)]})
         if len(moments) == cfg.n_moments:
             break
-    return {"key_moment": moments[0], "moments": moments, "heatmap": heatmap(sim, start, end, cfg.max_cells)}
+    return {"key_moment": moments[0], "moments": moments, "heatmap": heatmap(cos, start, end, cfg.max_cells)}

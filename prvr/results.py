@@ -79,7 +79,8 @@ def result_dict(rank: int, hit: VideoEvidence, confidence: str, q: np.ndarray, m
                 "proposal": int(hit.key_window), "score": round(float(hit.proposal_cos[hit.key]), 6)}
     if len(hit.fine):
         where = find_moments(q, hit.fine, hit.fine_start, hit.fine_end, hit.segments,
-                             context=hit.context if len(hit.context) else None)
+                             context=hit.context if len(hit.context) else None,
+                             row_bank=hit.fine_bank, context_bank=hit.context_bank)
     else:  # a producer without fine rows: MS-SL's key clip and clip units are all there is
         where = {"key_moment": key_clip, "moments": [key_clip],
                  "heatmap": {"start": _floats(spans[:, 0]), "end": _floats(spans[:, 1]),

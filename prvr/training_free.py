@@ -12,7 +12,8 @@ A subclass's ``cfg`` has ``temperature``, ``clip_scale_w``, ``frame_scale_w``, `
 row by its TF-PRVR propagated segment feature (``prvr.propagation``, over ``prvr.segments.segment_video`` of
 the raw rows, computed here: deterministic) BEFORE the binning, so both branches, ``score`` and an index
 built from ``encode_videos`` see the same rows. ``encode_rows`` (localisation's evidence) keeps each row's
-own vector: propagated rows are constant inside a finest segment, so they cannot say where inside a
+own vector, mapped by ``fine_rows_to_space`` (``rows_to_space`` unless a subclass maps them otherwise):
+propagated rows are constant inside a finest segment, so they cannot say where inside a
 segment the query matches; ``prvr.moments`` propagates them itself where it chooses among segments
 (measured in benchmarks/RESULTS.md, "Localisation and segment ranking").
 """
@@ -59,18 +60,24 @@ class TrainingFreeModel:
         """Raw visual rows (n, Dv) on ``device`` -> (n, H) unit vectors in the query space."""
         raise NotImplementedError
 
+    def fine_rows_to_space(self, rows: Tensor) -> Tensor:
+        """Raw visual rows -> the unit vectors ``encode_rows`` gives localisation (``rows_to_space``)."""
+        return self.rows_to_space(rows)
+
     def query_vectors(self, tokens_list: Sequence[np.ndarray | Tensor]) -> Tensor:
         """Raw per-query token rows (L_j, Dq) -> (Nq, H) unit query vectors."""
         raise NotImplementedError
 
     # ---- the protocol
-    def _mapped(self, rows: np.ndarray | Tensor, what: str, propagate: bool = False) -> Tensor:
-        """One video's rows, checked against ``dims``, in the query space (propagated if asked and on)."""
+    def _mapped(self, rows: np.ndarray | Tensor, what: str, propagate: bool = False,
+                fine: bool = False) -> Tensor:
+        """One video's rows, checked against ``dims``, in the query space (propagated if asked and on; by
+        ``fine_rows_to_space`` if ``fine``)."""
         shape = tuple(rows.shape)
         if len(shape) != 2 or shape[0] == 0 or shape[1] != self.dims[0]:
             raise ValueError(f"{what}: features of shape {shape}, expected (n, {self.dims[0]})")
         raw = torch.as_tensor(rows, dtype=torch.float32)
-        mapped = self.rows_to_space(raw.to(self.device))
+        mapped = (self.fine_rows_to_space if fine else self.rows_to_space)(raw.to(self.device))
         if not (propagate and self.cfg.propagation):
             return mapped
         out = propagate_rows(raw.cpu().numpy(), mapped.float().cpu().numpy(), self.cfg.propagation_beta)
@@ -99,7 +106,7 @@ class TrainingFreeModel:
                     end: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """One video's rows -> (vectors (n, H) float32 unit, start, end): every row, in the query space, as
         mapped (never propagated: the per-row evidence localisation reads)."""
-        vectors = self._mapped(rows, "encode_rows").float().cpu().numpy()
+        vectors = self._mapped(rows, "encode_rows", fine=True).float().cpu().numpy()
         start, end = np.asarray(start, dtype=np.float32), np.asarray(end, dtype=np.float32)
         if start.shape != (len(vectors),) or end.shape != (len(vectors),):
             raise ValueError(f"encode_rows: {len(vectors)} rows but start {start.shape} and end {end.shape}")

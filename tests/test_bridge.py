@@ -99,17 +99,33 @@ def test_to_text_space_keeps_top_k_classes() -> None:
     assert torch.isclose(mapped.norm(), torch.tensor(1.0))
 
 
+def test_encode_rows_mixes_every_class_unless_told_otherwise() -> None:
+    model = toy_model()  # ranks on the top 2 of 4 classes; localisation's rows keep all 4 by default
+    row = np.array([[0.3, 0.2, 0.1, 0.0, 0, 0]], np.float32)
+    fine = model.encode_rows(row, np.zeros(1), np.ones(1))[0][0]
+    probs = torch.softmax(torch.tensor([6.0, 4.0, 2.0, 0.0]), dim=0).numpy()
+    np.testing.assert_allclose(fine[:4], probs / np.linalg.norm(probs), atol=1e-6)  # the full posterior
+    assert fine[2] > fine[3] > 0 and model.to_text_space(row)[0, 2:].abs().max() == 0
+    top2 = toy_model(BridgeConfig(fine_top_k=2))
+    np.testing.assert_allclose(top2.encode_rows(row, np.zeros(1), np.ones(1))[0], top2.to_text_space(row),
+                               atol=1e-6)
+    videos = [scene_video([0, 1, 2])]
+    assert torch.equal(model.encode_videos(videos).frames, top2.encode_videos(videos).frames)  # ranking
+
+
 def test_fingerprint_tracks_every_setting() -> None:
     base = toy_model()
     assert base.fingerprint() == toy_model().fingerprint()
     for change in ({"temperature": 0.1}, {"prompt": "{}"}, {"clip_scale_w": 0.5}, {"propagation": False},
-                   {"propagation_beta": 0.5}):
+                   {"propagation_beta": 0.5}, {"fine_top_k": 5}):
         assert toy_model(replace(BridgeConfig(), **change)).fingerprint() != base.fingerprint()
     assert BridgeConfig.from_dict(BridgeConfig().to_dict()) == BridgeConfig()
     with pytest.raises(ValueError, match="hidden_size"):
         BridgeConfig.from_dict({"hidden_size": 384})
     with pytest.raises(ValueError, match="propagation_beta"):
         BridgeConfig(propagation_beta=1.0)
+    with pytest.raises(ValueError, match="fine_top_k 0"):
+        BridgeConfig(fine_top_k=0)
 
 
 def test_propagation_feeds_both_branches_and_leaves_encode_rows_as_mapped() -> None:
@@ -127,7 +143,8 @@ def test_propagation_feeds_both_branches_and_leaves_encode_rows_as_mapped() -> N
     np.testing.assert_allclose(off.encode_videos([raw]).frames[0, :40].numpy(), mapped, atol=1e-4)
     assert np.abs(frames - mapped).max() > 0.01  # propagation changed the rows
     vectors = on.encode_rows(raw, np.arange(40.0), np.arange(1.0, 41.0))[0]
-    np.testing.assert_allclose(vectors, mapped, atol=1e-6)  # localisation reads the rows as mapped
+    fine = on.class_mix(raw, on.cfg.fine_top_k).numpy()
+    np.testing.assert_allclose(vectors, fine, atol=1e-6)  # localisation reads the rows as mapped
     queries = on.encode_queries([torch.eye(4, 8)[c][None] for c in range(4)])
     assert not torch.allclose(on.score(queries, on.encode_videos([raw])).total,
                               off.score(queries, off.encode_videos([raw])).total)

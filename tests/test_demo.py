@@ -266,15 +266,19 @@ def test_evaluation_reports_every_variant_and_beats_random(evaluation: dict) -> 
 def test_evaluation_through_search_equals_scoring_the_model_directly(small_gallery: demo.DemoGallery,
                                                                      evaluation: dict) -> None:
     """The evaluation runs the search path users get (an index, ``search``); its numbers are those of the
-    model's own scores and of ``find_moments`` on freshly encoded rows (the index's float16 copies and
-    stored segments change nothing)."""
+    model's own scores and of ``find_moments`` on freshly encoded rows with their reference bank statistics
+    (the index's float16 copies and stored segments change nothing)."""
     from extract.features import FeatureFile
     from prvr.bridge import BridgeModel
-    from prvr.moments import find_moments
+    from prvr.hubness import bank_stats
+    from prvr.index.ingest import bank_vectors
+    from prvr.moments import MomentConfig, find_moments
+    from prvr.propagation import propagate_finest
     from prvr.segments import resample, segment_video
 
     aset = demo.annotated_set(small_gallery)
     model = BridgeModel.from_pretrained()
+    bank = bank_vectors(annotated.reference_bank(model))
     with FeatureFile(annotated.extract_features(aset)) as ff:
         ids = [vid for vid, _ in aset.videos]
         rows = [ff.video(vid) for vid in ids]
@@ -290,7 +294,10 @@ def test_evaluation_through_search_equals_scoring_the_model_directly(small_galle
     for i, j in enumerate(best):
         vectors, start, end = model.encode_rows(rows[j].features, rows[j].start, rows[j].end)
         segments = resample(segment_video(rows[j].features), rows[j].start, start)
-        key = find_moments(queries[i].numpy(), vectors, start, end, segments)["key_moment"]
+        context = propagate_finest(vectors, segments, MomentConfig().propagation_beta)
+        banks = {"row_bank": bank_stats(vectors, bank), "context_bank": bank_stats(context, bank)}
+        key = find_moments(queries[i].numpy(), vectors, start, end, segments, context=context,
+                           **banks)["key_moment"]
         truth = aset.queries[i].moments[ids[j]]
         hits.append(annotated.span_iou(np.array([key["start"], key["end"]]), truth)[0] >= annotated.IOU_HIT)
     assert row["key_moment_acc"] == pytest.approx(100.0 * np.mean(hits))

@@ -126,7 +126,9 @@ def test_encode_rows_gives_each_models_finest_rows_in_the_query_space() -> None:
         assert s[0] == 0 and e[-1] == last * 0.5
         vectors, s, e = bridge.encode_rows(rows, start, start + 0.5)  # every row, no max_ctx_l cap
         assert vectors.shape == (n, 6)
-        np.testing.assert_allclose(vectors, bridge.to_text_space(rows).numpy(), atol=1e-6)
+        every_class = torch.softmax(bridge.head(torch.from_numpy(rows)), -1) @ bridge.class_text  # fine_top_k
+        expected = torch.nn.functional.normalize(every_class, dim=-1).detach().numpy()
+        np.testing.assert_allclose(vectors, expected, atol=1e-6)
         np.testing.assert_allclose(np.linalg.norm(vectors, axis=1), 1, atol=1e-5)
         np.testing.assert_array_equal(s, start)
 
@@ -166,3 +168,58 @@ def test_a_stored_context_gives_the_same_moments_as_computing_it_here() -> None:
     assert len(stored) < len(rows)  # one row per finest segment, not per row
     assert find_moments(query, rows, start, end, segments, context=stored) == \
         find_moments(query, rows, start, end, segments)
+
+
+def hub_video(seed: int, dim: int = 48):
+    """Three 20 s scenes: another topic, a 'hub' close to every everyday caption and to the query, and the
+    query's own topic, which the query's raw cosine ranks BELOW the hub; with a bank of 200 everyday captions
+    (all near the hub direction)."""
+    rng = np.random.default_rng(seed)
+    hub, topic, other = (unit(rng.normal(size=dim)) for _ in range(3))
+    bank = unit(hub + 1.5 * rng.normal(size=(200, dim)) / np.sqrt(dim))
+    scene = np.repeat([other, hub, topic], 20, axis=0)
+    rows = unit(scene + 0.6 * rng.normal(size=(60, dim)) / np.sqrt(dim))
+    query = unit(1.5 * hub + topic)
+    start = np.arange(60, dtype=np.float32)
+    return rows, start, start + 1, query, bank
+
+
+@pytest.mark.parametrize("seed", range(1, 5))  # seeds where the premise (raw cosine picks the hub) holds
+def test_the_reference_bank_keeps_a_scene_close_to_every_caption_from_the_key_moment(seed: int) -> None:
+    from prvr.hubness import bank_stats
+
+    rows, start, end, query, bank = hub_video(seed)
+    segments = segment_video(rows)
+    context = propagate_finest(rows, segments, MomentConfig().propagation_beta).astype(np.float32)
+    sim = rows @ query
+    assert sim[20:40].mean() > sim[40:].mean()  # the raw cosine prefers the hub scene
+    raw = find_moments(query, rows, start, end, segments, context=context)
+    assert 20 <= (raw["key_moment"]["start"] + raw["key_moment"]["end"]) / 2 < 40
+    banks = {"row_bank": bank_stats(rows, bank), "context_bank": bank_stats(context, bank)}
+    out = find_moments(query, rows, start, end, segments, context=context, **banks)
+    key = out["key_moment"]
+    assert abs(key["start"] - 40) <= 1 and abs(key["end"] - 60) <= 1, key
+    first, stop = key["rows"]
+    assert key["score"] == pytest.approx(float(sim[first:stop].mean()), abs=1e-5)  # still the raw cosine
+    assert out["heatmap"] == raw["heatmap"]  # the heatmap shows raw cosines either way
+    off = find_moments(query, rows, start, end, segments, MomentConfig(reference_z=False), context=context,
+                       **banks)
+    assert off == raw
+
+
+def test_bank_statistics_are_each_rows_cosine_mean_and_std_over_the_bank() -> None:
+    from prvr.hubness import bank_stats, bank_z
+
+    rng = np.random.default_rng(0)
+    rows, bank = rng.normal(size=(7, 5)), rng.normal(size=(30, 5)) * 3  # any lengths: cosines
+    stats = bank_stats(rows, bank)
+    cos = np.array([[r @ b / np.linalg.norm(r) / np.linalg.norm(b) for b in bank] for r in rows])
+    np.testing.assert_allclose(stats, np.stack([cos.mean(1), cos.std(1)], 1), atol=1e-6)
+    np.testing.assert_allclose(bank_z(cos[:, 4], stats), (cos[:, 4] - cos.mean(1)) / cos.std(1), atol=1e-4)
+    with pytest.raises(ValueError, match=r"statistics of shape \(7, 2\)"):
+        bank_z(np.zeros(6), stats)
+    with pytest.raises(ValueError, match=r"bank \(1, 5\)"):
+        bank_stats(rows, bank[:1])
+    rows, start, end, query, _ = hub_video(0)
+    with pytest.raises(ValueError, match=r"60 similarities but statistics of shape \(7, 2\)"):
+        find_moments(query, rows, start, end, segment_video(rows), row_bank=stats)

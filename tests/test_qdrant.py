@@ -216,6 +216,8 @@ def test_payload_arrays_round_trip_exactly() -> None:
               "fine_start": np.arange(5, dtype=np.float32), "fine_end": np.arange(1, 6, dtype=np.float32),
               "seg_bounds": np.array([2, 4], np.int32), "seg_levels": np.array([0, 1], np.int8),
               "context": rng.standard_normal((2, 4)).astype(np.float32), "n_scales": np.int16(3),
+              "fine_bank": rng.random((5, 2)).astype(np.float32),
+              "context_bank": np.zeros((0, 2), np.float32),
               "ref_clip": rng.random(7).astype(np.float16),
               "ref_frame": rng.random(7).astype(np.float16)}
     back = unpack(pack(arrays))

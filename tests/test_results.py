@@ -192,3 +192,34 @@ def test_calibrator_hands_the_index_its_bank(model: BridgeModel, tmp_path: Path)
     with pytest.raises(GalleryError, match="reference scores"):
         reader.add([video(scenes(2, 2), seed=2, vid="b")])
     assert cal.confidence() == CalibratedConfidence(cal.cfg)
+
+
+def test_the_index_stores_each_rows_bank_statistics_and_moments_read_them(model: BridgeModel,
+                                                                           tmp_path: Path) -> None:
+    """With a reference bank the index stores, per fine row and per context row, the mean and std of its
+    cosine with the bank's vectors; the result's key moment is find_moments' over them. Without a bank they
+    are empty and the moments read raw cosines."""
+    from prvr.hubness import bank_stats
+    from prvr.moments import find_moments
+
+    refs = bank(model)
+    vectors = refs.queries.numpy()
+    videos = [video([(3, 30), (20, 25), (5, 40)], seed=1, vid="a"), video(scenes(4, 3), seed=4, vid="b")]
+    with_bank = VideoIndex.create(tmp_path / "bank", model, IndexConfig(), refs)
+    without = VideoIndex.create(tmp_path / "none", model, IndexConfig())
+    for index in (with_bank, without):
+        index.add(videos)
+    q = model.encode_queries([query(20)])[0].numpy()
+    for hit in with_bank.rank(q, k=2).hits:
+        np.testing.assert_allclose(hit.fine_bank, bank_stats(hit.fine.astype(np.float32), vectors), atol=1e-6)
+        np.testing.assert_allclose(hit.context_bank, bank_stats(hit.context, vectors), atol=1e-6)
+        assert hit.fine_bank.shape == (len(hit.fine), 2) and hit.context_bank.shape == (len(hit.context), 2)
+    assert all(h.fine_bank.shape == h.context_bank.shape == (0, 2) for h in without.rank(q, k=2).hits)
+    hit = with_bank.rank(q, k=1).hits[0]
+    top = search([with_bank], query(20), k=1).results[0]
+    expected = find_moments(q, hit.fine, hit.fine_start, hit.fine_end, hit.segments, context=hit.context,
+                            row_bank=hit.fine_bank, context_bank=hit.context_bank)
+    raw = find_moments(q, hit.fine, hit.fine_start, hit.fine_end, hit.segments, context=hit.context)
+    assert top["key_moment"] == expected["key_moment"] and top["moments"] == expected["moments"]
+    assert expected["key_moment"]["contrast"] != raw["key_moment"]["contrast"]  # the statistics were read
+    assert top["video_id"] == "a" and 30 <= top["key_moment"]["start"] < top["key_moment"]["end"] <= 55

@@ -57,6 +57,10 @@ class VideoEvidence:
     # (F, H) float32: the fine rows propagated over the segments (prvr.propagation.propagate_finest at
     # prvr.moments' default beta), one row per finest segment; what moments score candidates on
     context: np.ndarray = _none(0, 0)
+    # (n', 2) / (F, 2) float32: prvr.hubness.bank_stats of the fine rows / of the context rows against the
+    # index's reference bank (mean, std of their cosines); (0, 2) without a bank: moments use raw cosines
+    fine_bank: np.ndarray = _none(0, 2)
+    context_bank: np.ndarray = _none(0, 2)
     ref_clip: np.ndarray = _none(0, dtype=np.float16)  # (R,) clip scores of the reference queries
     ref_frame: np.ndarray = _none(0, dtype=np.float16)  # (R,) frame scores of the reference queries
 

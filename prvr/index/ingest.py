@@ -9,7 +9,9 @@ the video's query-independent segments (``prvr.segments.segment_video`` of the e
 the fine rows, stored packed) and, when given ``ReferenceQueries`` (the encoded reference captions of
 ``prvr.confidence``; the index never sees text), the clip- and frame-scale scores (float16, rounded up) of
 every reference caption on the video: a video's confidence cuts for any branch weights are computed from
-them at search time.
+them at search time; and with them the reference bank's statistics of every fine row and context row
+(``prvr.hubness.bank_stats``: mean and std of the row's cosine with the reference captions' vectors), which
+localisation normalises its similarities by.
 
 Layout: ``FIXED`` arrays have one row per video; each ``RAGGED`` array is a list of per-video
 arrays whose lengths the index stores under the named count.
@@ -26,6 +28,7 @@ import torch
 import torch.nn.functional as F
 
 from prvr.clustering import length_aware_kmedoids
+from prvr.hubness import bank_stats
 from prvr.propagation import BETA, propagate_finest
 from prvr.segments import pack, resample, segment_video
 
@@ -35,7 +38,7 @@ FIXED = ("units", "pnorm", "pidx", "zhat", "ref_clip", "ref_frame", "n_scales")
 # per-video arrays of varying length -> the name of the count stored for each video
 RAGGED = {"frames": "n_frames", "row_start": "n_rows", "row_end": "n_rows", "fine": "n_fine",
           "fine_start": "n_fine", "fine_end": "n_fine", "seg_bounds": "n_bounds", "seg_levels": "n_bounds",
-          "context": "n_context"}
+          "context": "n_context", "fine_bank": "n_fine_bank", "context_bank": "n_context_bank"}
 
 
 class GalleryError(ValueError):
@@ -117,16 +120,28 @@ def half_up(x: np.ndarray) -> np.ndarray:
     return np.where(h.astype(np.float64) < x, np.nextafter(h, np.float16(np.inf)), h)
 
 
-def fine_rows(model, video: GalleryVideo) -> dict[str, np.ndarray]:
-    """One video's rows at the model's finest resolution (float16) with seconds, its packed segments and
-    the moments' query-independent context: the stored rows propagated over the segments
-    (``propagate_finest`` at ``prvr.moments``' default beta, which the results layer uses)."""
+def bank_vectors(references: ReferenceQueries | None) -> np.ndarray | None:
+    """The reference queries' (R, H) float32 vectors (what ``model.encode_queries`` gave), None for none."""
+    if references is None:
+        return None
+    v = getattr(references.queries, "vectors", references.queries)
+    return v.detach().float().cpu().numpy() if isinstance(v, torch.Tensor) else np.asarray(v, np.float32)
+
+
+def fine_rows(model, video: GalleryVideo, bank: np.ndarray | None = None) -> dict[str, np.ndarray]:
+    """One video's rows at the model's finest resolution (float16) with seconds, its packed segments,
+    the moments' query-independent context (the stored rows propagated over the segments:
+    ``propagate_finest`` at ``prvr.moments``' default beta, which the results layer uses) and, given the
+    reference bank's (R, H) vectors, both's ``bank_stats`` ((0, 2) each without a bank)."""
     vectors, start, end = model.encode_rows(video.features, video.start, video.end)
     segments = resample(segment_video(np.asarray(video.features)), np.asarray(video.start), start)
     bounds, levels = pack(segments, len(vectors))
     fine = vectors.astype(np.float16)
     context = propagate_finest(fine.astype(np.float32), segments, BETA).astype(np.float32)
+    none = np.zeros((0, 2), np.float32)
     return {"fine": fine, "context": context,
+            "fine_bank": none if bank is None else bank_stats(fine.astype(np.float32), bank),
+            "context_bank": none if bank is None else bank_stats(context, bank),
             "fine_start": np.asarray(start, np.float32),
             "fine_end": np.asarray(end, np.float32), "seg_bounds": bounds, "seg_levels": levels,
             "n_scales": np.int16(segments[:, 0].max() + 1)}
@@ -139,11 +154,12 @@ def encode_for_index(model, videos: Sequence[GalleryVideo], mode: str, batch: in
     list of one array per video); without references the reference scores are (V, 0)."""
     fixed: dict[str, list] = {k: [] for k in FIXED}
     ragged: dict[str, list] = {k: [] for k in RAGGED}
+    bank = bank_vectors(references)
     for a in range(0, len(videos), batch):
         part = videos[a:a + batch]
         try:
             enc = model.encode_videos([np.asarray(v.features, dtype=np.float32) for v in part])
-            fine = [fine_rows(model, v) for v in part]
+            fine = [fine_rows(model, v, bank) for v in part]
         except ValueError as e:
             raise GalleryError(f"videos {[v.id for v in part]}: {e}") from None
         props, pidx = enc.proposals, enc.proposal_index
@@ -171,7 +187,8 @@ def encode_for_index(model, videos: Sequence[GalleryVideo], mode: str, batch: in
         ragged["frames"].extend(frames[i, :n] for i, n in enumerate(_frame_count(enc.frame_mask)))
         ragged["row_start"].extend(np.asarray(v.start, np.float32) for v in part)
         ragged["row_end"].extend(np.asarray(v.end, np.float32) for v in part)
-        for key in ("fine", "fine_start", "fine_end", "seg_bounds", "seg_levels", "context"):
+        for key in ("fine", "fine_start", "fine_end", "seg_bounds", "seg_levels", "context", "fine_bank",
+                    "context_bank"):
             ragged[key].extend(f[key] for f in fine)
     return {k: np.concatenate(v) for k, v in fixed.items()}, ragged
 

@@ -63,7 +63,8 @@ from prvr.query import QueryError, check_weights
 log = logging.getLogger(__name__)
 
 FORMAT = "prvr-qdrant"
-SCHEMA_VERSION = 3  # 2: fine rows, segments and reference scores per video; 3: the moments' context
+SCHEMA_VERSION = 4  # 2: fine rows, segments and reference scores per video; 3: the moments' context;
+# 4: the reference bank's statistics of the fine and context rows
 META = "prvr"  # the key of this package's entry in the collection's metadata
 
 

@@ -94,7 +94,9 @@ def _fine(snap: Snapshot, position: int, n_scales: int) -> dict[str, np.ndarray]
                       n_scales)
     return {"fine": fine, "fine_start": np.asarray(snap.ragged("fine_start", position)),
             "fine_end": np.asarray(snap.ragged("fine_end", position)), "segments": segments,
-            "context": np.asarray(snap.ragged("context", position))}
+            "context": np.asarray(snap.ragged("context", position)),
+            "fine_bank": np.asarray(snap.ragged("fine_bank", position)),
+            "context_bank": np.asarray(snap.ragged("context_bank", position))}
 
 def _attention(model, snap: Snapshot, positions: np.ndarray, units: np.ndarray,
                key_window: np.ndarray) -> list[np.ndarray]:

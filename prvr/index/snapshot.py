@@ -22,7 +22,8 @@ from prvr.preprocess import window_table
 # per-video arrays the OS pages in on demand; the first pass's arrays (read by every query) are loaded into
 # memory instead, so that the bulk of a big index cannot push them out of the page cache between queries
 MAPPED = ("units", "pnorm", "zhat", "frames", "scenes", "fine", "fine_start", "fine_end", "seg_bounds",
-          "seg_levels", "context", "ref_clip", "ref_frame", *(f for f in SKETCH if f not in FIRST_PASS))
+          "seg_levels", "context", "fine_bank", "context_bank", "ref_clip", "ref_frame",
+          *(f for f in SKETCH if f not in FIRST_PASS))
 RESIDENT = (*FIRST_PASS, "pidx")  # what the first pass reads: kept in memory, all segments in one array each
 
 

@@ -43,10 +43,11 @@ from extract.decode import sha256_file
 
 log = logging.getLogger(__name__)
 
-# 7: the moments' propagated context per video; 6: fine rows, packed segments and reference scores per video;
+# 8: the reference bank's statistics of the fine and context rows; 7: the moments' propagated context per
+# video; 6: fine rows, packed segments and reference scores per video;
 # 5: frame balls store their radii; 4: 16-bit window factors on a grid; 3: key clip candidates' frame balls;
 # 2: all balls; 1: a basis
-FORMAT, SCHEMA_VERSION = "prvr-index", 7
+FORMAT, SCHEMA_VERSION = "prvr-index", 8
 MANIFEST, LOCK = "manifest.json", "lock"
 RETIRE_GRACE_S = 600.0  # seconds a segment no longer named by the manifest is kept for lock-free readers
 
