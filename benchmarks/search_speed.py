@@ -18,8 +18,9 @@ match. Approximate mode reports recall@10 against exact mode.
 
 Every synthetic video also stores what result building reads, in the real layout (``prvr.index.ingest``):
 its fine rows (the unit-normalised frames, float16, 2 s each), their segments (``prvr.segments`` on those
-frames, packed) and the scores of a reference bank of ``REFERENCES`` captions (random numbers of the real
-shape and dtype: the benchmark times reading and using them, not their values).
+frames), their statistics against a stand-in reference bank of ``REFERENCES`` random vectors, and the
+bank's scores (random numbers of the real shape and dtype: the benchmark times reading and using them, not
+their values).
 """
 
 from __future__ import annotations
@@ -38,13 +39,14 @@ import torch
 
 import prvr  # noqa: F401  - applies the torchvision CPU fix before anything else
 from prvr.branches import EncodedVideos, window_proposals
+from prvr.hubness import bank_stats
 from prvr.index import IndexConfig, IndexStoreError, VideoIndex
-from prvr.index.ingest import RAGGED, ReferenceQueries, half_up
+from prvr.index.ingest import RAGGED, ReferenceQueries, bank_vectors, half_up
 from prvr.model import MSSL, MSSLConfig
 from prvr.preprocess import window_table
 from prvr.propagation import BETA, propagate_finest
 from prvr.search import search
-from prvr.segments import pack, segment_video
+from prvr.segments import segment_video
 
 H, M, L = 384, 32, 32  # hidden size, clip units, frames per video
 TABLE = window_table(M)  # (528, 2) [start, end) units of every window
@@ -140,7 +142,7 @@ def build_index(root: Path, n: int, mode: str, model: MSSL, sm: SceneModel, seed
                  "zhat": torch.nn.functional.normalize(z, dim=-1).numpy()}
         records = [{"id": f"syn{a + i}", "title": "", "path": "", "duration": float(ROWS), "sha256": ""}
                    for i in range(b)]
-        fixed, ragged = results_arrays(fixed, frames.numpy(), g)
+        fixed, ragged = results_arrays(fixed, frames.numpy(), g, bank_vectors(reference_bank(model)))
         index.add_encoded(records, fixed, ragged)
         all_concepts.append(concepts)
     return (VideoIndex.open(root, model, IndexConfig(verify_checksums=False), reference_bank(model)),
@@ -153,30 +155,28 @@ def reference_bank(model: MSSL) -> ReferenceQueries:
     return ReferenceQueries(torch.nn.functional.normalize(q, dim=-1), "synthetic-random")
 
 
-def results_arrays(fixed: dict[str, np.ndarray], frames: np.ndarray, g: np.random.Generator
+def results_arrays(fixed: dict[str, np.ndarray], frames: np.ndarray, g: np.random.Generator, bank: np.ndarray
                    ) -> tuple[dict[str, np.ndarray], dict[str, list[np.ndarray]]]:
     """The FIXED and RAGGED arrays of a batch of synthetic videos (module docstring): 64 one-second rows,
-    L frames of two rows each as the fine rows, their segments, random reference scores."""
+    L frames of two rows each as the fine rows, their segments and bank statistics, random reference
+    scores."""
     t = np.arange(ROWS, dtype=np.float32)
     step = ROWS // L
     ragged: dict[str, list] = {k: [] for k in RAGGED}
-    scales = []
     for f in frames:
         fine = f / np.maximum(np.linalg.norm(f, axis=1, keepdims=True), 1e-12)
         segments = segment_video(fine)
-        bounds, levels = pack(segments, len(fine))
-        scales.append(int(segments[:, 0].max()) + 1)
         fine16 = fine.astype(np.float16)
         context = propagate_finest(fine16.astype(np.float32), segments, BETA).astype(np.float32)
         video = {"frames": f, "row_start": t, "row_end": t + 1, "fine": fine16, "context": context,
-                 "fine_start": t[::step], "fine_end": t[step - 1::step] + 1, "seg_bounds": bounds,
-                 "seg_levels": levels}
+                 "fine_bank": bank_stats(fine16.astype(np.float32), bank),
+                 "context_bank": bank_stats(context, bank),
+                 "fine_start": t[::step], "fine_end": t[step - 1::step] + 1, "segments": segments}
         for k in RAGGED:
             ragged[k].append(video[k])
     b = len(frames)
     fixed = {**fixed, "ref_clip": half_up(g.uniform(0.0, 0.5, (b, REFERENCES))),
-             "ref_frame": half_up(g.uniform(0.0, 0.5, (b, REFERENCES))),
-             "n_scales": np.array(scales, np.int16)}
+             "ref_frame": half_up(g.uniform(0.0, 0.5, (b, REFERENCES)))}
     return fixed, ragged
 
 

@@ -27,8 +27,7 @@ scales (windows ``2**j < n``), each listed even when its partition equals a neig
 one row, is one segment per scale. Deterministic (the projection's seed is fixed).
 
 ``finest(segments, n)`` checks that the finest scale partitions ``[0, n)``; ``resample`` moves segments found
-on the extracted rows onto a model's coarser rows (MS-SL re-bins past ``max_ctx_l`` frames). ``pack`` /
-``unpack`` store the nested hierarchy exactly as the finest cuts (int32) and each cut's coarsest scale (int8).
+on the extracted rows onto a model's coarser rows (MS-SL re-bins past ``max_ctx_l`` frames).
 """
 
 from __future__ import annotations
@@ -147,29 +146,3 @@ def resample(segments: np.ndarray, row_start: np.ndarray, target_start: np.ndarr
     nearest[seg[:, 1] == 0, 0] = 0
     out = np.concatenate([seg[:, :1], nearest], axis=1)
     return out[out[:, 2] > out[:, 1]].astype(np.int32)
-
-
-def pack(segments: np.ndarray, n_rows: int) -> tuple[np.ndarray, np.ndarray]:
-    """A nested hierarchy as two small arrays for storage: the finest scale's inner boundaries (B,) int32
-    and, for each, the coarsest scale that still has it (B,) int8; ``unpack`` restores it exactly."""
-    seg = np.asarray(segments)
-    finest(seg, n_rows)
-    scales = np.unique(seg[:, 0])
-    if not np.array_equal(scales, np.arange(len(scales))):
-        raise ValueError(f"pack: scales must run 0, 1, ... without gaps, got {scales.tolist()}")
-    bounds = [set(seg[seg[:, 0] == j, 1].tolist()) - {0} for j in scales]
-    if any(not coarse <= fine for fine, coarse in zip(bounds, bounds[1:], strict=False)):
-        raise ValueError("pack: the scales do not nest (a coarse boundary is missing from a finer scale)")
-    boundaries = np.array(sorted(bounds[0]), np.int32)
-    levels = np.array([max(j for j, b in enumerate(bounds) if x in b) for x in boundaries.tolist()], np.int8)
-    return boundaries, levels
-
-
-def unpack(boundaries: np.ndarray, levels: np.ndarray, n_rows: int, n_scales: int) -> np.ndarray:
-    """The (S, 3) ``[scale, start, end)`` hierarchy that ``pack`` stored (``n_scales`` scales)."""
-    boundaries, levels = np.asarray(boundaries, np.int64), np.asarray(levels, np.int64)
-    parts = []
-    for j in range(n_scales):
-        edges = np.concatenate([[0], boundaries[levels >= j], [n_rows]])
-        parts.append(np.stack([np.full(len(edges) - 1, j), edges[:-1], edges[1:]], axis=1))
-    return np.concatenate(parts).astype(np.int32)

@@ -5,7 +5,7 @@ import time
 import numpy as np
 import pytest
 
-from prvr.segments import finest, pack, resample, segment_video, unpack
+from prvr.segments import finest, resample, segment_video
 
 
 def scenes(lengths: list[int], dim: int = 64, noise: float = 0.3, seed: int = 0) -> np.ndarray:
@@ -97,16 +97,3 @@ def test_finest_checks_the_partition_and_resample_moves_cuts_to_coarser_rows() -
     nearest = {int(np.abs(coarse - t).argmin()) for t in (100, 250)}
     assert cuts(partitions(moved)[0]) == nearest
     np.testing.assert_array_equal(resample(seg, start, start), seg)
-
-
-def test_pack_stores_the_hierarchy_in_two_small_arrays_and_unpack_restores_it() -> None:
-    many = list(np.random.default_rng(4).integers(5, 60, 30))
-    for rows in (scenes([10, 30, 5, 40, 15]), scenes([3]), scenes(many)):
-        seg = segment_video(rows)
-        boundaries, levels = pack(seg, len(rows))
-        assert boundaries.dtype == np.int32 and levels.dtype == np.int8 and len(boundaries) == len(levels)
-        assert len(boundaries) == len(partitions(seg)[0]) - 1  # one entry per finest-scale cut
-        np.testing.assert_array_equal(unpack(boundaries, levels, len(rows), int(seg[:, 0].max()) + 1), seg)
-    broken = np.array([[0, 0, 10], [1, 0, 4], [1, 4, 10]])  # the coarse cut at 4 is not a finer one
-    with pytest.raises(ValueError, match="nest"):
-        pack(broken, 10)

@@ -6,7 +6,7 @@ key-clip-guided frame feature z of every stored proposal (query-independent, see
 the encoded frames (for the attention shown with a result). For the results layer it also keeps, per video,
 the model's fine rows (``model.encode_rows``: unit vectors in the query space, float16, with their seconds),
 the video's query-independent segments (``prvr.segments.segment_video`` of the extracted rows, moved onto
-the fine rows, stored packed) and, when given ``ReferenceQueries`` (the encoded reference captions of
+the fine rows) and, when given ``ReferenceQueries`` (the encoded reference captions of
 ``prvr.confidence``; the index never sees text), the clip- and frame-scale scores (float16, rounded up) of
 every reference caption on the video: a video's confidence cuts for any branch weights are computed from
 them at search time; and with them the reference bank's statistics of every fine row and context row
@@ -30,14 +30,14 @@ import torch.nn.functional as F
 from prvr.clustering import length_aware_kmedoids
 from prvr.hubness import bank_stats
 from prvr.propagation import BETA, propagate_finest
-from prvr.segments import pack, resample, segment_video
+from prvr.segments import resample, segment_video
 
 COMPACT_PROPOSALS = 32  # MS-SL++ medoids per video in compact mode
 # per-video arrays with one row per video: exact scores' inputs, reference scores, segment scale count
-FIXED = ("units", "pnorm", "pidx", "zhat", "ref_clip", "ref_frame", "n_scales")
+FIXED = ("units", "pnorm", "pidx", "zhat", "ref_clip", "ref_frame")
 # per-video arrays of varying length -> the name of the count stored for each video
 RAGGED = {"frames": "n_frames", "row_start": "n_rows", "row_end": "n_rows", "fine": "n_fine",
-          "fine_start": "n_fine", "fine_end": "n_fine", "seg_bounds": "n_bounds", "seg_levels": "n_bounds",
+          "fine_start": "n_fine", "fine_end": "n_fine", "segments": "n_segments",
           "context": "n_context", "fine_bank": "n_fine_bank", "context_bank": "n_context_bank"}
 
 
@@ -129,13 +129,12 @@ def bank_vectors(references: ReferenceQueries | None) -> np.ndarray | None:
 
 
 def fine_rows(model, video: GalleryVideo, bank: np.ndarray | None = None) -> dict[str, np.ndarray]:
-    """One video's rows at the model's finest resolution (float16) with seconds, its packed segments,
+    """One video's rows at the model's finest resolution (float16) with seconds, its segments,
     the moments' query-independent context (the stored rows propagated over the segments:
     ``propagate_finest`` at ``prvr.moments``' default beta, which the results layer uses) and, given the
     reference bank's (R, H) vectors, both's ``bank_stats`` ((0, 2) each without a bank)."""
     vectors, start, end = model.encode_rows(video.features, video.start, video.end)
     segments = resample(segment_video(np.asarray(video.features)), np.asarray(video.start), start)
-    bounds, levels = pack(segments, len(vectors))
     fine = vectors.astype(np.float16)
     context = propagate_finest(fine.astype(np.float32), segments, BETA).astype(np.float32)
     none = np.zeros((0, 2), np.float32)
@@ -143,8 +142,7 @@ def fine_rows(model, video: GalleryVideo, bank: np.ndarray | None = None) -> dic
             "fine_bank": none if bank is None else bank_stats(fine.astype(np.float32), bank),
             "context_bank": none if bank is None else bank_stats(context, bank),
             "fine_start": np.asarray(start, np.float32),
-            "fine_end": np.asarray(end, np.float32), "seg_bounds": bounds, "seg_levels": levels,
-            "n_scales": np.int16(segments[:, 0].max() + 1)}
+            "fine_end": np.asarray(end, np.float32), "segments": np.asarray(segments, np.int32)}
 
 
 def encode_for_index(model, videos: Sequence[GalleryVideo], mode: str, batch: int,
@@ -182,13 +180,11 @@ def encode_for_index(model, videos: Sequence[GalleryVideo], mode: str, batch: in
         else:
             fixed["ref_clip"].append(np.zeros((len(part), 0), np.float16))
             fixed["ref_frame"].append(np.zeros((len(part), 0), np.float16))
-        fixed["n_scales"].append(np.array([f.pop("n_scales") for f in fine], np.int16))
         frames = enc.frames.float().cpu().numpy()
         ragged["frames"].extend(frames[i, :n] for i, n in enumerate(_frame_count(enc.frame_mask)))
         ragged["row_start"].extend(np.asarray(v.start, np.float32) for v in part)
         ragged["row_end"].extend(np.asarray(v.end, np.float32) for v in part)
-        for key in ("fine", "fine_start", "fine_end", "seg_bounds", "seg_levels", "context", "fine_bank",
-                    "context_bank"):
+        for key in ("fine", "fine_start", "fine_end", "segments", "context", "fine_bank", "context_bank"):
             ragged[key].extend(f[key] for f in fine)
     return {k: np.concatenate(v) for k, v in fixed.items()}, ragged
 

@@ -30,10 +30,9 @@ from prvr.index.store import IndexStoreError
 
 # per-video arrays in each point's payload: what ``exact_rows`` reads (units, pnorm, pidx, zhat) and what the
 # results layer reads (encoded frames for the attention, raw row times, fine rows with their seconds and
-# packed segments, reference scores): ``ingest.FIXED`` and ``ingest.RAGGED``
+# segments, reference scores): ``ingest.FIXED`` and ``ingest.RAGGED``
 ARRAYS = ("units", "pnorm", "pidx", "zhat", "frames", "row_start", "row_end", "fine", "fine_start",
-          "fine_end", "seg_bounds", "seg_levels", "context", "fine_bank", "context_bank", "n_scales",
-          "ref_clip", "ref_frame")
+          "fine_end", "segments", "context", "fine_bank", "context_bank", "ref_clip", "ref_frame")
 RECORD = ("id", "title", "path", "duration", "sha256")  # the video's record, as the built-in index stores it
 WINDOWS = "windows"  # the named multivector of unit proposals (clip-scale score: MAX_SIM)
 BALLS = "frame_balls"  # the named multivector of [centre, radius] of balls over zhat (frame-score bound)

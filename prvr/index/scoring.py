@@ -17,7 +17,6 @@ from prvr.index.sketch import BoundQuery
 from prvr.index.snapshot import Snapshot
 from prvr.preprocess import pad
 from prvr.query import QueryError
-from prvr.segments import unpack
 
 
 def query_vector(q: np.ndarray | torch.Tensor | EncodedQueries) -> np.ndarray:
@@ -77,36 +76,35 @@ def evidence_of(model, snap: Snapshot, ranked: np.ndarray, q: np.ndarray | Encod
     unit_norm = np.maximum(np.linalg.norm(units.astype(np.float64), axis=-1), 1e-12)
     unit_cos = ex.u / unit_norm / max(float(np.linalg.norm(query_vector(q).astype(np.float64))), 1e-12)
     ref_clip, ref_frame = snap.gather("ref_clip", positions), snap.gather("ref_frame", positions)
-    n_scales = snap.gather("n_scales", positions)
     hits = [VideoEvidence(snap.videos[p], float(ex.total[i]), float(ex.clip[i]), float(ex.frame[i]),
                           int(ex.key[i]), int(pidx[i, ex.key[i]]),
                           (int(key_window[i, 0]), int(key_window[i, 1])), windows[i], pidx[i],
                           ex.proposal_cos[i].astype(np.float64), unit_cos[i], *snap.rows(p), attention[i],
-                          **_fine(snap, p, int(n_scales[i])), ref_clip=ref_clip[i],
+                          **_fine(snap, p), ref_clip=ref_clip[i],
                           ref_frame=ref_frame[i])
             for i, p in enumerate(positions)]
     return tuple(hits[i] for i in np.argsort(order))
 
-def _fine(snap: Snapshot, position: int, n_scales: int) -> dict[str, np.ndarray]:
-    """A video's fine rows (float16, as stored: mapped rows are read here) with seconds and segments."""
-    fine = np.asarray(snap.ragged("fine", position))
-    segments = unpack(snap.ragged("seg_bounds", position), snap.ragged("seg_levels", position), len(fine),
-                      n_scales)
-    return {"fine": fine, "fine_start": np.asarray(snap.ragged("fine_start", position)),
-            "fine_end": np.asarray(snap.ragged("fine_end", position)), "segments": segments,
-            "context": np.asarray(snap.ragged("context", position)),
-            "fine_bank": np.asarray(snap.ragged("fine_bank", position)),
-            "context_bank": np.asarray(snap.ragged("context_bank", position))}
+FINE = ("fine", "fine_start", "fine_end", "segments", "context", "fine_bank", "context_bank")
+
+
+def _fine(snap: Snapshot, position: int) -> dict[str, np.ndarray]:
+    """What localisation reads of a video: its fine rows (float16, as stored; mapped rows are read here)
+    with seconds, segments, propagated context and both's bank statistics (``VideoEvidence``'s fields)."""
+    return {key: np.asarray(snap.ragged(key, position)) for key in FINE}
 
 def _attention(model, snap: Snapshot, positions: np.ndarray, units: np.ndarray,
                key_window: np.ndarray) -> list[np.ndarray]:
     """The key clip's attention over each video's frames (``model.key_attention``; only these are read).
-    One video at a time, unpadded: its weights do not depend on which videos share the call."""
+    One batch in the order of the videos' ids: any backend returning the same hits gets the same bits."""
+    order = sorted(range(len(positions)), key=lambda i: str(snap.videos[positions[i]]["id"]))
+    frames, mask = pad([torch.from_numpy(np.array(snap.frames(positions[i]), np.float32)) for i in order])
+    key = np.stack([units[i, s:e].astype(np.float64).mean(0) for i, (s, e) in enumerate(key_window)])
     device = getattr(model, "device", torch.device("cpu"))
-    out = []
-    for i, (s, e) in enumerate(key_window):
-        frames = torch.from_numpy(np.array(snap.frames(positions[i]), np.float32)).to(device)[None]
-        key = torch.from_numpy(units[i, s:e].astype(np.float64).mean(0).astype(np.float32)).to(device)
-        alpha = model.key_attention(frames, torch.ones(frames.shape[:2], device=device), key[None, None])
-        out.append(alpha[0, 0].float().cpu().numpy())
+    alpha = model.key_attention(frames.to(device), mask.to(device),
+                                torch.from_numpy(key[order].astype(np.float32))[:, None].to(device))
+    alpha, lengths = alpha[:, 0].float().cpu().numpy(), mask.sum(1).long().tolist()
+    out: list[np.ndarray] = [np.zeros(0)] * len(positions)
+    for row, i in enumerate(order):
+        out[i] = alpha[row, :lengths[row]]
     return out

@@ -7,6 +7,7 @@ global position (``gather`` for one-row-per-video arrays, ``ragged`` for variabl
 
 from __future__ import annotations
 
+import bisect
 import threading
 from functools import cached_property
 from pathlib import Path
@@ -21,8 +22,8 @@ from prvr.preprocess import window_table
 
 # per-video arrays the OS pages in on demand; the first pass's arrays (read by every query) are loaded into
 # memory instead, so that the bulk of a big index cannot push them out of the page cache between queries
-MAPPED = ("units", "pnorm", "zhat", "frames", "scenes", "fine", "fine_start", "fine_end", "seg_bounds",
-          "seg_levels", "context", "fine_bank", "context_bank", "ref_clip", "ref_frame",
+MAPPED = ("units", "pnorm", "zhat", "frames", "scenes", "fine", "fine_start", "fine_end", "segments",
+          "context", "fine_bank", "context_bank", "ref_clip", "ref_frame",
           *(f for f in SKETCH if f not in FIRST_PASS))
 RESIDENT = (*FIRST_PASS, "pidx")  # what the first pass reads: kept in memory, all segments in one array each
 
@@ -36,6 +37,7 @@ class Snapshot:
         self.videos: list[dict] = []
         self.table = window_table(int(manifest["map_size"])).numpy()
         self.seg_start = np.cumsum([0] + [e["count"] for e in manifest["segments"]])
+        self._starts = self.seg_start.tolist()
         # the first pass's arrays of all segments, each in one array (the segments hold views into it): a
         # query scans any range of the gallery in one kernel call
         self.first: dict[str, np.ndarray] = {}
@@ -95,8 +97,8 @@ class Snapshot:
 
     def ragged(self, key: str, position: int) -> np.ndarray:
         """One video's rows of the ragged array ``key`` (``ingest.RAGGED``; memory-mapped ones stay so)."""
-        s = int(self.segment_of(position))
-        seg, r = self.segments[s], position - self.seg_start[s]
+        s = bisect.bisect_right(self._starts, position) - 1  # segment_of, for one position
+        seg, r = self.segments[s], position - self._starts[s]
         offset = seg[f"{RAGGED[key]}_offset"]
         return seg[key][offset[r]:offset[r + 1]]
 

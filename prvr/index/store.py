@@ -43,8 +43,8 @@ from extract.decode import sha256_file
 
 log = logging.getLogger(__name__)
 
-# 8: the reference bank's statistics of the fine and context rows; 7: the moments' propagated context per
-# video; 6: fine rows, packed segments and reference scores per video;
+# 8: the reference bank's statistics of the fine and context rows, segments stored unpacked; 7: the
+# moments' propagated context per video; 6: fine rows, packed segments and reference scores per video;
 # 5: frame balls store their radii; 4: 16-bit window factors on a grid; 3: key clip candidates' frame balls;
 # 2: all balls; 1: a basis
 FORMAT, SCHEMA_VERSION = "prvr-index", 8
