@@ -14,6 +14,7 @@ of the returned rows equals sentence-transformers' mean pooling; inputs are cut 
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import logging
 import time
 import warnings
@@ -343,7 +344,7 @@ class TextBackbone:
     model: nn.Module
     tokenizer: object
     device: torch.device
-    traced: object | None = None  # the model as TorchScript, set by ``trace``; ``encode`` runs it when set
+    traced: TracedText | None = None  # the model as TorchScript, set by ``trace``; ``encode`` runs it if set
 
     def trace(self, example: str = "a person opens the door and walks into the kitchen") -> bool:
         """Trace the model to TorchScript on CPU, for ``encode`` to run from then on; whether it is in use.
@@ -358,8 +359,7 @@ class TextBackbone:
         try:
             with torch.no_grad(), warnings.catch_warnings():
                 warnings.simplefilter("ignore")  # the tracer's notes on shape-dependent Python code
-                traced = torch.jit.trace(self.model, example_kwarg_inputs=self._inputs(checks[0], None),
-                                         strict=False)
+                traced = TracedText(self.model, self._inputs(checks[0], None))
                 for texts in checks[1:]:
                     inputs = self._inputs(texts, None)
                     if not torch.allclose(_hidden(traced(**inputs)), _hidden(self.model(**inputs)),
@@ -399,6 +399,22 @@ class TextBackbone:
             mask = inputs["attention_mask"].bool()
             out += [h[m].cpu().numpy() for h, m in zip(hidden, mask, strict=True)]
         return out
+
+
+class TracedText:
+    """A text model traced to TorchScript with the tokenizer's inputs its ``forward`` names (others, which a
+    ``**kwargs`` would swallow, cannot be traced and are left out); called like the model."""
+
+    def __init__(self, model: nn.Module, example: dict[str, torch.Tensor]) -> None:
+        named = inspect.signature(model.forward).parameters
+        self.keys = tuple(k for k in example if k in named and named[k].kind in
+                          (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY))
+        self.module = torch.jit.trace(model, example_kwarg_inputs={k: example[k] for k in self.keys},
+                                      strict=False)
+
+    def __call__(self, **inputs: torch.Tensor) -> object:
+        """The traced model's output (a dict) for the tokenizer's tensors."""
+        return self.module(**{k: inputs[k] for k in self.keys})
 
 
 def _hidden(output: object) -> torch.Tensor:

@@ -77,6 +77,16 @@ def test_query_is_the_models_own_text_embedding(models: dict, family: str) -> No
 
 
 @pytest.mark.parametrize("family", FAMILIES)
+def test_traced_text_tower_gives_the_eager_tokens(models: dict, family: str) -> None:
+    encoder = TextEncoder("clip", {"clip": str(models[family])}, device="cpu")
+    texts = [*TEXTS, "a much longer caption about a person who walks a dog along a beach at sunset"]
+    eager = encoder.encode(texts)
+    assert encoder.backbone.trace()  # the tower's forward names input_ids and attention_mask only
+    for mine, theirs in zip(encoder.encode(texts), eager, strict=True):
+        assert mine.shape == theirs.shape and np.allclose(mine, theirs, atol=1e-5)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
 def test_video_rows_one_per_second_deterministic(models: dict, videos: list[Path], family: str) -> None:
     weights = {"clip": str(models[family])}
     first = VideoExtractor("clip", weights, device="cpu").extract(videos[1])
