@@ -36,6 +36,10 @@ from extract.weights import (
 )
 
 log = logging.getLogger(__name__)
+# The tracer notes every shape-dependent Python branch of a Hugging Face model; ``TextBackbone.trace`` checks
+# the trace against the eager model instead. Filtered once here: ``warnings.catch_warnings`` is not
+# thread-safe, and the app traces in a background thread.
+warnings.filterwarnings("ignore", category=torch.jit.TracerWarning)
 
 IMAGENET_MEAN, IMAGENET_STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
 KINETICS_MEAN, KINETICS_STD = (0.45, 0.45, 0.45), (0.225, 0.225, 0.225)
@@ -357,8 +361,7 @@ class TextBackbone:
         t0 = time.perf_counter()
         checks = [[example], ["a dog"], ["someone laughs", "a man in a red coat runs up the stairs", "x"]]
         try:
-            with torch.no_grad(), warnings.catch_warnings():
-                warnings.simplefilter("ignore")  # the tracer's notes on shape-dependent Python code
+            with torch.no_grad():
                 traced = TracedText(self.model, self._inputs(checks[0], None))
                 for texts in checks[1:]:
                     inputs = self._inputs(texts, None)
