@@ -41,6 +41,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numba
 import numpy as np
 
 from prvr.hubness import bank_z
@@ -66,19 +67,72 @@ class MomentConfig:
                              f"{self.propagation_beta}")
 
 
-def contrast(sim: np.ndarray, spans: np.ndarray) -> np.ndarray:
-    """(C,) t statistic of the rows inside each [first, end) span (C, 2) against the rest of the video."""
-    n = len(sim)
+@numba.njit(cache=True)
+def _contrast(sim: np.ndarray, first: int, stop: int, spans: np.ndarray, out: np.ndarray) -> None:
+    """out[c]: the t statistic of the rows of ``spans[c]`` against the rest of ``sim[first:stop]`` (step 3;
+    the spans lie inside it; 0 for a span that is all of it)."""
+    n = stop - first
     csum = np.zeros(n + 1)
-    np.cumsum(sim, dtype=np.float64, out=csum[1:])
-    deviation = sim - csum[-1] / n
-    sd = max(float(np.sqrt(np.dot(deviation, deviation) / n)), 1e-9)  # the video's own spread
-    n_in = (spans[:, 1] - spans[:, 0]).astype(np.float64)
-    n_out = np.maximum(n - n_in, 1)
-    sum_in = csum[spans[:, 1]] - csum[spans[:, 0]]
-    t = (sum_in / n_in - (csum[-1] - sum_in) / n_out) / (sd * np.sqrt(1 / n_in + 1 / n_out))
-    t[n_in >= n] = 0.0  # the whole video contrasts with nothing
-    return t
+    for i in range(n):
+        csum[i + 1] = csum[i] + sim[first + i]
+    mean, var = csum[n] / n, 0.0
+    for i in range(n):
+        var += (sim[first + i] - mean) ** 2
+    sd = max(np.sqrt(var / n), 1e-9)  # the stretch's own spread
+    for c in range(len(spans)):
+        a, b = spans[c, 0] - first, spans[c, 1] - first
+        n_in = float(b - a)
+        if n_in >= n:
+            out[c] = 0.0  # the whole stretch contrasts with nothing
+            continue
+        n_out = max(n - n_in, 1.0)
+        sum_in = csum[b] - csum[a]
+        out[c] = (sum_in / n_in - (csum[n] - sum_in) / n_out) / (sd * np.sqrt(1 / n_in + 1 / n_out))
+
+
+@numba.njit(cache=True)
+def _refine(sim: np.ndarray, spans: np.ndarray, first: int, stop: int, level: float) -> tuple[int, int]:
+    """Step 4: descend from [first, stop) into nested spans whose own rows match clearly better."""
+    while True:
+        inside = np.zeros(len(spans), np.bool_)
+        for c in range(len(spans)):
+            a, b = spans[c, 0], spans[c, 1]
+            inside[c] = a >= first and b <= stop and b - a < stop - first
+        nested = spans[inside]
+        if len(nested) == 0:
+            return first, stop
+        t = np.empty(len(nested))
+        _contrast(sim, first, stop, nested, t)
+        best = np.argmax(t)
+        if t[best] < level:
+            return first, stop
+        first, stop = nested[best, 0], nested[best, 1]
+
+
+@numba.njit(cache=True)
+def _choose(sim: np.ndarray, context_sim: np.ndarray, spans: np.ndarray, level: float,
+            n_moments: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Steps 3-5: the chosen moments' (m, 2) [first, stop) rows, the candidate each was refined from, and
+    every candidate's t statistic."""
+    n = len(sim)
+    t = np.empty(len(spans))
+    _contrast(context_sim, 0, n, spans, t)
+    taken = np.zeros(n, np.bool_)
+    chosen = np.zeros((n_moments, 2), np.int64)
+    which = np.zeros(n_moments, np.int64)
+    m = 0
+    for k in np.argsort(-t, kind="mergesort"):
+        if m and t[k] <= 0:
+            break
+        first, stop = _refine(sim, spans, spans[k, 0], spans[k, 1], level)
+        if taken[first:stop].any():
+            continue
+        taken[first:stop] = True
+        chosen[m, 0], chosen[m, 1], which[m] = first, stop, k
+        m += 1
+        if m == n_moments:
+            break
+    return chosen[:m], which[:m], t
 
 
 def _similarities(q: np.ndarray, vectors: np.ndarray, start: np.ndarray, end: np.ndarray) -> np.ndarray:
@@ -103,20 +157,6 @@ def heatmap(sim: np.ndarray, start: np.ndarray, end: np.ndarray, max_cells: int)
     score = np.add.reduceat(sim.astype(np.float64), edges[:-1]) / np.diff(edges)
     return {"start": np.round(start[edges[:-1]], 3).tolist(), "end": np.round(end[edges[1:] - 1], 3).tolist(),
             "score": np.round(score, 6).tolist()}
-
-
-def refine(sim: np.ndarray, spans: np.ndarray, first: int, stop: int, level: float) -> tuple[int, int]:
-    """Step 4: descend from [first, stop) into nested spans that match clearly better than their parent."""
-    while True:
-        nested = (spans[:, 0] >= first) & (spans[:, 1] <= stop) & (spans[:, 1] - spans[:, 0] < stop - first)
-        inside = spans[nested]
-        if len(inside) == 0:
-            return first, stop
-        t = contrast(sim[first:stop], inside - first)
-        best = int(np.argmax(t))
-        if t[best] < level:
-            return first, stop
-        first, stop = (int(v) for v in inside[best])
 
 
 def find_moments(q: np.ndarray, vectors: np.ndarray, start: np.ndarray, end: np.ndarray,
@@ -149,19 +189,11 @@ def find_moments(q: np.ndarray, vectors: np.ndarray, start: np.ndarray, end: np.
         if cfg.reference_z and context_bank is not None and len(context_bank) > 0:
             per_part = bank_z(per_part, context_bank)
         context_sim = np.repeat(per_part, parts[:, 1] - parts[:, 0])
-    t = contrast(context_sim, spans)
-    moments, taken = [], np.zeros(len(sim), bool)
-    for k in np.argsort(-t, kind="stable"):
-        if moments and t[k] <= 0:
-            break
-        first, stop = refine(sim, spans, *spans[k], cfg.descend_t)
-        if taken[first:stop].any():
-            continue
-        taken[first:stop] = True
-        moments.append({"start": round(float(start[first]), 3), "end": round(float(end[stop - 1]), 3),
-                        "score": round(float(cos[first:stop].mean()), 6),
-                        "contrast": round(float(t[k]), 4),
-                        "rows": [int(first), int(stop)]})
-        if len(moments) == cfg.n_moments:
-            break
+    chosen, which, t = _choose(np.ascontiguousarray(sim, np.float64),
+                               np.ascontiguousarray(context_sim, np.float64), spans, float(cfg.descend_t),
+                               cfg.n_moments)
+    moments = [{"start": round(float(start[first]), 3), "end": round(float(end[stop - 1]), 3),
+                "score": round(float(cos[first:stop].mean()), 6), "contrast": round(float(t[k]), 4),
+                "rows": [int(first), int(stop)]} for (first, stop), k in zip(chosen.tolist(), which.tolist(),
+                                                                                 strict=True)]
     return {"key_moment": moments[0], "moments": moments, "heatmap": heatmap(cos, start, end, cfg.max_cells)}
