@@ -39,12 +39,10 @@ import torch
 
 import prvr  # noqa: F401  - applies the torchvision CPU fix before anything else
 from prvr.branches import EncodedVideos, window_proposals
-from prvr.hubness import bank_stats
 from prvr.index import IndexConfig, IndexStoreError, VideoIndex
-from prvr.index.ingest import RAGGED, ReferenceQueries, bank_vectors, half_up
+from prvr.index.ingest import RAGGED, ReferenceQueries, bank_vectors, half_up, localisation_arrays
 from prvr.model import MSSL, MSSLConfig
 from prvr.preprocess import window_table
-from prvr.propagation import BETA, propagate_finest
 from prvr.search import search
 from prvr.segments import segment_video
 
@@ -165,13 +163,8 @@ def results_arrays(fixed: dict[str, np.ndarray], frames: np.ndarray, g: np.rando
     ragged: dict[str, list] = {k: [] for k in RAGGED}
     for f in frames:
         fine = f / np.maximum(np.linalg.norm(f, axis=1, keepdims=True), 1e-12)
-        segments = segment_video(fine)
-        fine16 = fine.astype(np.float16)
-        context = propagate_finest(fine16.astype(np.float32), segments, BETA).astype(np.float32)
-        video = {"frames": f, "row_start": t, "row_end": t + 1, "fine": fine16, "context": context,
-                 "fine_bank": bank_stats(fine16.astype(np.float32), bank),
-                 "context_bank": bank_stats(context, bank),
-                 "fine_start": t[::step], "fine_end": t[step - 1::step] + 1, "segments": segments}
+        video = {"frames": f, "row_start": t, "row_end": t + 1,
+                 **localisation_arrays(fine, t[::step], t[step - 1::step] + 1, segment_video(fine), bank)}
         for k in RAGGED:
             ragged[k].append(video[k])
     b = len(frames)

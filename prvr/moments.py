@@ -135,16 +135,25 @@ def _choose(sim: np.ndarray, context_sim: np.ndarray, spans: np.ndarray, level: 
     return chosen[:m], which[:m], t
 
 
-def _similarities(q: np.ndarray, vectors: np.ndarray, start: np.ndarray, end: np.ndarray) -> np.ndarray:
-    """(n,) cosine of the query with each unit row, after checking that the shapes agree."""
-    q, vectors = np.asarray(q, np.float32), np.asarray(vectors, np.float32)
+def _unit_query(q: np.ndarray, vectors: np.ndarray, start: np.ndarray, end: np.ndarray) -> np.ndarray:
+    """The (H,) float32 unit query, after checking that the shapes of query, rows and seconds agree."""
+    q, vectors = np.asarray(q, np.float32), np.asarray(vectors)
     if q.ndim != 1 or vectors.ndim != 2 or vectors.shape[1] != q.shape[0] or len(vectors) == 0:
         raise ValueError(f"find_moments: query {q.shape} and rows {vectors.shape}: expected (H,) and (n, H)")
     if np.shape(start) != (len(vectors),) or np.shape(end) != (len(vectors),):
         raise ValueError(f"find_moments: {len(vectors)} rows, start {np.shape(start)}, end {np.shape(end)}")
-    norm = float(np.linalg.norm(q))
+    return q / max(float(np.linalg.norm(q)), 1e-12)
+
+
+def _cosines(rows: np.ndarray, unit: np.ndarray) -> np.ndarray:
+    """(n,) cosine of each unit row with the unit query."""
     # einsum, not BLAS: a matrix-vector product this small is slower through threads on a busy machine
-    return np.einsum("nh,h->n", vectors, q / norm if norm > 0 else q)
+    return np.einsum("nh,h->n", np.asarray(rows, np.float32), unit)
+
+
+def _normalised(sim: np.ndarray, bank: np.ndarray | None, cfg: MomentConfig) -> np.ndarray:
+    """The similarities as z-scores by the rows' bank statistics where they are stored and asked for."""
+    return bank_z(sim, bank) if cfg.reference_z and bank is not None and len(bank) > 0 else sim
 
 
 def heatmap(sim: np.ndarray, start: np.ndarray, end: np.ndarray, max_cells: int) -> dict:
@@ -171,9 +180,9 @@ def find_moments(q: np.ndarray, vectors: np.ndarray, start: np.ndarray, end: np.
     (seconds), "score", "contrast", "rows": [first, end)}.
     """
     cfg = cfg or MomentConfig()
-    cos = _similarities(q, vectors, start, end)
-    use_bank = cfg.reference_z and row_bank is not None and len(row_bank) > 0
-    sim = bank_z(cos, row_bank) if use_bank else cos
+    unit = _unit_query(q, vectors, start, end)
+    cos = _cosines(vectors, unit)
+    sim = _normalised(cos, row_bank, cfg)
     start, end = np.asarray(start, np.float64), np.asarray(end, np.float64)
     seg = np.asarray(segments, np.int64)
     parts = finest(seg, len(sim))  # the segments must cover exactly these rows
@@ -184,10 +193,7 @@ def find_moments(q: np.ndarray, vectors: np.ndarray, start: np.ndarray, end: np.
     else:
         if context is None:
             context = propagate_finest(np.asarray(vectors, np.float32), seg, cfg.propagation_beta)
-        qn = np.asarray(q, np.float32) / max(float(np.linalg.norm(q)), 1e-12)
-        per_part = np.einsum("fh,h->f", np.asarray(context, np.float32), qn)
-        if cfg.reference_z and context_bank is not None and len(context_bank) > 0:
-            per_part = bank_z(per_part, context_bank)
+        per_part = _normalised(_cosines(context, unit), context_bank, cfg)
         context_sim = np.repeat(per_part, parts[:, 1] - parts[:, 0])
     chosen, which, t = _choose(np.ascontiguousarray(sim, np.float64),
                                np.ascontiguousarray(context_sim, np.float64), spans, float(cfg.descend_t),

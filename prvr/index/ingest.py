@@ -135,11 +135,19 @@ def fine_rows(model, video: GalleryVideo, bank: np.ndarray | None = None) -> dic
     reference bank's (R, H) vectors, both's ``bank_stats`` ((0, 2) each without a bank)."""
     vectors, start, end = model.encode_rows(video.features, video.start, video.end)
     segments = resample(segment_video(np.asarray(video.features)), np.asarray(video.start), start)
-    fine = vectors.astype(np.float16)
-    context = propagate_finest(fine.astype(np.float32), segments, BETA).astype(np.float32)
+    return localisation_arrays(vectors, start, end, segments, bank)
+
+
+def localisation_arrays(vectors: np.ndarray, start: np.ndarray, end: np.ndarray, segments: np.ndarray,
+                        bank: np.ndarray | None = None) -> dict[str, np.ndarray]:
+    """What an index stores for localisation from a video's (n, H) unit fine rows, their seconds and
+    segments: the rows as float16, their propagated context, both's bank statistics, seconds, segments."""
+    fine = np.asarray(vectors).astype(np.float16)
+    stored = fine.astype(np.float32)  # what the results layer reads back
+    context = propagate_finest(stored, segments, BETA).astype(np.float32)
     none = np.zeros((0, 2), np.float32)
     return {"fine": fine, "context": context,
-            "fine_bank": none if bank is None else bank_stats(fine.astype(np.float32), bank),
+            "fine_bank": none if bank is None else bank_stats(stored, bank),
             "context_bank": none if bank is None else bank_stats(context, bank),
             "fine_start": np.asarray(start, np.float32),
             "fine_end": np.asarray(end, np.float32), "segments": np.asarray(segments, np.int32)}
