@@ -14,7 +14,9 @@ its queries are random token features, so its rank step sees other queries than 
 were scored exactly, the bytes per video that every query reads (the 8-bit sketch) and that are stored, and
 for N <= 10,000 the same queries scored the straightforward way (``MSSL.score`` over all 528 proposals and
 key-clip attention over the frames of every video, as the official evaluation does), whose top-10 must
-match. Approximate mode reports recall@10 against exact mode.
+match. Approximate mode reports recall@10 against exact mode. Each run also reports how fast the machine was
+while it ran (``machine``: a numpy read in GB/s, a query-sized matrix product in microseconds): a shared
+VM's speed drifts by up to 2x within minutes, and latencies are only comparable at similar speeds.
 
 Every synthetic video also stores what result building reads, in the real layout (``prvr.index.ingest``):
 its fine rows (the unit-normalised frames, float16, 2 s each), their segments (``prvr.segments`` on those
@@ -207,6 +209,23 @@ def warm_page_cache(root: Path, chunk: int = 1 << 24) -> float:
     return round(time.perf_counter() - t0, 1)
 
 
+def machine_speed(repeats: int = 5) -> dict:
+    """This machine's speed right now, beside each run's latencies (a shared VM's speed drifts by up to 2x
+    within minutes): the best of a few 256 MB numpy reads (GB/s, what the first pass is bound by) and of a
+    few 384 x 384 float32 matrix products of 10 x 384 rows (microseconds, the size of a query's torch ops)."""
+    block, a, w = np.ones(1 << 25), np.ones((10, 384), np.float32), np.ones((384, 384), np.float32)
+    scan, mm = [], []
+    for _ in range(repeats):
+        t = time.perf_counter()
+        block.sum()
+        scan.append(time.perf_counter() - t)
+        t = time.perf_counter()
+        for _ in range(100):
+            a @ w
+        mm.append((time.perf_counter() - t) / 100)
+    return {"scan_gb_s": round(block.nbytes / min(scan) / 1e9, 1), "matmul_us": round(1e6 * min(mm), 1)}
+
+
 def latencies(fn, qs: np.ndarray) -> tuple[dict, list]:
     """p50 / p95 milliseconds of fn(q) over the queries, and the outputs."""
     fn(qs[0])  # warm-up (page cache, faiss build)
@@ -267,7 +286,7 @@ def main() -> None:
                 run = {"n": n, "mode": mode, "build_s": round(time.perf_counter() - t0, 1),
                        "page_cache_warm_s": warm_page_cache(workdir / f"{mode}-{n}"),
                        "first_pass_bytes_per_video": round(index.first_pass_bytes() / n),
-                       "stored_bytes_per_video": round(index.stored_bytes() / n)}
+                       "stored_bytes_per_video": round(index.stored_bytes() / n), "machine": machine_speed()}
 
                 def exact(q: np.ndarray, index: VideoIndex = index) -> tuple:
                     return top(index, index.rank(q, 10))

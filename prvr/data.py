@@ -55,16 +55,13 @@ log = logging.getLogger(__name__)
 SPLITS = ("train", "val", "test")
 
 
-def check_rows(x: np.ndarray, dim: int, where: str, what: str) -> np.ndarray:
-    """Validate one (n, dim) float feature array (``prvr.preprocess.check_rows`` plus the width); errors
-    name the file (``where``) and the id (``what``)."""
+def checked_features(x: np.ndarray, dim: int, where: str, what: str) -> np.ndarray:
+    """One (n, dim) float feature array checked by ``prvr.preprocess.check_rows``, its errors as DataError
+    naming the file (``where``) and the id (``what``)."""
     try:
-        rows = preprocess.check_rows(np.asarray(x), f"{where}: {what}")
+        return preprocess.check_rows(np.asarray(x), f"{where}: {what}", dim).numpy()
     except (TypeError, ValueError) as err:
         raise DataError(str(err)) from None
-    if rows.shape[1] != dim:
-        raise DataError(f"{where}: {what} has dim {rows.shape[1]}, expected {dim}")
-    return rows.numpy()
 
 
 class OfficialSource:
@@ -103,8 +100,8 @@ class OfficialSource:
         where = str(self.bigfile.dir / "feature.bin")
         if not self.video2frames[video_id]:
             raise DataError(f"{self.v2f_path}: video {video_id!r} is empty (0 rows)")
-        return check_rows(self.bigfile.read(self.video2frames[video_id], f"video {video_id!r}"),
-                          self.visual_dim, where, f"video {video_id!r}")
+        return checked_features(self.bigfile.read(self.video2frames[video_id], f"video {video_id!r}"),
+                                self.visual_dim, where, f"video {video_id!r}")
 
     def caption_tokens(self, cap_id: str) -> np.ndarray:
         """The token features of one caption, checked."""
@@ -125,7 +122,7 @@ def _read_tokens(h5: h5py.File, cap_id: str, dim: int, path: Path) -> np.ndarray
     """One caption's (n_tokens, dim) features from an official query HDF5 file."""
     if cap_id not in h5:
         raise DataError(f"{path}: caption id {cap_id!r} not found")
-    return check_rows(np.asarray(h5[cap_id][...]), dim, str(path), f"caption {cap_id!r}")
+    return checked_features(np.asarray(h5[cap_id][...]), dim, str(path), f"caption {cap_id!r}")
 
 
 class HDF5Source:
@@ -173,14 +170,14 @@ class HDF5Source:
         """All feature rows of one video, checked."""
         if video_id not in self._video_set:
             raise DataError(f"{self.features_path}: video id {video_id!r} not found")
-        return check_rows(self.videos.video(video_id).features, self.visual_dim, str(self.features_path),
-                          f"video {video_id!r}")
+        return checked_features(self.videos.video(video_id).features, self.visual_dim,
+                                str(self.features_path), f"video {video_id!r}")
 
     def caption_tokens(self, cap_id: str) -> np.ndarray:
         """The token features of one caption, checked."""
         self._check_caption(cap_id)
-        return check_rows(self.texts.caption(cap_id)[1], self.query_dim, str(self.captions_path),
-                          f"caption {cap_id!r}")
+        return checked_features(self.texts.caption(cap_id)[1], self.query_dim, str(self.captions_path),
+                                f"caption {cap_id!r}")
 
 
 Source = OfficialSource | HDF5Source

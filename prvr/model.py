@@ -252,14 +252,6 @@ class MSSL(nn.Module):
         return attention_weights(folded @ frames.transpose(-1, -2), frame_mask)
 
     # ---- inference on raw features
-    @staticmethod
-    def _checked(rows: ArrayLike, width: int, what: str) -> Tensor:
-        """A raw (n, width) feature array as a tensor; ValueError naming ``what`` otherwise."""
-        x = check_rows(rows, what)
-        if x.shape[1] != width:
-            raise ValueError(f"{what}: features of shape {tuple(x.shape)}, the model expects (n, {width})")
-        return x
-
     @torch.no_grad()
     def encode_videos(self, frames_list: Sequence[ArrayLike], batch_size: int = 64) -> EncodedVideos:
         """Raw per-video rows (n_i, Dv) -> EncodedVideos; each video's result is independent of the batch."""
@@ -267,7 +259,7 @@ class MSSL(nn.Module):
             raise ValueError("encode_videos: got no videos")
         parts = []
         for c in chunks(len(frames_list), batch_size):
-            raw = [self._checked(x, self.cfg.visual_dim, f"video {i}")
+            raw = [check_rows(x, f"video {i}", self.cfg.visual_dim)
                    for i, x in enumerate(frames_list[c], c.start)]
             clips = torch.stack([clip_input(x, self.cfg.map_size) for x in raw])
             frames, mask = pad([frame_input(x, self.cfg.max_ctx_l) for x in raw])
@@ -299,7 +291,7 @@ class MSSL(nn.Module):
             raise ValueError("encode_queries: got no queries")
         out = []
         for c in chunks(len(tokens_list), batch_size):
-            raw = [self._checked(x, self.cfg.query_dim, f"query {i}")
+            raw = [check_rows(x, f"query {i}", self.cfg.query_dim)
                    for i, x in enumerate(tokens_list[c], c.start)]
             tokens, mask = pad([query_input(x, self.cfg.max_desc_l) for x in raw])
             out.append(self.encode_query_inputs(tokens.to(self.device), mask.to(self.device)))
@@ -331,7 +323,7 @@ class MSSL(nn.Module):
         their seconds; n' = min(n, max_ctx_l) (longer videos are re-binned as frame_input does)."""
         from prvr.preprocess import clip_unit_rows  # frame_input's binning (frame_times reports its centres)
 
-        x = frame_input(self._checked(rows, self.cfg.visual_dim, "encode_rows"), self.cfg.max_ctx_l)[None]
+        x = frame_input(check_rows(rows, "encode_rows", self.cfg.visual_dim), self.cfg.max_ctx_l)[None]
         frames = self.encode_frames(x.to(self.device), torch.ones(x.shape[:2], device=self.device))[0]
         start, end = (torch.as_tensor(t, dtype=torch.float64) for t in (start, end))
         if len(start) > self.cfg.max_ctx_l:

@@ -20,8 +20,9 @@ ArrayLike = np.ndarray | Tensor
 NORM_EPS = 1e-5  # the official numpy helper adds this to every row norm (clips, frames and tokens)
 
 
-def check_rows(x: ArrayLike, what: str) -> Tensor:
-    """Check a raw (n, D) feature array (``what`` names it in errors); return it as a float32 tensor."""
+def check_rows(x: ArrayLike, what: str, width: int | None = None) -> Tensor:
+    """Check a raw (n, D) feature array (``what`` names it in errors), of D = ``width`` when given; return
+    it as a float32 tensor."""
     if isinstance(x, np.ndarray):
         x = torch.from_numpy(x)
     elif not isinstance(x, Tensor):
@@ -30,6 +31,8 @@ def check_rows(x: ArrayLike, what: str) -> Tensor:
         raise ValueError(f"{what}: expected a 2-D (rows, dim) array, got shape {tuple(x.shape)}")
     if x.shape[0] == 0 or x.shape[1] == 0:
         raise ValueError(f"{what}: empty feature array of shape {tuple(x.shape)}")
+    if width is not None and x.shape[1] != width:
+        raise ValueError(f"{what}: features of shape {tuple(x.shape)}, expected (n, {width})")
     if not x.is_floating_point():
         raise ValueError(f"{what}: expected floating point features, got dtype {x.dtype}")
     if not torch.isfinite(x).all():

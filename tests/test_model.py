@@ -194,9 +194,9 @@ def test_score_chunking_does_not_change_results(monkeypatch):
 
 def test_raw_inputs_with_wrong_dims_are_rejected():
     model = _tiny_model()
-    with pytest.raises(ValueError, match=r"video 1: features of shape \(5, 7\), the model expects \(n, 12\)"):
+    with pytest.raises(ValueError, match=r"video 1: features of shape \(5, 7\), expected \(n, 12\)"):
         model.encode_videos([torch.randn(3, 12), torch.randn(5, 7)])
-    with pytest.raises(ValueError, match=r"query 0: features of shape \(3, 12\), the model expects \(n, 10"):
+    with pytest.raises(ValueError, match=r"query 0: features of shape \(3, 12\), expected \(n, 10"):
         model.encode_queries([torch.randn(3, 12)])
     with pytest.raises(ValueError, match=r"video 0: NaN or inf values in rows \[2\]"):
         model.encode_videos([torch.eye(12)[:3] / torch.tensor([1.0, 1.0, 0.0])[:, None]])
