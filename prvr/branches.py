@@ -14,6 +14,7 @@ import functools
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import Tensor
@@ -148,6 +149,18 @@ def key_clip_attention(
 def attention_weights(logits: Tensor, frame_mask: Tensor, temperature: float = 1.0) -> Tensor:
     """Softmax over frames of (Nv, J, L) key-clip logits / temperature; exactly 0 on padding (mask 0)."""
     return (logits / temperature).masked_fill(frame_mask[:, None, :] == 0, -1e9).softmax(dim=-1)
+
+
+def frame_attention(frames: Sequence[np.ndarray], keys: np.ndarray) -> list[np.ndarray]:
+    """``attention_weights`` of one key (H,) per video (keys (V, H)) over that video's own frames (L_i, H),
+    unpadded, in numpy (float32): what results show for a handful of hits, where torch's per-op cost would
+    exceed the work. einsum, not BLAS: BLAS's worker threads would spin on the cores the search needs."""
+    out = []
+    for f, key in zip(frames, keys, strict=True):
+        logits = np.einsum("lh,h->l", f, key)
+        e = np.exp(logits - logits.max())
+        out.append(e / e.sum())
+    return out
 
 
 # how a model attends: (frames (Nv, L, H), frame_mask (Nv, L), key_clips (Nv, J, H)) -> z (Nv, J, H), alpha

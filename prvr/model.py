@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Self
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
@@ -29,12 +30,12 @@ from prvr.branches import (
     EncodedVideos,
     Scores,
     attend_proposals,
-    attention_weights,
     branch_scores,
     cat_queries,
     chunks,
     clip_scale,
     clip_scale_with_raw,
+    frame_attention,
     key_clip_attention,
     two_branch_scores,
     window_proposals,
@@ -245,11 +246,13 @@ class MSSL(nn.Module):
         return key_clip_attention(keys, values, frame_mask, key_clips)
 
     @torch.no_grad()
-    def key_attention(self, frames: Tensor, frame_mask: Tensor, key_clips: Tensor) -> Tensor:
-        """``_attend``'s alpha alone (what results show): W_k folded into the key clips instead of projecting
-        every frame, c . (W_k f) = (c W_k) . f."""
-        folded = key_clips @ self.mapping_linear[0].weight  # (Nv, J, H)
-        return attention_weights(folded @ frames.transpose(-1, -2), frame_mask)
+    def key_attention(self, frames: Sequence[np.ndarray], key_clips: np.ndarray) -> list[np.ndarray]:
+        """``_attend``'s alpha alone (what results show) for one key clip per video (key_clips (V, H)) over
+        its frames (L_i, H): W_k folded into the key clips, c . (W_k f) = (c W_k) . f, in one product,
+        instead of projecting every frame."""
+        weight = self.mapping_linear[0].weight
+        folded = torch.from_numpy(np.ascontiguousarray(key_clips, np.float32)).to(weight.device) @ weight
+        return frame_attention(frames, folded.cpu().numpy())
 
     # ---- inference on raw features
     @torch.no_grad()

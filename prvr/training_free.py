@@ -30,7 +30,7 @@ from prvr.branches import (
     EncodedVideos,
     Scores,
     attend_proposals,
-    attention_weights,
+    frame_attention,
     key_clip_attention,
     two_branch_scores,
     window_proposals,
@@ -116,10 +116,10 @@ class TrainingFreeModel:
         """Key-clip-guided attention with identity projections and this model's temperature."""
         return key_clip_attention(frames, frames, frame_mask, key_clips, self.cfg.temperature)
 
-    @torch.no_grad()
-    def key_attention(self, frames: Tensor, frame_mask: Tensor, key_clips: Tensor) -> Tensor:
-        """``_attend``'s alpha alone (what results show)."""
-        return attention_weights(key_clips @ frames.transpose(-1, -2), frame_mask, self.cfg.temperature)
+    def key_attention(self, frames: Sequence[np.ndarray], key_clips: np.ndarray) -> list[np.ndarray]:
+        """``_attend``'s alpha alone (what results show) for one key clip per video (key_clips (V, H)) over
+        its frames (L_i, H)."""
+        return frame_attention(frames, np.asarray(key_clips, np.float32) / np.float32(self.cfg.temperature))
 
     @torch.no_grad()
     def attend(self, videos: EncodedVideos, proposal_idx: Tensor) -> tuple[Tensor, Tensor]:

@@ -98,13 +98,10 @@ def _attention(model, snap: Snapshot, positions: np.ndarray, units: np.ndarray,
     """The key clip's attention over each video's frames (``model.key_attention``; only these are read).
     One batch in the order of the videos' ids: any backend returning the same hits gets the same bits."""
     order = sorted(range(len(positions)), key=lambda i: str(snap.videos[positions[i]]["id"]))
-    frames, mask = pad([torch.from_numpy(np.array(snap.frames(positions[i]), np.float32)) for i in order])
     key = np.stack([units[i, s:e].astype(np.float64).mean(0) for i, (s, e) in enumerate(key_window)])
-    device = getattr(model, "device", torch.device("cpu"))
-    alpha = model.key_attention(frames.to(device), mask.to(device),
-                                torch.from_numpy(key[order].astype(np.float32))[:, None].to(device))
-    alpha, lengths = alpha[:, 0].float().cpu().numpy(), mask.sum(1).long().tolist()
+    alpha = model.key_attention([np.asarray(snap.frames(positions[i]), np.float32) for i in order],
+                                key[order].astype(np.float32))
     out: list[np.ndarray] = [np.zeros(0)] * len(positions)
     for row, i in enumerate(order):
-        out[i] = alpha[row, :lengths[row]]
+        out[i] = alpha[row]
     return out
