@@ -35,7 +35,7 @@ from prvr.branches import (
     two_branch_scores,
     window_proposals,
 )
-from prvr.preprocess import clip_input, frame_input, n_proposals, pad
+from prvr.preprocess import check_rows, clip_input, frame_input, n_proposals, pad
 from prvr.propagation import propagate_rows
 
 
@@ -73,10 +73,7 @@ class TrainingFreeModel:
                 fine: bool = False) -> Tensor:
         """One video's rows, checked against ``dims``, in the query space (propagated if asked and on; by
         ``fine_rows_to_space`` if ``fine``)."""
-        shape = tuple(rows.shape)
-        if len(shape) != 2 or shape[0] == 0 or shape[1] != self.dims[0]:
-            raise ValueError(f"{what}: features of shape {shape}, expected (n, {self.dims[0]})")
-        raw = torch.as_tensor(rows, dtype=torch.float32)
+        raw = check_rows(rows, what, self.dims[0])
         mapped = (self.fine_rows_to_space if fine else self.rows_to_space)(raw.to(self.device))
         if not (propagate and self.cfg.propagation):
             return mapped

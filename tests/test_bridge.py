@@ -154,6 +154,10 @@ def test_bad_inputs_are_named() -> None:
     model = toy_model()
     with pytest.raises(ValueError, match=r"video 1: features of shape \(5, 7\)"):
         model.encode_videos([scene_video([0]), np.zeros((5, 7), np.float32)])
+    broken = scene_video([0]).copy()
+    broken[2, 0] = np.nan  # the same checks as MS-SL's raw inputs (prvr.preprocess.check_rows)
+    with pytest.raises(ValueError, match=r"encode_rows: NaN or inf values in rows \[2\]"):
+        model.encode_rows(broken, np.arange(len(broken)), np.arange(len(broken)) + 1.0)
     with pytest.raises(ValueError, match=r"text 0: token features of shape \(3, 9\)"):
         model.encode_queries([np.zeros((3, 9), np.float32)])
     with pytest.raises(ValueError, match="no videos"):
