@@ -88,7 +88,6 @@ class BridgeConfig(DictConfig):
             raise ValueError(f"BridgeConfig.propagation_beta must be in [0, 1), got {self.propagation_beta}")
 
 
-
 def sentence_vectors(tokens_list: Sequence[np.ndarray | Tensor], dim: int) -> Tensor:
     """Token rows (L_i, dim) per text -> (N, dim): mean over tokens, L2-normalised (MiniLM's pooling)."""
     if len(tokens_list) == 0:

@@ -66,7 +66,6 @@ class ZeroShotConfig(DictConfig):
                              f"{self.max_ctx_l}]")
 
 
-
 class ZeroShotModel(TrainingFreeModel):
     """Contract 3 over a CLIP-family model's image rows and pooled text embeddings; no PRVR training."""
 

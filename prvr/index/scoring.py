@@ -37,7 +37,7 @@ def is_csa(model) -> bool:
 
 
 def exact_of(model, snap: Snapshot, positions: np.ndarray, q: np.ndarray | EncodedQueries,
-         w: tuple[float, float], bq: BoundQuery | None = None) -> Exact:
+             w: tuple[float, float], bq: BoundQuery | None = None) -> Exact:
     """``rank.Exact`` for sorted positions of a snapshot (the CSA frame score for a CSA model)."""
     bq = bq or BoundQuery.of(query_vector(q))
     threads = torch.get_num_threads() if len(positions) > 1 else 1
@@ -46,6 +46,7 @@ def exact_of(model, snap: Snapshot, positions: np.ndarray, q: np.ndarray | Encod
         return ex
     frame = csa_frame(model, snap, positions, q)
     return dataclasses.replace(ex, frame=frame, total=w[0] * ex.clip + w[1] * frame)
+
 
 def csa_frame(model, snap: Snapshot, positions: np.ndarray, q: np.ndarray | EncodedQueries) -> np.ndarray:
     """CSA frame scores (float64) of the videos at ``positions``, from their stored frames."""
@@ -59,8 +60,9 @@ def csa_frame(model, snap: Snapshot, positions: np.ndarray, q: np.ndarray | Enco
                                 frames.to(device), mask.to(device), pad_to=model.cfg.max_ctx_l)
     return scores[0].double().cpu().numpy()
 
+
 def evidence_of(model, snap: Snapshot, ranked: np.ndarray, q: np.ndarray | EncodedQueries,
-            w: tuple[float, float]) -> tuple[VideoEvidence, ...]:
+                w: tuple[float, float]) -> tuple[VideoEvidence, ...]:
     """VideoEvidence of the ranked positions (read in storage order, returned in rank order)."""
     if not len(ranked):
         return ()
@@ -86,6 +88,7 @@ def evidence_of(model, snap: Snapshot, ranked: np.ndarray, q: np.ndarray | Encod
     return tuple(hits[i] for i in np.argsort(order))
 
 FINE = ("fine", "fine_start", "fine_end", "segments", "context", "fine_bank", "context_bank")
+
 
 
 def _fine(snap: Snapshot, position: int) -> dict[str, np.ndarray]:
