@@ -44,10 +44,8 @@ from prvr.annotated import (
     load_moments_file,
     span_iou,
 )
-from prvr.hubness import bank_stats
-from prvr.index.ingest import bank_vectors
+from prvr.index.ingest import bank_vectors, localisation_arrays
 from prvr.moments import MomentConfig, find_moments
-from prvr.propagation import propagate_finest
 from prvr.segments import segment_video
 
 NO_REFINE = float("inf")
@@ -67,14 +65,13 @@ VARIANTS = {  # name -> (rows, config)
 
 
 def localisation_inputs(model, rows, bank: np.ndarray) -> tuple:
-    """find_moments' inputs after the query for one video's extracted rows: vectors, start, end, segments,
-    and as keywords the context and both bank statistics (as an index stores them)."""
+    """find_moments' inputs after the query for one video's extracted rows, exactly as an index stores them
+    (``prvr.index.ingest.localisation_arrays``): vectors, start, end, segments, and as keywords the context
+    and both bank statistics."""
     vectors, start, end = model.encode_rows(rows.features, rows.start, rows.end)
-    vectors = vectors.astype(np.float16).astype(np.float32)  # as stored
-    segments = segment_video(rows.features)
-    context = propagate_finest(vectors, segments, MomentConfig().propagation_beta).astype(np.float32)
-    return (vectors, start, end, segments), {"context": context, "row_bank": bank_stats(vectors, bank),
-                                             "context_bank": bank_stats(context, bank)}
+    a = localisation_arrays(vectors, start, end, segment_video(rows.features), bank)
+    return ((a["fine"], a["fine_start"], a["fine_end"], a["segments"]),
+            {"context": a["context"], "row_bank": a["fine_bank"], "context_bank": a["context_bank"]})
 
 
 def judged_pairs(model, aset: AnnotatedSet, bank: np.ndarray) -> tuple[dict, np.ndarray, dict]:
