@@ -135,11 +135,10 @@ def _cuda() -> bool:
 def warm_search_kernels(model: object, profile: str) -> threading.Thread:
     """Compile (first start in a checkout, about a minute on 2 cores) or load the index's numba search
     kernels in a background thread, by searching a throwaway two-video index of random rows."""
-    from extract.profiles import get_profile
     from prvr.index import GalleryVideo, IndexConfig, VideoIndex
     from prvr.search import search
 
-    dims = get_profile(profile)
+    dims = _profile(profile)
 
     def run() -> None:
         t0 = time.perf_counter()
