@@ -212,8 +212,9 @@ def warm_page_cache(root: Path, chunk: int = 1 << 24) -> float:
 def machine_speed(repeats: int = 5) -> dict:
     """This machine's speed right now, beside each run's latencies (a shared VM's speed drifts by up to 2x
     within minutes): the best of a few 256 MB numpy reads (GB/s, what the first pass is bound by) and of a
-    few 384 x 384 float32 matrix products of 10 x 384 rows (microseconds, the size of a query's torch ops)."""
-    block, a, w = np.ones(1 << 25), np.ones((10, 384), np.float32), np.ones((384, 384), np.float32)
+    few torch products of 10 x 384 rows by a 384 x 384 float32 matrix (microseconds, the size of a query's
+    torch ops; torch's, not numpy's: numpy's BLAS would leave worker threads spinning into the timed run)."""
+    block, a, w = np.ones(1 << 25), torch.ones(10, 384), torch.ones(384, 384)
     scan, mm = [], []
     for _ in range(repeats):
         t = time.perf_counter()
