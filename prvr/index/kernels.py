@@ -14,7 +14,7 @@ The bounds (all rigorous):
 - clip (``_clip_pass``): by Cauchy-Schwarz q.C_t <= q.C~_t + |q||C_t - C~_t|; q.C~_t is computed exactly, in
   integers, with the query's 16-bit copy q~, which adds |q - q~||C~_t|. A window's cosine is at most its sum
   of these unit bounds times its 16-bit factor (rounded up, >= 1 / (k |p|)), divided by |q|; S_clip is at
-  most the largest over its windows (``_grid_values`` / ``_window_values``, then ``_max``: the one window
+  most the largest over its windows (``_grid_lanes`` / ``_window_values``, then ``_max``: the one window
   maximum). One fused pass per video, nothing materialised but one video's windows.
 - frame (``_frame_pass``, three tiers): the z rows lie in balls with 8-bit centres, so S_frame <= max over
   balls of q^.c~ + radius; then only the key clip candidates (windows whose upper bound reaches the largest
@@ -101,20 +101,28 @@ def _cell_sum(cc, r, i, M):  # pragma: no cover - compiled
 
 
 @numba.njit(inline="always", fastmath={"reassoc", "contract", "nsz"})
-def _grid_values(c, factors, step, cc, out, lanes):  # pragma: no cover - compiled
-    """Every window's value (c[end] - c[start]) * factor * step over the factor grid (``window_factors``)
-    from prefix sums c, into out (empty cells -inf), and lanes[i] = the largest in column i: fixed-length
-    rows vectorise."""
+def _grid_lanes(c, factors, step, cc, lanes):  # pragma: no cover - compiled
+    """lanes[i] = the largest window value (c[end] - c[start]) * factor * step in column i of the factor
+    grid (``window_factors``; empty cells -inf) from prefix sums c, leaving cc = c twice over. Only the
+    column maxima are kept, so the fixed-length rows vectorise; the frame pass recomputes the few cells it
+    needs (``_cell_value``)."""
     W = c.shape[0]
     M = W - 1
     _twice(c, cc)
     lanes[:] = -np.inf
     for r in range(1, (M + 1) // 2 + 1):
-        row, o = factors[(r - 1) * W:r * W], out[(r - 1) * W:r * W]
+        row, ends = factors[(r - 1) * W:r * W], cc[r:r + W]
         for i in range(W):
-            x = _cell_sum(cc, r, i, M) * (np.float64(row[i]) * step)
-            o[i] = x if row[i] > 0 else -np.inf
-            lanes[i] = o[i] if o[i] > lanes[i] else lanes[i]
+            x = ends[i] - cc[i]
+            x = (-x if i > M - r else x) * (np.float64(row[i]) * step)
+            lanes[i] = max(lanes[i], x if row[i] != 0 else -np.inf)
+
+
+@numba.njit(inline="always")
+def _cell_value(cc, factors, step, r, i, M):  # pragma: no cover - compiled
+    """The value of grid cell (r, i) as ``_grid_lanes`` computes it (-inf for an empty cell)."""
+    f = factors[(r - 1) * (M + 1) + i]
+    return _cell_sum(cc, r, i, M) * (np.float64(f) * step) if f != 0 else -np.inf
 
 
 @numba.njit(inline="always")
@@ -186,7 +194,7 @@ def _clip_pass(codes, scale, err, norm, pinv, pinv_scale, pidx, table, rows, lev
             hi[i, t + 1] = hi[i, t] + d + _margin(err[v, t], norm[v, t], qn, spread)
         unit = np.float64(pinv_scale[v])  # of the window factors
         if table.shape[0] == 0:
-            _grid_values(hi[i], pinv[v], unit, cc, values, lanes)
+            _grid_lanes(hi[i], pinv[v], unit, cc, lanes)
             best = _max(lanes)
         else:
             _window_values(hi[i], pinv[v], unit, pidx[v], table, values)
@@ -234,15 +242,17 @@ def _frame_pass(err, norm, pinv, pinv_scale, ball_codes, ball_scale, ball_norm, 
         if every < enough[i]:
             continue
         fstep = np.float64(pinv_scale[v])
-        if grid:  # the largest upper bound: its column, then its row
-            _grid_values(h, pinv[v], fstep, cc, values, lanes)
+        if grid:  # the largest upper bound: its column, then its row (any window would do: see 2.)
+            _grid_lanes(h, pinv[v], fstep, cc, lanes)
             best = _max(lanes)
             col = 0
             while lanes[col] < best:
                 col += 1
-            r = 1
-            while values[(r - 1) * W + col] < best:
-                r += 1
+            r, peak = 1, -np.inf
+            for row in range(1, (M + 1) // 2 + 1):
+                x = _cell_value(cc, pinv[v], fstep, row, col, M)
+                if x > peak:
+                    r, peak = row, x
             top = (r - 1) * W + col
             start, end = _grid_window(r, col, M)
         else:
@@ -264,7 +274,7 @@ def _frame_pass(err, norm, pinv, pinv_scale, ball_codes, ball_scale, ball_norm, 
             for col in range(W):
                 if lanes[col] >= cut:  # a candidate in this column
                     for r in range(1, (M + 1) // 2 + 1):
-                        if values[(r - 1) * W + col] >= cut:
+                        if _cell_value(cc, pinv[v], fstep, r, col, M) >= cut:
                             first, last = _grid_window(r, col, M)
                             cand[n] = offset[last - first - 1] + first  # its stored proposal
                             n += 1

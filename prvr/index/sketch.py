@@ -17,15 +17,9 @@ import numba
 import numpy as np
 import torch
 
-BOUND_EPS = 1e-4  # added to every upper bound: covers float32 rounding in the exact scores
 NORM_EPS = 1e-12  # F.normalize's eps, as the model's cosine uses
 SLACK = 1e-6  # relative margin on float64 bound arithmetic (its rounding is ~1e-15)
 UNIT_LEVELS = 127  # 8-bit codes of units and ball centres
-FIRST_CHUNK = 16  # the fewest videos scored exactly first (at least 2k)
-PARALLEL_ROWS = 256  # fewest videos worth spreading over the threads
-TASK_ROWS = 2048  # fewest videos per task when a thread's share is split into several
-SCAN_TASKS = 4  # most tasks per thread
-KEY_EPS = 1e-4  # the key clip candidates' margin (cosine units): the exact argmax's own float32 rounding
 MAX_BALLS = 255  # frame balls per video (ball ids are stored in 8 bits)
 FACTOR_LEVELS = 65534  # 16-bit window factors 1 / (k |p|), one level spare for rounding
 SKETCH = ("codes", "scale", "err", "norm", "pinv", "pinv_scale", "ball_codes", "ball_scale", "ball_norm",
@@ -167,7 +161,3 @@ def _query_levels(q, top):  # pragma: no cover - compiled
         rest += (x - level * step) ** 2
     return levels, step, np.sqrt(rest) * (1 + SLACK) + 1e-300, max(np.sqrt(square), NORM_EPS)
 
-
-# The serial kernels release the GIL; the parallel drivers (below) run them on numba's threads, in parts.
-# Reassociation lets the float32 dot products of the exact scores vectorise (the bounds' dot products are
-# exact integers, their float64 arithmetic is covered by SLACK). No other fast-math liberties: the bounds
