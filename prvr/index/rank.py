@@ -11,6 +11,7 @@ The kernels run on numba's threads (``launch``); the arrays they read in place a
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -150,6 +151,16 @@ class Exact:
     key: np.ndarray  # (V,) position of the key clip among each video's stored proposals
     proposal_cos: np.ndarray  # (V, P) clip-scale cosine of every stored proposal
     u: np.ndarray  # (V, M) raw dot products q.C_t
+
+    def take(self, rows: np.ndarray) -> Exact:
+        """These rows (indices into the videos) of every field."""
+        return Exact(*(getattr(self, f.name)[rows] for f in dataclasses.fields(self)))
+
+    @staticmethod
+    def concat(parts: Sequence[Exact]) -> Exact:
+        """The videos of several Exact, one after another."""
+        return Exact(*(np.concatenate([getattr(p, f.name) for p in parts])
+                       for f in dataclasses.fields(Exact)))
 
 
 def exact_rows(stored: Stored, seg_start: np.ndarray, positions: np.ndarray, q: BoundQuery,

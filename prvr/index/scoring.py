@@ -62,13 +62,14 @@ def csa_frame(model, snap: Snapshot, positions: np.ndarray, q: np.ndarray | Enco
 
 
 def evidence_of(model, snap: Snapshot, ranked: np.ndarray, q: np.ndarray | EncodedQueries,
-                w: tuple[float, float]) -> tuple[VideoEvidence, ...]:
-    """VideoEvidence of the ranked positions (read in storage order, returned in rank order)."""
+                w: tuple[float, float], exact: Exact | None = None) -> tuple[VideoEvidence, ...]:
+    """VideoEvidence of the ranked positions (read in storage order, returned in rank order); ``exact``:
+    their exact scores, in rank order, where the ranking already computed them."""
     if not len(ranked):
         return ()
     order = np.argsort(ranked)
     positions = ranked[order]
-    ex = exact_of(model, snap, positions, q, w)
+    ex = exact_of(model, snap, positions, q, w) if exact is None else exact.take(order)
     units = snap.gather("units", positions).astype(np.float32)
     pidx = snap.gather("pidx", positions).astype(np.int64)
     windows = snap.table[pidx]  # (V, P, 2)

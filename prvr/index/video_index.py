@@ -324,9 +324,9 @@ class VideoIndex:
         if not isinstance(k, int) or isinstance(k, bool) or k < 1:
             raise QueryError(f"k must be a positive integer, got {k!r}")
         w, snap = self.weights(weights), self.snapshot
-        positions, _, scored = self._top(snap, q, k, w, approximate)
+        positions, exact, scored = self._top(snap, q, k, w, approximate)
         cfg = self.model.cfg
-        hits = evidence_of(self.model, snap, positions, q, w)
+        hits = evidence_of(self.model, snap, positions, q, w, exact)
         return Evidence(hits, w, scored, len(snap.live), int(cfg.map_size), int(cfg.max_ctx_l), approximate)
 
     def exact(self, positions: np.ndarray, q: np.ndarray | EncodedQueries,
@@ -336,10 +336,10 @@ class VideoIndex:
                         self.weights(weights))
 
     def _top(self, snap: Snapshot, q: np.ndarray | EncodedQueries, k: int, w: tuple[float, float],
-             approx: bool) -> tuple[np.ndarray, np.ndarray, int]:
-        """Top-k live positions with exact totals, and how many were scored exactly."""
+             approx: bool) -> tuple[np.ndarray, Exact | None, int]:
+        """Top-k live positions, their exact scores (best first) and how many videos were scored exactly."""
         if not len(snap.live):
-            return np.zeros(0, dtype=np.int64), np.zeros(0), 0
+            return np.zeros(0, dtype=np.int64), None, 0
         bq, table, threads = BoundQuery.of(query_vector(q)), snap.windows, torch.get_num_threads()
         candidates = snap.live
         if approx and len(snap.live) > self.cfg.candidate_videos:
@@ -352,6 +352,17 @@ class VideoIndex:
             return frame_bounds(snap.stored, snap.seg_start, candidates[at], prefix, at, bq, table, enough,
                                 threads)
 
+        scored: list[tuple[np.ndarray, Exact]] = []  # what top_k scored: evidence reuses the winners' rows
+
+        def score(positions: np.ndarray) -> np.ndarray:
+            scored.append((positions, exact_of(self.model, snap, positions, q, w, bq)))
+            return scored[-1][1].total
+
         # a CSA model scores frames its own way (at most 1): the stored z do not bound it
-        return top_k(clip, candidates, w, k, lambda pos: exact_of(self.model, snap, pos, q, w, bq).total,
-                     None if self._csa else frame_bound)
+        positions, _, n = top_k(clip, candidates, w, k, score, None if self._csa else frame_bound)
+        if not scored:
+            return positions, None, n
+        every = np.concatenate([p for p, _ in scored])  # distinct positions
+        order = np.argsort(every)
+        rows = order[np.searchsorted(every, positions, sorter=order)]
+        return positions, Exact.concat([ex for _, ex in scored]).take(rows), n
