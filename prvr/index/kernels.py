@@ -213,7 +213,8 @@ def _frame_pass(err, norm, pinv, pinv_scale, ball_codes, ball_scale, ball_norm, 
     1. Every z row: each lies within its ball's radius of the ball's centre c~, so q^.z_j <= the largest
        q^.c~_b + radius_b (exact integer dot products).
     2. Only the key clip: every window's cosine lies in [lo_j, hi_j] (times |q|) and the key clip (the
-       exact argmax) has hi_j* >= lo_top, ``top`` the window with the largest upper bound, so only windows
+       exact argmax) has hi_j* >= lo_top for any window ``top`` (the one with the largest upper bound is
+       taken: its lower bound tends to be the largest), so only windows
        with hi_j >= lo_top (less ``key_eps`` for the exact scores' own rounding) can be it, and
        q^.z_j <= q^.c~_ball(j) + d_j bounds each of them. lo_top takes the factor rounded down (one step
        less); a window whose sum is negative is compared with the cut lowered by the most its rounded-up
