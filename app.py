@@ -438,7 +438,6 @@ class ClosedSessions:
             timer.start()
 
 
-
 VIDEO_ROUTE = "/prvr/video/"  # + a video id: the video file, for API clients (no server paths)
 
 

@@ -115,7 +115,6 @@ class BigFileWriter:
         (self.dir / "id.txt").write_bytes(" ".join(self.ids).encode("ISO-8859-1"))
         (self.dir / "shape.txt").write_text(f"{len(self.ids)} {self.dim}")
 
-
     def write_video2frames(self, video2frames: dict[str, list[str]]) -> None:
         """video2frames.txt next to the features: a Python dict literal, as the official loader reads it."""
         (self.dir / "video2frames.txt").write_text(repr(video2frames), encoding="ISO-8859-1")

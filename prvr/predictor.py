@@ -42,6 +42,8 @@ from prvr.settings import AppSettings
 log = logging.getLogger(__name__)
 
 Progress = Callable[[float, str], None]  # (fraction of this video done, stage in words)
+
+
 class UploadRefused(MediaError):
     """An upload refused by the app's limits (size, count), before any decoding."""
 

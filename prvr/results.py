@@ -126,5 +126,3 @@ class SearchResponse:
         """Everything as one JSON-able dict."""
         return {"results": self.results, "query": self.query, "no_strong_match": self.no_strong_match,
                 "weights": list(self.weights), "approximate": self.approximate, "stats": self.stats}
-
-

@@ -52,6 +52,7 @@ def _int_dots(x, q, out):  # pragma: no cover - compiled
             total += np.int32(x[t, h]) * np.int32(q[h])
         out[t] = total
 
+
 @numba.njit(inline="always")
 def _code_dot(dot, scale, step):  # pragma: no cover - compiled
     """step (levels . codes) scale: a row stored as 8-bit codes times ``scale`` dotted with the query's
@@ -430,6 +431,7 @@ def _exact_scan(units, pnorm, zhat, pidx, table, seg_start, positions, q, qn, ta
                     cos_out[a:b], key_out[a:b], frame_out[a:b])
     return u_out, cos_out, key_out, frame_out
 
+
 @numba.njit(nogil=True, cache=True)
 def tasks_for(n: int, threads: int) -> int:  # pragma: no cover - compiled
     """Parts of a pass over n videos on ``threads``: one per thread, a few per thread for big passes (a
@@ -437,7 +439,6 @@ def tasks_for(n: int, threads: int) -> int:  # pragma: no cover - compiled
     if threads <= 1 or n < PARALLEL_ROWS:
         return 1
     return threads * max(1, min(SCAN_TASKS, n // (threads * TASK_ROWS)))
-
 
 
 @numba.njit(cache=True)

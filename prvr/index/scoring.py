@@ -88,14 +88,15 @@ def evidence_of(model, snap: Snapshot, ranked: np.ndarray, q: np.ndarray | Encod
             for i, p in enumerate(positions)]
     return tuple(hits[i] for i in np.argsort(order))
 
-FINE = ("fine", "fine_start", "fine_end", "segments", "context", "fine_bank", "context_bank")
 
+FINE = ("fine", "fine_start", "fine_end", "segments", "context", "fine_bank", "context_bank")
 
 
 def _fine(snap: Snapshot, position: int) -> dict[str, np.ndarray]:
     """What localisation reads of a video: its fine rows (float16, as stored; mapped rows are read here)
     with seconds, segments, propagated context and both's bank statistics (``VideoEvidence``'s fields)."""
     return {key: np.asarray(snap.ragged(key, position)) for key in FINE}
+
 
 def _attention(model, snap: Snapshot, positions: np.ndarray, units: np.ndarray,
                key_window: np.ndarray) -> list[np.ndarray]:

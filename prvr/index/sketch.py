@@ -160,4 +160,3 @@ def _query_levels(q, top):  # pragma: no cover - compiled
         levels[h] = np.int16(level)
         rest += (x - level * step) ** 2
     return levels, step, np.sqrt(rest) * (1 + SLACK) + 1e-300, max(np.sqrt(square), NORM_EPS)
-
