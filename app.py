@@ -4,7 +4,7 @@ Every result card shows the MS-SL evidence: the total score and its clip/frame b
 query's similarity over the video's timeline (cells at their true extent: one per second of a short video,
 at most 128) with the key moment and the other moments marked at their true extent,
 and a player that starts at the key moment (only when the match is strong enough to trust) and jumps to
-any marked moment on click. All model, index and upload work happens in ``prvr.predictor.Predictor``;
+any marked moment on click. All model, index and upload work happens in ``prvr.serve.predictor.Predictor``;
 this file only turns its results into widgets.
 
     python app.py                       # embedded default model and demo gallery, http://127.0.0.1:7860
@@ -19,14 +19,27 @@ import contextlib
 import html
 import logging
 import os
+import signal
+import sys
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import quote
 
+if __name__ == "__main__":  # before gradio and torch load (seconds): a busy port exits here with one line,
+    # then every step is logged with its time. prvr/__init__ imports torch: the stdlib-only start-up module
+    # is loaded by its path (and registered, so later imports of it get this very module).
+    import importlib.util
+
+    _spec = importlib.util.spec_from_file_location(
+        "prvr.serve.startup", Path(__file__).resolve().parent / "prvr" / "serve" / "startup.py")
+    _startup = sys.modules[_spec.name] = importlib.util.module_from_spec(_spec)
+    _spec.loader.exec_module(_startup)
+    _startup.early_start()
+
 from starlette.requests import Request
-from starlette.responses import FileResponse, PlainTextResponse, Response
+from starlette.responses import FileResponse, JSONResponse, PlainTextResponse, Response
 from starlette.routing import Route
 
 import extract  # noqa: F401  - before gradio/torch: applies the torchvision CPU fix
@@ -35,16 +48,23 @@ os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
 
 import gradio as gr
 
-from prvr.predictor import Predictor, SessionGallery
-from prvr.query import QueryError
-from prvr.results import SearchResponse
-from prvr.settings import AppSettings
+from prvr.index.gallery import check_k
+from prvr.results.query import QueryError
+from prvr.results.response import SearchResponse
+from prvr.serve import mcp_tools
+from prvr.serve.owner import DataDirBusy
+from prvr.serve.predictor import Predictor
+from prvr.serve.sessions import SessionGallery
+from prvr.serve.settings import AppSettings
+from prvr.serve.startup import LOG_FORMAT, PortBusy, stop_heartbeat
 
 log = logging.getLogger(__name__)
 
 MAX_CARDS = 10  # card slots created at build time; the top-k slider cannot go beyond
+MAX_TOP_K = 100  # the API's top_k range is 1-100 (the UI shows at most MAX_CARDS)
 CLOSED_SESSION_GRACE_S = 120.0  # a closed browser tab's private uploads are deleted this long after
-CONFIDENCE_WORDS = {"high": "strong match", "medium": "possible match", "low": "weak match"}
+# "low" is what the model cannot confirm, not a sign that the video is wrong: most right answers are low
+CONFIDENCE_WORDS = {"high": "strong match", "medium": "possible match", "low": "unconfirmed"}
 HEAT_STOPS = ((238, 242, 255), (129, 140, 248), (190, 18, 60))  # pale -> indigo -> crimson
 
 # One delegated listener per card: clicking a heatmap bin or a moment chip sends its start time to Python,
@@ -161,13 +181,12 @@ def card_html(result: dict, clip_weight: float, score_range: tuple[float, float]
     chips = "".join(
         f'<button class="chip{" key" if i == 0 else ""}" data-t="{m["start"]:.2f}">'
         f'{"★ key moment" if i == 0 else f"moment {i + 1}"} · {clock(m["start"])}-{clock(m["end"])} '
-        f'· {m["score"]:.3f}</button>'
+        f'· stands out {m["contrast"]:.1f}</button>'
         for i, m in enumerate(moments_of(result)))
-    start = ("The player starts at the key moment." if confidence != "low"
-             else "Weak match: the player starts at 0:00.")
-    hint = (f"{start} Click the strip or a moment to jump. Strip: similarity of each second of the video "
-            "(longer videos: of each stretch; darker is closer); ★ key moment; orange line: where the frame "
-            "branch looked.")
+    hint = ("The player starts at the key moment. Click the strip or a moment to jump. Moments are ordered "
+            "by how much they stand out from the rest of the video. Strip: similarity of each second of the "
+            "video (longer videos: of each stretch; darker is closer); ★ key moment; orange line: where the "
+            "frame branch looked.")
     mine = '<span class="badge badge-mine">your upload</span>' if result.get("source") == "session" else ""
     head = (f'<div class="card-head"><span class="rank">#{result["rank"]}</span>'
             f'<span class="title">{html.escape(result["title"])}</span>'
@@ -180,9 +199,16 @@ def card_html(result: dict, clip_weight: float, score_range: tuple[float, float]
 
 
 def searched_note(query: dict) -> str:
-    """What cleaning did to the query, in words ("" when it was searched as typed)."""
+    """What cleaning and the text model did to the query, in words ("" when it was read as typed)."""
     notes = []
-    if query.get("truncated"):
+    if query.get("tokens_read") is not None and query.get("tokens", 0) > query["tokens_read"]:
+        words = query.get("words_read")
+        read = f"about its first {words:,} words" if words else "its beginning"
+        tail = query.get("read_until")
+        notes.append(f"the text model reads at most {query['tokens_read']} tokens: of your "
+                     f"{query['original_chars']:,}-character query it read {read}"
+                     + (f", up to “{html.escape(tail)}”" if tail else ""))
+    elif query.get("truncated"):
         notes.append(f"your {query['original_chars']:,}-character query was shortened to its first "
                      f"{len(query['text']):,} characters (the limit is {query['max_chars']:,})")
     if query.get("replaced_controls"):
@@ -198,8 +224,10 @@ def summary_html(query: str, response: SearchResponse) -> str:
     searched = response.query.get("text", query)  # the cleaned, possibly shortened text
     q, note = html.escape(searched), searched_note(response.query)
     if response.no_strong_match:
-        return (f'<div class="summary abstain"><b>No strong match</b> for “{q}”. These are the closest '
-                f"videos, but none clearly contains the moment: treat them as guesses.{note}</div>")
+        return (f'<div class="summary abstain"><b>No confident match</b> for “{q}”: these are the closest '
+                "videos, best first, but the model cannot confirm the moment is in any of them. Play their "
+                "key moments to check, or describe what is visible (objects, place, action) in other words."
+                f"{note}</div>")
     counts = {c: sum(r["confidence"] == c for r in response.results) for c in ("high", "medium")}
     parts = [f"{n} {CONFIDENCE_WORDS[c]}{'es' if n > 1 else ''}" for c, n in counts.items() if n]
     return f'<div class="summary">{" and ".join(parts)} for “{q}”.{note}</div>'
@@ -212,9 +240,22 @@ def score_range(results: list[dict]) -> tuple[float, float]:
     return lo, max(hi, lo + 1e-6)
 
 
+def top_k_value(top_k: object, limit: int = MAX_TOP_K) -> int:
+    """``top_k`` as a whole number from 1 to ``limit``, else a QueryError saying the range."""
+    try:
+        value = float(top_k)
+    except (TypeError, ValueError):
+        value = None
+    k = int(value) if value is not None and value.is_integer() else top_k
+    try:
+        return check_k(k, limit)
+    except QueryError:
+        raise QueryError(f"top_k must be a whole number from 1 to {limit}, got {top_k!r}") from None
+
+
 def start_position(result: dict) -> float:
-    """Where a result's player starts: the key moment, or 0:00 for a weak match (never auto-jump)."""
-    return result["key_moment"]["start"] if result["confidence"] != "low" else 0.0
+    """Where a result's player starts: its key moment (moments never start on a blank card)."""
+    return result["key_moment"]["start"]
 
 
 def start_positions(results: list[dict]) -> list[float]:
@@ -299,7 +340,7 @@ def build_ui(predictor: Predictor, sessions: ClosedSessions | None = None) -> gr
         def run_search(text: str, k: float, w: float, state: SessionGallery | None) -> list:
             """Search and fill the cards; a bad query becomes a message, not an error dialog."""
             try:
-                response = predictor.search(text, int(k), w, state)
+                response = predictor.search(text, top_k_value(k, MAX_CARDS), w, state)
             except QueryError as problem:
                 log.warning("search refused: %s", problem)
                 return [f'<div class="summary">{html.escape(str(problem))}</div>', []] + card_updates([], w)
@@ -439,6 +480,16 @@ class ClosedSessions:
 
 
 VIDEO_ROUTE = "/prvr/video/"  # + a video id: the video file, for API clients (no server paths)
+INFO_ROUTE = "/info"  # which model runs and why, the profile, video counts, the index: JSON
+
+
+def info_route(predictor: Predictor) -> Route:
+    """``GET /info``: ``Predictor.describe()`` of the shared gallery as JSON (the /info API endpoint and
+    the MCP tool add the caller's session uploads)."""
+    async def serve(request: Request) -> Response:
+        return JSONResponse(predictor.describe())
+
+    return Route(INFO_ROUTE, serve, methods=["GET"])
 
 
 def video_route(predictor: Predictor, sessions: ClosedSessions) -> Route:
@@ -494,7 +545,7 @@ def api_endpoints(predictor: Predictor, session: gr.State, sessions: ClosedSessi
             clip_weight: share of the clip-scale branch in the score, 0 to 1 (the model's default: 0.7).
         """
         try:
-            response = predictor.search(query, int(top_k), float(clip_weight), state)
+            response = predictor.search(query, top_k_value(top_k), float(clip_weight), state)
         except QueryError as problem:
             log.warning("search refused: %s", problem)
             raise gr.Error(str(problem), print_exception=False) from None
@@ -510,7 +561,9 @@ def api_endpoints(predictor: Predictor, session: gr.State, sessions: ClosedSessi
         session that added it; each MCP call is a session of its own.
 
         Args:
-            video: the video file (MP4, MKV, MOV, WebM or AVI).
+            video: the video file (MP4, MKV, MOV, WebM or AVI): through MCP, its bytes as base64 data
+                (data:video/mp4;base64,...) or an http(s) URL on a public host, or, where the operator
+                allows it (--mcp-allow-paths), a path on the server.
         """
         if not video:
             raise gr.Error("No file was sent.", print_exception=False)
@@ -530,20 +583,70 @@ def api_endpoints(predictor: Predictor, session: gr.State, sessions: ClosedSessi
     info_trigger.click(info, [session], info_out, api_name="info", concurrency_limit=None)
 
 
-def main(argv: list[str] | None = None) -> None:
-    """Parse settings, open (or build) the index, serve."""
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+def routes(predictor: Predictor, sessions: ClosedSessions) -> list[Route]:
+    """The app's own HTTP routes beside Gradio's: the videos by id and ``GET /info``."""
+    return [video_route(predictor, sessions), info_route(predictor)]
+
+
+def install_mcp(demo: gr.Blocks, predictor: Predictor) -> bool:
+    """Make a launched app's MCP tools answer JSON and take files (``prvr.serve.mcp_tools``); a server path
+    allowed with --mcp-allow-paths joins the shared gallery (it is the operator's file)."""
+    return mcp_tools.install(demo, predictor, VIDEO_ROUTE,
+                             lambda path: predictor.add_video(path, None, name=path.name))
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Parse settings, claim the data dir, open (or build) the index, serve until Ctrl-C / SIGTERM; the exit
+    status (0: stopped cleanly, 2: could not start, with one line saying why)."""
+    logging.basicConfig(level=logging.INFO, format=LOG_FORMAT)
     settings = AppSettings.from_args(argv)
-    predictor = Predictor.from_settings(settings)
+    try:
+        predictor = Predictor.from_settings(settings)
+    except DataDirBusy as busy:
+        print(f"error: {busy}", file=sys.stderr)
+        return 2
+    try:
+        return serve(predictor, settings)
+    finally:
+        predictor.close()
+
+
+def serve(predictor: Predictor, settings: AppSettings) -> int:
+    """Launch the app over ``predictor`` and block until interrupted (SIGINT or SIGTERM)."""
     gr.set_static_paths(predictor.static_paths())  # gallery videos are served in place, never copied
     sessions = ClosedSessions()
     demo = build_ui(predictor, sessions)
     demo.queue(max_size=64, default_concurrency_limit=2)
-    demo.launch(server_name=settings.host, server_port=settings.port, css=CSS,
-                theme=gr.themes.Soft(primary_hue="indigo"), allowed_paths=predictor.static_paths(),
-                max_file_size=settings.max_upload_mb * gr.FileSize.MB, footer_links=["api", "gradio"],
-                mcp_server=settings.mcp, app_kwargs={"routes": [video_route(predictor, sessions)]})
+    log.info("starting the web server")
+    try:
+        demo.launch(server_name=settings.host, server_port=settings.port, css=CSS,
+                    theme=gr.themes.Soft(primary_hue="indigo"), allowed_paths=predictor.static_paths(),
+                    max_file_size=settings.max_upload_mb * gr.FileSize.MB, footer_links=["api", "gradio"],
+                    mcp_server=settings.mcp, prevent_thread_lock=True,
+                    app_kwargs={"routes": routes(predictor, sessions)})
+    except OSError as err:  # the port was free at start-up, taken since
+        print(f"error: {PortBusy(settings.host, settings.port, str(err).split('.')[0]).message}",
+              file=sys.stderr)
+        return 2
+    if settings.mcp:
+        install_mcp(demo, predictor)
+    stop_heartbeat()
+    log.info("serving at %s (Ctrl-C stops)", demo.local_url)
+    stopping = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stopping.set())
+    try:
+        while demo.is_running and not stopping.wait(0.2):
+            pass
+    except KeyboardInterrupt:
+        pass
+    log.info("stopping: closing the server and waiting for background work")
+    demo.close()
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    try:
+        sys.exit(main())
+    except KeyboardInterrupt:  # Ctrl-C while starting: no traceback, the conventional status
+        logging.getLogger(__name__).info("interrupted while starting")
+        sys.exit(130)

@@ -1,4 +1,5 @@
-"""Sweep the bridge's attention temperature on synthetic stimuli (the criterion in prvr/bridge.py); JSON out.
+"""Sweep the bridge's attention temperature on synthetic stimuli (the criterion in prvr/models/bridge.py);
+JSON out.
 
     python -m benchmarks.bridge_temperature
 """
@@ -7,7 +8,7 @@ import json
 
 import prvr  # noqa: F401  - applies the compatibility fix first
 from extract.backbones import create_backbone, imagenet_classes
-from prvr.bridge import BridgeConfig, attention_focus, class_embeddings
+from prvr.models.bridge import BridgeConfig, attention_focus, class_embeddings
 from prvr.paths import cache_dir
 
 TEMPERATURES = (1.0, 0.5, 0.2, 0.1, 0.05, 0.02, 0.01)

@@ -23,8 +23,8 @@ import numpy as np
 import torch
 
 import prvr  # noqa: F401  - applies the torchvision CPU fix before anything else
-from prvr.predictor import Predictor
-from prvr.settings import AppSettings
+from prvr.serve.predictor import Predictor
+from prvr.serve.settings import AppSettings
 
 
 def run_clients(predictor: Predictor, queries: list[str], clients: int, seconds: float) -> dict:

@@ -1,15 +1,23 @@
-"""How trustworthy the confidence labels are on the demo gallery (prvr/confidence.py), as one JSON object.
+"""How trustworthy the confidence labels are on the demo gallery (prvr/results/confidence.py), as one JSON
+object.
 
     python -m benchmarks.confidence [--out FILE] [--sweep]
 
 Measured on the path users get: the demo gallery is indexed (``prvr.index.VideoIndex`` in a temporary
 directory, with the calibrator's reference bank, as the app indexes it) and every query goes through
-``prvr.search.search`` with k = the number of videos and ``CalibratedConfidence``; a (query, video) label
-is the label of that video's hit in the response. Queries: the gallery's 34 captions (positives: their
+``prvr.results.search.search`` with k = the number of videos and ``CalibratedConfidence``; a (query, video)
+label is the label of that video's hit in the response. Queries: the gallery's 34 captions (positives: their
 relevant videos), 32 off-topic queries written for this benchmark (nothing in the gallery shows them) and 12
 nonsense / emoji-only strings. Reported, at the model's weights and (``by_clip_weight``) at other weights
 of the app's slider:
-- ``high``: precision and recall of "high" (= "strong match") over caption x video pairs;
+- ``labels`` (session 13's measures, ``label_measures``; the issue's targets in brackets), over the top
+  ``TOP`` = 10 hits of each response: ``strong_precision`` (of the hits labelled strong, the fraction
+  relevant; >= 0.90), ``strong_recall`` (of the captions whose rank-1 hit is relevant, the fraction whose
+  rank-1 hit is strong; >= 0.40), ``possible_precision`` (of the hits labelled possible, the fraction
+  relevant; >= 0.60; None when no hit is labelled possible), ``off_topic_strong`` / ``off_topic_possible``
+  (of the off-topic and nonsense queries, the fraction with a strong / possible hit in the top 10; 0 and
+  <= 0.10), and ``a_label``: the best label the one-letter query "a" gets (never "medium");
+- ``high``: precision and recall of "high" (= "strong match") over caption x video pairs (all pairs);
 - ``captions_high_or_medium``: the share of captions whose best relevant video is labelled high or medium
   (and the share of all relevant pairs);
 - ``off_topic_high`` / ``nonsense_high``: queries labelled high on any video (target 0);
@@ -28,11 +36,12 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from prvr.confidence import CalibratedConfidence, Calibrator, ConfidenceConfig
 from prvr.index import Evidence, GalleryVideo, IndexConfig, VideoIndex
-from prvr.search import encode_query, search
+from prvr.results.confidence import CalibratedConfidence, Calibrator, ConfidenceConfig
+from prvr.results.search import encode_query, search
 
 CLIP_WEIGHTS = (0.0, 0.3, 0.5, 0.7, 1.0)  # the app's slider: 0.7 is MS-SL's default
+TOP = 10  # label_measures: the hits of a response a person reads
 
 OFF_TOPIC = [
     "a dog playing football", "a chef cooking pasta in a kitchen", "a man swimming in the ocean",
@@ -64,21 +73,54 @@ def unrelated_videos(like: list[np.ndarray], n: int, seed: int = 0) -> list[Gall
 
 
 def label_matrix(index: VideoIndex, ids: list[str], tokens: list[np.ndarray], weights: tuple[float, float],
-                 confidence: CalibratedConfidence) -> np.ndarray:
-    """(Nq, len(ids)) labels: each query searched over the whole index, each video's label in the response."""
-    out = []
+                 confidence: CalibratedConfidence, with_ranks: bool = False):
+    """(Nq, len(ids)) labels: each query searched over the whole index, each video's label in the response
+    (and, ``with_ranks``, (Nq, len(ids)) 1-based ranks of the videos in it)."""
+    out, ranks = [], []
     for t in tokens:
         response = search([index], t, k=len(index), weights=weights, confidence=confidence)
         got = {r["video_id"]: r["confidence"] for r in response.results}
+        rank = {r["video_id"]: i for i, r in enumerate(response.results, 1)}
         out.append([got[v] for v in ids])
-    return np.array(out)
+        ranks.append([rank[v] for v in ids])
+    return (np.array(out), np.array(ranks)) if with_ranks else np.array(out)
 
 
-def rates(labels: np.ndarray, relevant: np.ndarray, off: np.ndarray, non: np.ndarray) -> dict:
-    """The benchmark's rates for one labelling (captions x videos, off-topic, nonsense)."""
+def label_measures(labels: np.ndarray, ranks: np.ndarray, relevant: np.ndarray, top: int = TOP) -> dict:
+    """Session 13's label measures (module docstring) of (Nq, Nv) labels and 1-based ranks of the videos in
+    each query's response; ``relevant`` (Nq, Nv) bool (all False for off-topic queries)."""
+    shown = ranks <= top
+    strong, possible = (labels == "high") & shown, (labels == "medium") & shown
+    first = ranks == 1
+    rank1_relevant = (first & relevant).any(axis=1)
+    rank1_strong = (first & (labels == "high")).any(axis=1)
+    ratio = lambda a, b: round(float(a) / float(b), 3) if b else None  # noqa: E731
+    return {"strong_precision": ratio((strong & relevant).sum(), strong.sum()),
+            "strong_recall": ratio((rank1_relevant & rank1_strong).sum(), rank1_relevant.sum()),
+            "possible_precision": ratio((possible & relevant).sum(), possible.sum()),
+            "strong_hits": int(strong.sum()), "possible_hits": int(possible.sum()),
+            "queries_with_strong": ratio(strong.any(axis=1).sum(), len(labels)),
+            "queries_with_possible": ratio(possible.any(axis=1).sum(), len(labels)),
+            "queries": len(labels)}
+
+
+def rates(labels: np.ndarray, relevant: np.ndarray, off: np.ndarray, non: np.ndarray,
+          ranks: dict[str, np.ndarray] | None = None) -> dict:
+    """The benchmark's rates for one labelling (captions x videos, off-topic, nonsense); with ``ranks``
+    ({"cap", "off", "non"}: each video's rank in each response) also ``label_measures``."""
     high, strong_or_med = labels == "high", labels != "low"
     tp, n_high = int((high & relevant).sum()), int(high.sum())
-    return {
+    extra = {}
+    if ranks is not None:
+        caps = label_measures(labels, ranks["cap"], relevant)
+        stray = label_measures(np.concatenate([off, non]), np.concatenate([ranks["off"], ranks["non"]]),
+                               np.zeros((len(off) + len(non), off.shape[1]), bool))
+        a = NONSENSE.index("a")
+        order = ("high", "medium", "low")
+        extra = {"labels": {**caps, "off_topic_strong": stray["queries_with_strong"],
+                            "off_topic_possible": stray["queries_with_possible"],
+                            "a_label": min(non[a], key=order.index)}}
+    return {**extra,
         "high": {"precision": round(tp / max(1, n_high), 3), "recall": round(tp / int(relevant.sum()), 3),
                  "pairs_labelled_high": n_high},
         "captions_high_or_medium": round(float(np.where(relevant, strong_or_med, False).any(1).mean()), 3),
@@ -96,8 +138,9 @@ def run(cfg: ConfidenceConfig | None = None, clip_weights: tuple[float, ...] = C
     """Index the demo gallery with the default model's calibrator and measure the labels through search."""
     from extract.features import FeatureFile
     from extract.pipeline import TextEncoder
-    from prvr.bridge import BridgeModel
-    from prvr.demo import build_demo_gallery, caption_id, extract_demo_features
+    from prvr.demo.gallery import build_demo_gallery
+    from prvr.evaluate.demo import caption_id, extract_demo_features
+    from prvr.models.bridge import BridgeModel
 
     cfg = cfg or ConfidenceConfig()
     gallery, model, encoder = build_demo_gallery(), BridgeModel.from_pretrained(), TextEncoder("lite")
@@ -123,6 +166,8 @@ def run(cfg: ConfidenceConfig | None = None, clip_weights: tuple[float, ...] = C
 
         at = {w: labelled((w, 1.0 - w)) for w in clip_weights}
         new = labelled(default)
+        ranked = {k: label_matrix(index, ids, q, default, confidence, with_ranks=True)[1]
+                  for k, q in queries.items()}
         index.add(unrelated_videos([v.features for v in videos], 10))
         grown = labelled(default)
         hits = index.rank(encode_query(model, cap_tokens[0]), k=len(index))
@@ -136,9 +181,9 @@ def run(cfg: ConfidenceConfig | None = None, clip_weights: tuple[float, ...] = C
     return {
         "model": model.describe()["name"], "config": cfg.__dict__, "reference_captions": len(cal.references),
         "gallery": {"videos": len(ids), "captions": len(gallery.captions)},
-        "path": "VideoIndex (temp) + prvr.search.search(k = all videos, CalibratedConfidence)",
+        "path": "VideoIndex (temp) + prvr.results.search.search(k = all videos, CalibratedConfidence)",
         "weights": list(default),
-        "calibrated": rates(new["cap"], relevant, new["off"], new["non"]),
+        "calibrated": rates(new["cap"], relevant, new["off"], new["non"], ranked),
         "by_clip_weight": {f"{w:g}": rates(m["cap"], relevant, m["off"], m["non"]) for w, m in at.items()},
         "stable_when_gallery_grows": round(float(stable), 4),
         "fit_s_uncached": round(fit_s, 2), "add_ms_per_video": round(add_ms, 1),
@@ -152,12 +197,14 @@ def main(argv: list[str] | None = None) -> None:
     """Print (and optionally write) the JSON report; ``--sweep`` adds the neighbouring cut choices."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", help="also write the JSON here")
-    parser.add_argument("--sweep", action="store_true", help="also report medium 0.7/0.9 and high 0.99")
+    parser.add_argument("--sweep", action="store_true",
+                        help="also report the pre-session-13 cuts (possible: beats 80 %%, strong: beats all)")
     args = parser.parse_args(argv)
     report = run()
     if args.sweep:
-        report["sweep"] = {f"medium={m},high={h}": run(ConfidenceConfig(m, h), ())["calibrated"]
-                           for m, h in ((0.7, 1.0), (0.9, 1.0), (0.8, 0.99))}
+        report["sweep"] = {f"medium={m},high={h},margin={g}":
+                           run(ConfidenceConfig(m, h, g, 0.0), ())["calibrated"]
+                           for m, h, g in ((0.8, 1.0, 0.0), (1.0, 1.0, 0.05))}
     text = json.dumps(report, indent=1)
     print(text)
     if args.out:

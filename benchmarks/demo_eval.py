@@ -3,8 +3,8 @@
     python -m benchmarks.demo_eval [--root DIR]     # default: a new temporary directory
 
 Measures rendering the demo gallery, extracting its ``lite`` features (videos + captions) and
-``prvr.demo.evaluate_demo`` (model load, indexing the videos and searching every caption: the path users
-get), each as wall-clock and CPU seconds.
+``prvr.demo.gallery.evaluate_demo`` (model load, indexing the videos and searching every caption: the path
+users get), each as wall-clock and CPU seconds.
 """
 
 import argparse
@@ -18,7 +18,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 import prvr  # noqa: F401  - applies the compatibility fix first
-from prvr import demo
+from prvr.demo import gallery as demo
+from prvr.evaluate import demo as demo_set
 
 
 def timed(fn: Callable[[], object]) -> tuple[object, dict]:
@@ -39,8 +40,8 @@ def main() -> None:
     logging.basicConfig(level=logging.WARNING)
     root = args.root or Path(tempfile.mkdtemp(prefix="prvr-demo-"))
     gallery, render = timed(lambda: demo.build_demo_gallery(root))
-    _, extract = timed(lambda: demo.extract_demo_features(gallery))
-    report, evaluate = timed(lambda: demo.evaluate_demo(root))
+    _, extract = timed(lambda: demo_set.extract_demo_features(gallery))
+    report, evaluate = timed(lambda: demo_set.evaluate_demo(root))
     print(json.dumps({"root": str(root), "cpus": len(os.sched_getaffinity(0)), "load_avg": os.getloadavg(),
                       "video_s": sum(v.duration for v in gallery.videos),
                       "render": render, "extract": extract, "evaluate": evaluate, **report}, indent=1))

@@ -1,6 +1,6 @@
 """MS-SL vs its seed-paper extensions (RAL: CSA, MSRA; ICE, IRM, TCP) on the learnable synthetic benchmark.
 
-Each setting is trained with the official recipe (``prvr.train.Trainer``: BertAdam, random then hard
+Each setting is trained with the official recipe (``prvr.train.loop.Trainer``: BertAdam, random then hard
 negatives, best val checkpoint) over several seeds on one generated data set, then the best checkpoint is
 evaluated on the test split. Prints JSON: per setting the test SumR mean and std over seeds, every seed's
 SumR, and the training cost: median seconds per epoch (training only, validation excluded), also relative to
@@ -27,11 +27,12 @@ from pathlib import Path
 import torch
 
 import prvr  # noqa: F401  - applies the torchvision CPU fix first
-from prvr.data import OfficialSource, prepare_split
-from prvr.evaluate import evaluate_split
-from prvr.model import MSSL, MSSLConfig
-from prvr.synthetic import SyntheticConfig, generate
-from prvr.train import TrainConfig, Trainer
+from prvr.data.official import OfficialSource, prepare_split
+from prvr.data.synthetic import SyntheticConfig, generate
+from prvr.evaluate.retrieval import evaluate_split
+from prvr.models.checkpoint import load_checkpoint
+from prvr.models.mssl import MSSL, MSSLConfig
+from prvr.train.loop import TrainConfig, Trainer
 
 SETTINGS = {  # name -> MSSLConfig switches
     "mssl": {},
@@ -73,7 +74,7 @@ def run(setting: dict, seed: int, source: OfficialSource, splits: dict, train_cf
     trainer = TimedTrainer(model, TrainConfig(**{**asdict(train_cfg), "seed": seed}), splits["train"],
                            splits["val"], out)
     trainer.fit()
-    best = MSSL.from_checkpoint(out / "best", map_location=DEVICE)
+    best = load_checkpoint(out / "best", map_location=DEVICE)
     test = evaluate_split(best, splits["test"])["total"]
     return {"sumr": test["sumr"], "s_per_epoch": statistics.median(trainer.train_seconds)}
 

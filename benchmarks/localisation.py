@@ -3,18 +3,19 @@
     python -m benchmarks.localisation [--real DIR]    # DIR: benchmarks/real_set.py's output (optional)
 
 The model is the offline default (the bridge, its default config: rows propagated before scoring). For each
-query, the key moment is found by ``prvr.moments.find_moments`` under several ``MomentConfig`` settings and
-on two kinds of localisation rows, and judged against the annotated moments (``prvr.annotated.span_iou`` /
-``centre_inside``) under two protocols:
+query, the key moment is found by ``prvr.results.moments.find_moments`` under several ``MomentConfig``
+settings and on two kinds of localisation rows, and judged against the annotated moments
+(``prvr.evaluate.annotated.span_iou`` / ``centre_inside``) under two protocols:
 
-- ``first``: on the query's first-ranked relevant video only (``prvr.evaluate``'s protocol);
+- ``first``: on the query's first-ranked relevant video only (``prvr.evaluate.retrieval``'s protocol);
 - ``all``: on every relevant video of the query (more pairs: 60 on the demo gallery, 84 on the real set,
   and independent of how the model ranks them), so that a choice is not made on 34 + 21 queries alone.
 
 Rows (``BridgeConfig.fine_top_k``): ``top5`` = the class mix of the top 5 classes (what the ranking reads;
 session 9's localisation rows), ``all`` = the full class posterior (the default now). Both with the
-reference bank's statistics of every row and context row (``prvr.hubness.bank_stats`` of
-``prvr.annotated.reference_bank``'s vectors), which ``find_moments`` reads unless ``reference_z`` is off.
+reference bank's statistics of every row and context row (``prvr.temporal.hubness.bank_stats`` of
+``prvr.evaluate.annotated.reference_bank``'s vectors), which ``find_moments`` reads unless ``reference_z`` is
+off.
 
 Variants (``MomentConfig`` fields; names without a rows prefix are on the ``top5`` rows without the bank,
 as session 9 measured them):
@@ -35,8 +36,9 @@ from pathlib import Path
 import numpy as np
 
 import prvr  # noqa: F401  - applies the compatibility fix first
-from prvr import demo
-from prvr.annotated import (
+from prvr.demo import gallery as demo
+from prvr.evaluate import demo as demo_set
+from prvr.evaluate.annotated import (
     AnnotatedSet,
     centre_inside,
     extract_features,
@@ -45,8 +47,8 @@ from prvr.annotated import (
     span_iou,
 )
 from prvr.index.ingest import bank_vectors, localisation_arrays
-from prvr.moments import MomentConfig, find_moments
-from prvr.segments import segment_video
+from prvr.results.moments import MomentConfig, find_moments
+from prvr.temporal.segments import segment_video
 
 NO_REFINE = float("inf")
 RAW = MomentConfig(reference_z=False)
@@ -80,7 +82,7 @@ def judged_pairs(model, aset: AnnotatedSet, bank: np.ndarray) -> tuple[dict, np.
     from dataclasses import replace
 
     from extract.features import FeatureFile
-    from prvr.bridge import BridgeModel
+    from prvr.models.bridge import BridgeModel
 
     with FeatureFile(extract_features(aset)) as ff:
         rows = [ff.video(v) for v, _ in aset.videos]
@@ -128,12 +130,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--real", type=Path, default=None, help="the real set's dir (with moments.json)")
     args = parser.parse_args()
-    from prvr.annotated import reference_bank
-    from prvr.bridge import BridgeModel
+    from prvr.evaluate.annotated import reference_bank
+    from prvr.models.bridge import BridgeModel
 
     model = BridgeModel.from_pretrained()
     bank = bank_vectors(reference_bank(model))
-    sets = {"demo": demo.annotated_set(demo.build_demo_gallery())}
+    sets = {"demo": demo_set.annotated_set(demo.build_demo_gallery())}
     if args.real is not None:
         sets["real"] = load_moments_file(args.real, args.real / "moments.json")
     print(json.dumps({name: evaluate(model, aset, bank) for name, aset in sets.items()}, indent=1))

@@ -18,9 +18,9 @@ import time
 
 import numpy as np
 
-from prvr.moments import MomentConfig, find_moments
-from prvr.propagation import propagate
-from prvr.segments import segment_video
+from prvr.results.moments import MomentConfig, find_moments
+from prvr.temporal.propagation import propagate
+from prvr.temporal.segments import segment_video
 
 
 def percentiles_ms(fn, repeats: int) -> dict:

@@ -19,9 +19,9 @@ from collections.abc import Callable
 import torch
 
 import prvr  # noqa: F401  - applies the torchvision CPU fix first
-from prvr.clustering import length_aware_kmedoids
-from prvr.model import MSSL, MSSLConfig
-from prvr.preprocess import clip_input, frame_input, pad, query_input
+from prvr.models.clustering import length_aware_kmedoids
+from prvr.models.mssl import MSSL, MSSLConfig
+from prvr.models.preprocess import clip_input, frame_input, pad, query_input
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 

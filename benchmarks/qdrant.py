@@ -36,10 +36,10 @@ from benchmarks.search_speed import (
     reference_bank,
 )
 from prvr.index import VideoIndex
-from prvr.index.ingest import FIXED, RAGGED
 from prvr.index.qdrant import QdrantConfig, QdrantIndex
 from prvr.index.qdrant_store import ARRAYS, QdrantTarget, frame_balls
-from prvr.search import encode_query, search
+from prvr.index.schema import FIXED, RAGGED
+from prvr.results.search import encode_query, search
 
 
 def copy_into(qdrant: QdrantIndex, builtin: VideoIndex, positions: np.ndarray, batch: int = 200) -> None:

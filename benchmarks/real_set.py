@@ -4,7 +4,7 @@ Each composite strings 3-4 clips together, in several orders and mixes (every cl
 with a plain grey or black card of a few seconds, or a 1 s cross-fade, between clips. A clip's moment is the
 span in which it plays, exact by construction: cards and cross-fades belong to no moment. The captions
 below were written by looking at frames of each clip (two or three per clip); a caption is relevant to every
-composite that holds its clip (``prvr.annotated`` merges equal texts into one query).
+composite that holds its clip (``prvr.evaluate.annotated`` merges equal texts into one query).
 
     python -m benchmarks.real_set [--clips ../shared/videos] [--out DIR]   # writes DIR/*.mp4, moments.json
     python -m prvr.evaluate --videos DIR --moments DIR/moments.json [--json]

@@ -12,7 +12,7 @@ concentrate their energy in few directions), a shared offset (embeddings are ani
 features around that scene's vector plus noise (``make_queries``).
 
 Per size and mode it reports p50/p95 latency of ``VideoIndex.rank`` (the encoded query vector in, exact
-top-10 Evidence out), of the whole ``prvr.search.search`` for the same queries (token features in,
+top-10 Evidence out), of the whole ``prvr.results.search.search`` for the same queries (token features in,
 Contract 4 result dicts out, k=10: what users wait for) and for queries that describe nothing in the gallery
 (``search_unmatched``: random tokens; every video scores low, so the bounds rule out fewer), how many
 videos were scored exactly, the bytes per video that every query reads (the 8-bit sketch) and that are
@@ -24,8 +24,8 @@ microseconds): a shared VM's speed drifts by up to 2x within minutes, and latenc
 similar speeds.
 
 Every synthetic video also stores what result building reads, in the real layout (``prvr.index.ingest``):
-its fine rows (the unit-normalised frames, float16, 2 s each), their segments (``prvr.segments`` on those
-frames), their statistics against a stand-in reference bank of ``REFERENCES`` random vectors, and the
+its fine rows (the unit-normalised frames, float16, 2 s each), their segments (``prvr.temporal.segments`` on
+those frames), their statistics against a stand-in reference bank of ``REFERENCES`` random vectors, and the
 bank's scores (random numbers of the real shape and dtype: the benchmark times reading and using them, not
 their values).
 """
@@ -45,13 +45,14 @@ import numpy as np
 import torch
 
 import prvr  # noqa: F401  - applies the torchvision CPU fix before anything else
-from prvr.branches import EncodedVideos, window_proposals
 from prvr.index import IndexConfig, IndexStoreError, VideoIndex
-from prvr.index.ingest import RAGGED, ReferenceQueries, bank_vectors, half_up, localisation_arrays
-from prvr.model import MSSL, MSSLConfig
-from prvr.preprocess import window_table
-from prvr.search import encode_query, search
-from prvr.segments import segment_video
+from prvr.index.ingest import ReferenceQueries, bank_vectors, half_up, localisation_arrays
+from prvr.index.schema import RAGGED
+from prvr.models.branches import EncodedVideos, window_proposals
+from prvr.models.mssl import MSSL, MSSLConfig
+from prvr.models.preprocess import window_table
+from prvr.results.search import encode_query, search
+from prvr.temporal.segments import segment_video
 
 H, M, L = 384, 32, 32  # hidden size, clip units, frames per video
 TABLE = window_table(M)  # (528, 2) [start, end) units of every window

@@ -3,8 +3,9 @@
     python -m benchmarks.segment_ranking [--real DIR]    # DIR: benchmarks/real_set.py's output (optional)
 
 On the demo gallery (and the real-video set when built), every query is scored against every video by the
-bridge model (``prvr.bridge``) in several ways; first-relevant-video R@1/5/10 and SumR (``prvr.annotated``)
-are printed as JSON per set and variant. Segments: ``prvr.segments.segment_video`` of the extracted rows.
+bridge model (``prvr.models.bridge``) in several ways; first-relevant-video R@1/5/10 and SumR
+(``prvr.evaluate.annotated``) are printed as JSON per set and variant. Segments:
+``prvr.temporal.segments.segment_video`` of the extracted rows.
 
 - ``two_branch``: today's score (MS-SL's 528 windows + key-clip attention), ``clip`` its clip branch alone;
 - ``row_max``: the best single row's cosine;
@@ -12,10 +13,10 @@ are printed as JSON per set and variant. Segments: ``prvr.segments.segment_video
   normalised mean of its rows);
 - ``segment_two_branch``: 0.7 ``segment_max`` + 0.3 frame branch attending from the best segment (the
   bridge's temperature), i.e. MS-SL's two branches with the segments as proposals;
-- ``propagated_max``: TF-PRVR's propagation (``prvr.propagation``, beta 0.7), best row;
+- ``propagated_max``: TF-PRVR's propagation (``prvr.temporal.propagation``, beta 0.7), best row;
 - ``clip_plus_segment``: 0.7 ``clip`` + 0.3 ``segment_max``;
 - ``model_propagated_{beta}``: the model's own propagation (``BridgeConfig.propagation``,
-  ``prvr.propagation``): every row replaced by its propagated segment feature before MS-SL's binning,
+  ``prvr.temporal.propagation``): every row replaced by its propagated segment feature before MS-SL's binning,
   both branches (``model_propagated_clip`` / ``_frame``: each branch alone at beta 0.7).
 
 ``two_branch``, ``clip`` and the hand-made variants use the bridge with ``propagation=False`` (rows as
@@ -33,17 +34,18 @@ import numpy as np
 import torch
 
 import prvr  # noqa: F401  - applies the compatibility fix first
-from prvr import demo
-from prvr.annotated import (
+from prvr.demo import gallery as demo
+from prvr.evaluate import demo as demo_set
+from prvr.evaluate.annotated import (
     AnnotatedSet,
     extract_features,
     first_relevant_ranks,
     load_moments_file,
     recall_metrics,
 )
-from prvr.branches import key_clip_attention
-from prvr.propagation import propagate
-from prvr.segments import segment_video
+from prvr.models.branches import key_clip_attention
+from prvr.temporal.propagation import propagate
+from prvr.temporal.segments import segment_video
 
 BETA = 0.7  # TF-PRVR's propagation strength
 
@@ -96,10 +98,10 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--real", type=Path, default=None, help="the real set's dir (with moments.json)")
     args = parser.parse_args()
-    from prvr.bridge import BridgeConfig, BridgeModel
+    from prvr.models.bridge import BridgeConfig, BridgeModel
 
     model = BridgeModel.from_pretrained(BridgeConfig(propagation=False))  # the baseline: rows as mapped
-    sets = {"demo": demo.annotated_set(demo.build_demo_gallery())}
+    sets = {"demo": demo_set.annotated_set(demo.build_demo_gallery())}
     if args.real is not None:
         sets["real"] = load_moments_file(args.real, args.real / "moments.json")
     report = {}

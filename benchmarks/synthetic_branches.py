@@ -4,10 +4,10 @@
 
 For every seed: generate ``SyntheticConfig.branches(seed=seed)`` (planted moments whose event is a weak
 signal over the moment, visible to the clip branch, and whose object flickers, visible only to single frames;
-see ``prvr/synthetic.py``) into a temporary folder, train MS-SL with ``prvr.train.main`` (the official
-recipe, small model: ``FAST`` below) and evaluate the best checkpoint on the test split. Prints JSON: per seed
-and on average the test SumR of the total score (0.7 clip + 0.3 frame, the official default), of the clip
-score alone and of the frame score alone, their differences, and chance. ``--set FIELD=VALUE`` changes
+see ``prvr/data/synthetic.py``) into a temporary folder, train MS-SL with ``prvr.train.loop.main`` (the
+official recipe, small model: ``FAST`` below) and evaluate the best checkpoint on the test split. Prints JSON:
+per seed and on average the test SumR of the total score (0.7 clip + 0.3 frame, the official default), of the
+clip score alone and of the frame score alone, their differences, and chance. ``--set FIELD=VALUE`` changes
 fields of the preset (e.g. ``object_mean=0.4``).
 
 ``--ablate`` also trains each seed twice more with one branch's losses removed (``OneBranchMSSL``) and
@@ -28,11 +28,12 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from prvr.data import OfficialSource, prepare_split
-from prvr.evaluate import chance_sumr, evaluate_split
-from prvr.model import MSSL
-from prvr.synthetic import SyntheticConfig, generate
-from prvr.train import Trainer, build_configs, main, parse_overrides
+from prvr.data.official import OfficialSource, prepare_split
+from prvr.data.synthetic import SyntheticConfig, generate
+from prvr.evaluate.retrieval import chance_sumr, evaluate_split
+from prvr.models.checkpoint import load_checkpoint
+from prvr.models.mssl import MSSL
+from prvr.train.loop import Trainer, build_configs, main, parse_overrides
 
 log = logging.getLogger(__name__)
 
@@ -55,7 +56,7 @@ class OneBranchMSSL(MSSL):
 
 
 def train_and_test(root: Path, cfg: SyntheticConfig, epochs: int) -> dict:
-    """Train with prvr.train.main on the set under ``root``; test SumR of total / clip / frame."""
+    """Train with prvr.train.loop.main on the set under ``root``; test SumR of total / clip / frame."""
     argv = ["--data", str(root), "--collection", cfg.collection, "--feature", cfg.feature,
             "--out", str(root / "run"), *FAST, f"--n_epoch={epochs}", "--device=cpu"]
     with contextlib.redirect_stdout(io.StringIO()):  # main prints a table; keep stdout for the JSON
@@ -77,7 +78,7 @@ def train_one_branch(root: Path, cfg: SyntheticConfig, epochs: int, keep: str) -
     model.cfg.clip_scale_w, model.cfg.frame_scale_w = float(keep == "clip"), float(keep == "frame")
     out = root / f"only_{keep}"
     Trainer(model, train_cfg, splits["train"], splits["val"], out, {"options": options}).fit()
-    best = MSSL.from_checkpoint(out / "best")
+    best = load_checkpoint(out / "best")
     return round(evaluate_split(best, splits["test"])[keep]["sumr"], 2)
 
 

@@ -4,8 +4,8 @@
 
 Prints JSON. The set is 2,000 training videos x 5 captions, 3072-d visual rows (up to 128 per video) and
 768-d tokens (``SyntheticConfig.tvr_shaped``), generated into a temporary folder unless ``--data`` names one
-made by ``python -m prvr.synthetic ROOT --tvr``. After one warm-up batch each, ``--batches`` batches of 128
-videos (about 640 queries each) are timed for both loops, alternating batch by batch so that load from
+made by ``python -m prvr.data.synthetic ROOT --tvr``. After one warm-up batch each, ``--batches`` batches of
+128 videos (about 640 queries each) are timed for both loops, alternating batch by batch so that load from
 other processes hits both alike; data loading is included, and seconds per epoch are extrapolated.
 
 MEASURING STICK, NOT PRODUCT CODE: the second half of this file re-creates the official training step
@@ -40,11 +40,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from prvr.data import Batch, OfficialSource, PreparedSplit, prepare_split
-from prvr.evaluate import evaluate_split
-from prvr.model import MSSL, MSSLConfig
-from prvr.optim import BertAdam, param_groups
-from prvr.synthetic import SyntheticConfig, generate
+from prvr.data.official import Batch, OfficialSource, PreparedSplit, prepare_split
+from prvr.data.synthetic import SyntheticConfig, generate
+from prvr.evaluate.retrieval import evaluate_split
+from prvr.models.mssl import MSSL, MSSLConfig
+from prvr.train.optim import BertAdam, param_groups
 
 log = logging.getLogger(__name__)
 REFERENCE = Path(__file__).resolve().parents[2] / "shared" / "reference" / "mssl" / "loss_small_dims.pt"

@@ -34,6 +34,11 @@ class MediaError(Exception):
         self.path, self.reason = str(path), problem + (f" {advice}" if advice else "")
         super().__init__(f"{Path(path).name}: {self.reason}")
 
+    def __reduce__(self) -> tuple:
+        """Pickle as ``cls(path, reason)``: the default (``cls(message)``) fails to unpickle, and these
+        errors cross a process boundary on ZeroGPU (``extract.zerogpu``)."""
+        return self.__class__, (self.path, self.reason)
+
 
 class FileMissing(MediaError):
     """The path does not exist or is not a file."""

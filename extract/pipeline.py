@@ -33,6 +33,7 @@ from extract.decode import (
     DecodeLimits,
     FrameBatch,
     FrameReader,
+    VideoInfo,
     probe,
     sha256_file,
     window_times,
@@ -101,20 +102,23 @@ def resolve_profile(profile: Profile, specs: Mapping[str, str]) -> Profile:
                                text_dim=backbone_dim(profile.text, resolved.get(profile.text)))
 
 
-GPU_SECONDS = 120  # ZeroGPU's time slot per extracted video (a 20-minute upload is 1,200 frames)
+GPU_SECONDS = 120  # gpu_task's slot when none is given (extract.zerogpu sizes its own from the video)
 
 
-def gpu_task(fn: Callable) -> Callable:
-    """``fn`` under ZeroGPU's ``spaces.GPU`` where the ``spaces`` package is importable, else ``fn`` itself.
+def gpu_task(fn: Callable, duration: int | Callable = GPU_SECONDS) -> Callable:
+    """``fn`` under ZeroGPU's ``spaces.GPU(duration=...)`` where the ``spaces`` package is importable, else
+    ``fn`` itself.
 
-    On a Hugging Face ZeroGPU Space a GPU is attached only while such a function runs; elsewhere (no
-    ``spaces`` package) nothing changes.
+    On a Hugging Face ZeroGPU Space a GPU is attached only while such a function runs, in a forked worker
+    to which its arguments are pickled: decorate a module-level function with small arguments (see
+    ``extract.zerogpu``), never a method of an object holding models. Elsewhere (no ``spaces`` package,
+    or ``spaces`` off ZeroGPU, where its decorator returns ``fn``) nothing changes.
     """
     try:
         import spaces
     except ImportError:
         return fn
-    return spaces.GPU(duration=GPU_SECONDS)(fn)
+    return spaces.GPU(duration=duration)(fn)
 
 
 def _subset(total: int, k: int) -> np.ndarray:
@@ -173,7 +177,7 @@ class VideoExtractor:
     """Turn video files into feature rows with a profile's visual backbones."""
 
     def __init__(self, profile: str | Profile = "lite", weights: str | Mapping[str, str] | None = None,
-                 device: str | torch.device | None = None, batch_frames: int = 32,
+                 device: str | torch.device | None = None, batch_frames: int | None = None,
                  limits: DecodeLimits | None = None) -> None:
         profile = get_profile(profile)
         self.device = default_device(device)
@@ -183,25 +187,59 @@ class VideoExtractor:
                                                  for b in profile.visual]
         self.profile = resolve_profile(profile, specs)
         self.limits = limits or DecodeLimits()
+        # frames decoded and embedded at once (default: 32 on a GPU; 4 on a CPU, where larger batches are no
+        # faster and progress is reported after each batch)
+        batch_frames = batch_frames or (32 if self.device.type == "cuda" else 4)
         self.batch_windows = max(1, batch_frames // profile.frames_per_window)  # whole windows per batch
 
-    @gpu_task
-    def extract(self, path: str | Path, sha256: str | None = None) -> VideoFeatures:
-        """Features of one video; raises a MediaError subclass for unusable media."""
+    def extract(self, path: str | Path, sha256: str | None = None, *, info: VideoInfo | None = None,
+                progress: Callable[[float, float], None] | None = None) -> VideoFeatures:
+        """Features of one video; raises a MediaError subclass for unusable media.
+
+        ``info``: the file's ``probe`` where the caller already has it (else it is probed here).
+        ``progress(done_s, total_s)``: called after each decoded batch with the seconds of video done.
+
+        In-process, on this extractor's device. On a ZeroGPU Space use ``extract.zerogpu`` instead,
+        which runs ``rows`` in a GPU slot with plain arguments (this object is never pickled).
+        """
         path = Path(path)
-        info = probe(path, self.limits)
+        info = info or probe(path, self.limits)
+        rows, warnings = self.rows(path, info, progress=progress)
+        return self.features(path, info, rows, warnings, sha256)
+
+    def rows(self, path: str | Path, info: VideoInfo, *,
+             progress: Callable[[float, float], None] | None = None) -> tuple[np.ndarray, list[str]]:
+        """Decode the sampled frames of ``path`` (probed as ``info``) and run the backbones.
+
+        Returns ``(rows (n, visual_dim) float32, decoder warnings)``; ``n`` counts the whole windows that
+        decoded (all of them unless the video is damaged). Raises a MediaError for unusable media.
+        """
         per_window = self.profile.frames_per_window
-        start, end, times = window_times(info.duration, self.profile.window_s, per_window)
+        _, ends, times = window_times(info.duration, self.profile.window_s, per_window)
         size = (self.profile.frame_size, self.profile.frame_size)
         reader = FrameReader(str(path), times, size, self.batch_windows * per_window, self.limits, info)
-        rows = [self._rows(frames) for frames in _whole_windows(_prefetch(iter(reader)), per_window)]
-        n = sum(len(r) for r in rows)  # a damaged video keeps only whole windows that decoded
+        rows = []
+        for frames in _whole_windows(_prefetch(iter(reader)), per_window):
+            rows.append(self._rows(frames))
+            if progress is not None and len(ends):  # seconds of video done after this batch, of the total
+                done = sum(len(r) for r in rows)
+                progress(float(min(ends[min(done, len(ends)) - 1], info.duration)), float(info.duration))
+        if not rows:
+            return np.zeros((0, self.profile.visual_dim), np.float32), list(reader.warnings)
+        return np.concatenate(rows), list(reader.warnings)
+
+    def features(self, path: str | Path, info: VideoInfo, rows: np.ndarray, warnings: Sequence[str],
+                 sha256: str | None = None) -> VideoFeatures:
+        """``VideoFeatures`` from the output of ``rows`` (raises CorruptVideo when no window decoded)."""
+        path = Path(path)
+        start, end, _ = window_times(info.duration, self.profile.window_s, self.profile.frames_per_window)
+        n = len(rows)  # a damaged video keeps only whole windows that decoded
         if n == 0:
             raise CorruptVideo(path, f"not one whole {self.profile.window_s:g} s window decodes.",
                                "Re-encode or re-download the file.")
         duration = info.duration if n == len(start) else float(end[n - 1])
-        return VideoFeatures(np.concatenate(rows), start[:n], end[:n], duration,
-                             sha256 or sha256_file(path), path.name, list(reader.warnings))
+        return VideoFeatures(rows, start[:n], end[:n], duration, sha256 or sha256_file(path), path.name,
+                             list(warnings))
 
     def _rows(self, frames: np.ndarray) -> np.ndarray:
         """(w * F, H, W, 3) frames of whole windows -> (w, visual_dim) rows."""

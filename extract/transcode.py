@@ -10,6 +10,8 @@ from __future__ import annotations
 import logging
 import os
 import tempfile
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from fractions import Fraction
 from pathlib import Path
@@ -64,9 +66,14 @@ def even_size(width: int, height: int, max_height: int) -> tuple[int, int]:
     return max(2, int(width * scale) // 2 * 2), max(2, int(height * scale) // 2 * 2)
 
 
+Progress = Callable[[float, float], None]  # (seconds of video done, seconds in total)
+
+
 def ensure_browser_playable(src: str | Path, dst_dir: str | Path,
-                            settings: EncodeSettings | None = None) -> Path:
-    """Return ``src`` if browsers play it, else a re-encoded H.264 mp4 written into ``dst_dir``."""
+                            settings: EncodeSettings | None = None, *,
+                            progress: Progress | None = None) -> Path:
+    """Return ``src`` if browsers play it, else a re-encoded H.264 mp4 written into ``dst_dir``
+    (``progress(done_s, total_s)`` is called while re-encoding, at most twice a second)."""
     src = Path(src)
     try:
         reason = unplayable_reason(src)
@@ -77,18 +84,18 @@ def ensure_browser_playable(src: str | Path, dst_dir: str | Path,
         return src
     dst = Path(dst_dir) / f"{src.stem}.mp4"
     log.info("re-encoding %s to H.264 mp4 (%s)", src.name, reason)
-    transcode(src, dst, settings or EncodeSettings())
+    transcode(src, dst, settings or EncodeSettings(), progress=progress)
     return dst
 
 
-def transcode(src: Path, dst: Path, settings: EncodeSettings) -> None:
+def transcode(src: Path, dst: Path, settings: EncodeSettings, *, progress: Progress | None = None) -> None:
     """Re-encode ``src`` into ``dst`` (H.264/yuv420p + AAC), atomically: ``dst`` is whole or absent."""
     dst.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp_name = tempfile.mkstemp(suffix=".mp4", dir=dst.parent, prefix=f".{dst.stem}.")
     os.close(fd)
     tmp = Path(tmp_name)
     try:
-        _encode(src, tmp, settings)
+        _encode(src, tmp, settings, progress=progress)
         tmp.replace(dst)
     except av.error.FFmpegError as err:
         raise TranscodeError(src, f"re-encoding to H.264 failed ({err.strerror or err}).",
@@ -97,7 +104,7 @@ def transcode(src: Path, dst: Path, settings: EncodeSettings) -> None:
         tmp.unlink(missing_ok=True)
 
 
-def _encode(src: Path, dst: Path, settings: EncodeSettings) -> None:
+def _encode(src: Path, dst: Path, settings: EncodeSettings, *, progress: Progress | None = None) -> None:
     """Decode every frame of ``src`` and encode it into ``dst`` at the source's average frame rate."""
     with av.open(str(src)) as inp, av.open(str(dst), "w", format="mp4") as out:
         vin = inp.streams.video[0]
@@ -119,12 +126,18 @@ def _encode(src: Path, dst: Path, settings: EncodeSettings) -> None:
             aout.bit_rate = settings.audio_bitrate
             resampler = av.AudioResampler(format="fltp", layout="stereo", rate=aout.codec_context.sample_rate)
         n_frames = 0
+        total_s = float(inp.duration / av.time_base) if inp.duration else 0.0
+        reported = time.monotonic()
         for frame in inp.decode(*[s for s in (vin, ain) if s is not None]):
             if isinstance(frame, av.VideoFrame):
                 image = frame.reformat(width=vout.width, height=vout.height, format="yuv420p")
                 image.pts, image.time_base = n_frames, frame_time_base
                 n_frames += 1
                 out.mux(vout.encode(image))
+                if progress is not None and time.monotonic() - reported >= 0.5:
+                    done_s = float(frame.time) if frame.time is not None else n_frames / float(rate)
+                    progress(min(done_s, total_s or done_s), total_s or done_s)
+                    reported = time.monotonic()
             elif aout is not None and resampler is not None:
                 frame.pts = None  # let the encoder number audio samples continuously
                 for chunk in resampler.resample(frame):

@@ -12,8 +12,7 @@ def cache_dir(*parts: str) -> Path:
 
 
 def default_data_dir() -> Path:
-    """The app's data directory: ``/data/prvr`` on a host with writable persistent storage (HF Spaces),
-    else ``cache_dir()``."""
-    if Path("/data").is_dir() and os.access("/data", os.W_OK):
-        return Path("/data/prvr")
+    """The app's working directory (index, features, caches): ``cache_dir()`` on local disk, on a Space too.
+    Spaces' disk is ephemeral and their persistent storage is a bucket of write-once files, where an index
+    that writes in place and locks cannot live: what must survive a restart goes to ``--persist``."""
     return cache_dir()

@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 
 import app
-from prvr.query import clean_query
-from prvr.results import SearchResponse
+from prvr.results.query import clean_query
+from prvr.results.response import SearchResponse
 from tests.test_uploads import make_predictor, write_clip
 
 
@@ -61,16 +61,18 @@ def test_gradio_copy_of_an_upload_is_removed_but_nothing_else(tmp_path: Path,
 @pytest.fixture(scope="module")
 def served(tmp_path_factory: pytest.TempPathFactory):
     """(URL, predictor, session registry) of the app with MCP on, over one indexed synthetic clip (session
-    uploads; a closed tab's uploads are deleted 1 s after); closed afterwards."""
+    uploads; a closed tab's uploads are deleted 1 s after; MCP's add_video may read files under the
+    ``allowed`` dir beside the data dir); closed afterwards."""
     import gradio as gr
 
-    from prvr.bridge import BridgeModel
+    from prvr.models.bridge import BridgeModel
 
     tmp = tmp_path_factory.mktemp("served")
     predictor = make_predictor(tmp / "data", BridgeModel.from_pretrained(), uploads="session")
     predictor.settings.uploads = "shared"  # index one clip in the shared gallery, then serve sessions
     assert predictor.add_video(write_clip(tmp / "gradient.mp4"))["status"] == "added"
     predictor.settings.uploads = "session"
+    predictor.settings.mcp_allow_paths = str(tmp / "allowed")
     gr.set_static_paths(predictor.static_paths())
     sessions = app.ClosedSessions(grace_s=1.0)
     demo = app.build_ui(predictor, sessions)
@@ -78,7 +80,8 @@ def served(tmp_path_factory: pytest.TempPathFactory):
     port = free_port()
     demo.launch(server_name="127.0.0.1", server_port=port, prevent_thread_lock=True, mcp_server=True,
                 allowed_paths=predictor.static_paths(), quiet=True,
-                app_kwargs={"routes": [app.video_route(predictor, sessions)]})
+                app_kwargs={"routes": app.routes(predictor, sessions)})
+    app.install_mcp(demo, predictor)
     try:
         yield f"http://127.0.0.1:{port}/", predictor, sessions
     finally:
@@ -91,14 +94,16 @@ def test_user_errors_are_one_line_warnings(served: tuple, caplog: pytest.LogCapt
     from gradio_client.exceptions import AppError
 
     client = Client(served[0], verbose=False)
-    cases = [(("   ", 5, 0.7), "query is empty"), (("a cat", 0, 0.7), "k must be a positive integer"),
-             (("a cat", 5, 1.5), "clip_weight must be between 0 and 1")]
+    cases = [(("   ", 5, 0.7), "query is empty"), (("a cat", 0, 0.7), "k must be a whole number"),
+             (("a cat", 5, 1.5), "clip_weight must be between 0 and 1"),
+             (("a cat", 1000, 0.7), "top_k must be a whole number from 1 to 100, got 1000"),
+             (("a cat", -3, 0.7), "top_k must be a whole number from 1 to 100")]
     with caplog.at_level(logging.WARNING):
         for args, message in cases:
             with pytest.raises(AppError, match=message):
                 client.predict(*args, api_name="/search")
     refused = [r for r in caplog.records if r.getMessage().startswith("search refused")]
-    assert len(refused) == 3 and all(r.levelno == logging.WARNING and not r.exc_info for r in refused)
+    assert len(refused) == 5 and all(r.levelno == logging.WARNING and not r.exc_info for r in refused)
     assert "Traceback" not in capfd.readouterr().err
 
 
@@ -146,7 +151,7 @@ def test_a_closed_tab_private_uploads_are_deleted_after_the_grace(tmp_path: Path
     import time
     from types import SimpleNamespace
 
-    from prvr.predictor import SessionGallery
+    from prvr.serve.sessions import SessionGallery
 
     sessions = app.ClosedSessions(grace_s=0.2)
     mine, other = tmp_path / "session-a", tmp_path / "session-b"
@@ -210,3 +215,38 @@ def test_closing_the_tab_deletes_its_uploads_within_seconds(served: tuple, tmp_p
     while roots[0].exists() and time.monotonic() < deadline:
         time.sleep(0.5)
     assert not roots[0].exists(), "the closed tab's private uploads are still on disk"
+
+
+def test_top_k_outside_1_to_100_is_refused_in_words() -> None:
+    assert app.top_k_value(5.0) == 5 and app.top_k_value(100) == 100
+    assert app.top_k_value(3, app.MAX_CARDS) == 3
+    for bad in (0, 101, 1000, 2.5, "many", None):
+        with pytest.raises(app.QueryError, match=r"top_k must be a whole number from 1 to 100"):
+            app.top_k_value(bad)
+    with pytest.raises(app.QueryError, match=r"from 1 to 10, got 11"):  # the UI's slider range
+        app.top_k_value(11, app.MAX_CARDS)
+
+
+def test_get_info_is_json_naming_the_model(served: tuple) -> None:
+    import httpx
+
+    url, predictor, _ = served
+    reply = httpx.get(url + "info", timeout=30)
+    assert reply.status_code == 200 and reply.headers["content-type"].startswith("application/json")
+    info = reply.json()
+    assert info["model"]["name"] == predictor.info.name and info["profile"]["name"] == "lite"
+    assert info["shared_videos"] == len(predictor.index)
+
+
+def test_a_long_query_note_says_how_much_the_text_model_read(served: tuple) -> None:
+    predictor = served[1]
+    long_query = "a cat looks at the camera " * 400  # 10,400 characters
+    response = predictor.search(long_query, k=1)
+    query = response.query
+    assert query["tokens_read"] == predictor.text.profile.max_tokens == 64 and query["tokens"] > 64
+    assert 30 <= query["words_read"] <= 64 and query["read_until"]
+    page = app.summary_html(long_query, response)
+    assert "reads at most 64 tokens" in page and f"about its first {query['words_read']} words" in page
+    assert "10,400-character" in page and "496 characters" not in page
+    short = predictor.search("a cat", k=1)
+    assert short.query["tokens"] <= 64 and "Note" not in app.summary_html("a cat", short)

@@ -8,9 +8,9 @@ import pytest
 import torch
 
 import prvr  # noqa: F401  - applies the compatibility fix first
-from prvr import bridge
-from prvr.bridge import BridgeConfig, BridgeModel
-from prvr.preprocess import n_proposals
+from prvr.models import bridge
+from prvr.models.bridge import BridgeConfig, BridgeModel
+from prvr.models.preprocess import n_proposals
 
 
 @pytest.fixture(scope="module")
@@ -82,7 +82,7 @@ def test_protocol_shapes_weights_and_key_clip() -> None:
     assert scores.total[1].argmax() == 1  # class 3 is only in video 1
     assert scores.total[0, 0] > scores.total[1, 0]
     # the key clip of query "class 1" in video 0 lies inside the class-1 scene (rows 8..15 = units ~11..21)
-    from prvr.preprocess import proposal_units
+    from prvr.models.preprocess import proposal_units
 
     start, end = proposal_units(int(scores.key_clip[0, 0]))
     assert 10 <= start and end <= 22
@@ -116,7 +116,7 @@ def test_encode_rows_mixes_every_class_unless_told_otherwise() -> None:
 def test_fingerprint_tracks_every_setting() -> None:
     base = toy_model()
     assert base.fingerprint() == toy_model().fingerprint()
-    for change in ({"temperature": 0.1}, {"prompt": "{}"}, {"clip_scale_w": 0.5}, {"propagation": False},
+    for change in ({"temperature": 0.1}, {"prompt": "{}"}, {"clip_scale_w": 0.5}, {"propagation": True},
                    {"propagation_beta": 0.5}, {"fine_top_k": 5}):
         assert toy_model(replace(BridgeConfig(), **change)).fingerprint() != base.fingerprint()
     assert BridgeConfig.from_dict(BridgeConfig().to_dict()) == BridgeConfig()
@@ -129,13 +129,14 @@ def test_fingerprint_tracks_every_setting() -> None:
 
 
 def test_propagation_feeds_both_branches_and_leaves_encode_rows_as_mapped() -> None:
-    from prvr.propagation import propagate
-    from prvr.segments import segment_video
+    from prvr.temporal.propagation import propagate
+    from prvr.temporal.segments import segment_video
 
     rng = np.random.default_rng(0)
     raw = scene_video([0, 1, 2, 1], seconds=10)
     raw[:, :4] += rng.uniform(0, 0.08, (40, 4)).astype(np.float32)  # noisy class evidence per row
-    on, off = toy_model(), toy_model(BridgeConfig(propagation=False))
+    on, off = toy_model(BridgeConfig(propagation=True)), toy_model()
+    assert not off.cfg.propagation  # the default since session 13 (the real dev set's tuning half)
     mapped = off.to_text_space(raw).numpy()
     expected = propagate(mapped, segment_video(raw), on.cfg.propagation_beta)
     frames = on.encode_videos([raw]).frames[0, :40].numpy()
@@ -155,7 +156,7 @@ def test_bad_inputs_are_named() -> None:
     with pytest.raises(ValueError, match=r"video 1: features of shape \(5, 7\)"):
         model.encode_videos([scene_video([0]), np.zeros((5, 7), np.float32)])
     broken = scene_video([0]).copy()
-    broken[2, 0] = np.nan  # the same checks as MS-SL's raw inputs (prvr.preprocess.check_rows)
+    broken[2, 0] = np.nan  # the same checks as MS-SL's raw inputs (prvr.models.preprocess.check_rows)
     with pytest.raises(ValueError, match=r"encode_rows: NaN or inf values in rows \[2\]"):
         model.encode_rows(broken, np.arange(len(broken)), np.arange(len(broken)) + 1.0)
     with pytest.raises(ValueError, match=r"text 0: token features of shape \(3, 9\)"):

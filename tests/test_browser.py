@@ -18,10 +18,10 @@ REPO = Path(__file__).resolve().parents[1]
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--no-first-run",
                  "--disable-background-networking", "--disable-component-update", "--disable-sync"]
-QUERY = "a rocket on the launch pad at dusk"  # a strong match in the test gallery: the player auto-jumps
-# Three searches in a row whose best videos differ (rocket: demo06, cat: demo01), then the first again.
-QUERIES = ("a rocket on the launch pad at dusk", "a tabby cat lying on a blanket",
-           "a rocket on the launch pad at dusk")
+CRYSTAL = "a clear glass flower figurine seen up close"
+QUERY = CRYSTAL  # a demo caption the offline default answers right (assets/demo_gallery.json "examples")
+# Three searches in a row whose best videos differ (crystal: demo05, rabbit: demo07), then the first again.
+QUERIES = (CRYSTAL, "a small white rabbit figurine on a wooden table", CRYSTAL)
 
 
 @pytest.fixture(scope="module")
@@ -65,7 +65,8 @@ def test_search_shows_cards_with_heatmaps_and_players_that_jump(page) -> None:
     starts = [float(t) for t in cells]
     assert len(starts) >= 10 and starts[0] == 0.0
     assert all(abs(b - a - 1.0) < 0.05 for a, b in zip(starts, starts[1:], strict=False)), starts
-    assert "strong match" in page.locator(".summary").inner_text()
+    summary = page.locator(".summary").inner_text()  # a confident match, or the banner saying what to do
+    assert "strong match" in summary or ("No confident match" in summary and "in other words" in summary)
     assert first.locator(".rank").inner_text() == "#1"
 
     key = first.locator(".chip.key")
@@ -91,9 +92,11 @@ def test_search_shows_cards_with_heatmaps_and_players_that_jump(page) -> None:
 
 
 def test_top_k_slider_reranks_live(page) -> None:
-    page.get_by_label("What happens in the moment").fill(QUERY)
-    page.get_by_role("button", name="Search", exact=True).click()
-    page.wait_for_selector(".result-card .heat rect.bin", timeout=60_000)
+    # The page is shared by the module's tests: cards of an earlier search are still on it, so the first
+    # search is only done when the summary names this test's own query (a wait on cards would match the old
+    # ones and change top-k while the search is still in flight).
+    search(page, QUERY.capitalize())  # the same words (the text model is uncased), a summary of its own
+    assert page.locator(".card-head").count() == 4
     number = page.get_by_label("number input for Videos to show (top-k)")
     number.fill("2")  # fewer than the 4 videos of the test gallery
     number.press("Enter")
@@ -101,6 +104,11 @@ def test_top_k_slider_reranks_live(page) -> None:
     while page.locator(".card-head").count() != 2 and time.monotonic() < deadline:
         time.sleep(0.2)
     assert page.locator(".card-head").count() == 2
+    number.fill("5")  # back to the default for the module's next tests
+    number.press("Enter")
+    deadline = time.monotonic() + 20
+    while page.locator(".card-head").count() != 4 and time.monotonic() < deadline:
+        time.sleep(0.2)
 
 
 def search(page, text: str) -> None:
@@ -120,13 +128,12 @@ def test_every_search_starts_each_player_at_its_key_moment(page) -> None:
         heads = page.locator(".card-head")
         for i in range(heads.count()):
             card = heads.nth(i).locator("xpath=ancestor::*[contains(@class, 'result-card')][last()]")
-            weak = "weak match" in card.locator(".badge").first.inner_text()
-            expected = 0.0 if weak else float(card.locator(".chip.key").get_attribute("data-t"))
+            expected = float(card.locator(".chip.key").get_attribute("data-t"))
             video = card.locator("video")
             video.wait_for(timeout=30_000)
             assert wait_for_time(video, expected) == pytest.approx(expected, abs=0.5), (text, i)
             seeked += expected > 0
-    assert seeked >= 2  # not only weak matches: some players really had to move
+    assert seeked >= 2  # some players really had to move
 
 
 def test_upload_in_the_page_names_the_file_and_empties_the_list(page, tmp_path: Path) -> None:

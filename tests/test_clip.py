@@ -24,7 +24,7 @@ from extract.clip import load_pair
 from extract.features import FeatureFile
 from extract.pipeline import TextEncoder, VideoExtractor, gpu_task
 from extract.weights import WeightsUnavailable, resolve_weights
-from prvr.zero_shot import ZeroShotConfig, ZeroShotModel
+from prvr.models.zero_shot import ZeroShotConfig, ZeroShotModel
 
 FAMILIES = ("clip", "siglip")
 TEXTS = ["a red square fades in", "a green block in the corner of the frame"]
@@ -211,7 +211,7 @@ def test_index_of_one_profile_is_never_searched_with_another(models: dict, video
 
 # ----------------------------------------------------------------------------- choosing, serving, training
 def test_app_settings_take_weights_from_flags_or_environment(monkeypatch: pytest.MonkeyPatch) -> None:
-    from prvr.settings import AppSettings
+    from prvr.serve.settings import AppSettings
 
     monkeypatch.delenv("PRVR_WEIGHTS", raising=False)
     assert AppSettings.from_args([]).weight_specs() == {}
@@ -225,9 +225,9 @@ def test_app_settings_take_weights_from_flags_or_environment(monkeypatch: pytest
 
 
 def test_without_a_profile_the_app_falls_back_to_lite_naming_model_and_cause(tmp_path: Path) -> None:
-    from prvr import bridge
-    from prvr.model_choice import load_model
-    from prvr.settings import AppSettings
+    from prvr.models import bridge
+    from prvr.serve.model_choice import load_model
+    from prvr.serve.settings import AppSettings
 
     t0 = time.perf_counter()
     model, info, profile = load_model(AppSettings(data_dir=tmp_path))
@@ -243,7 +243,7 @@ def test_without_a_profile_the_app_falls_back_to_lite_naming_model_and_cause(tmp
 @pytest.fixture(scope="module")
 def demo_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """One rendered demo video (demo01), copied into each data dir that needs it."""
-    from prvr.demo import build_demo_gallery
+    from prvr.demo.gallery import build_demo_gallery
 
     root = tmp_path_factory.mktemp("demo")
     build_demo_gallery(root, video_ids=["demo01"])
@@ -279,11 +279,11 @@ def test_app_serves_the_clip_profile_from_a_local_folder(models: dict, demo_dir:
 def test_checkpoint_trained_on_clip_features_is_served(models: dict, videos: list[Path], demo_dir: Path,
                                                         tmp_path: Path) -> None:
     from extract.profiles import ProfileMismatch
-    from prvr.evaluate import main as evaluate_main
-    from prvr.model_choice import load_model
-    from prvr.predictor import Predictor
-    from prvr.settings import AppSettings
-    from prvr.train import main as train_main
+    from prvr.evaluate.__main__ import main as evaluate_main
+    from prvr.serve.model_choice import load_model
+    from prvr.serve.predictor import Predictor
+    from prvr.serve.settings import AppSettings
+    from prvr.train.loop import main as train_main
 
     feats, caps, split = tmp_path / "f.h5", tmp_path / "caps.txt", tmp_path / "all.txt"
     lines = [f"v{i}#enc#{j} {text}" for i in range(len(videos)) for j, text in enumerate(TEXTS)]

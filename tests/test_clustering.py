@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import prvr  # noqa: F401  - applies the torchvision CPU fix first
-from prvr.clustering import kmedoids, length_aware_kmedoids, length_embedding
+from prvr.models.clustering import kmedoids, length_aware_kmedoids, length_embedding
 
 REFERENCE = Path(__file__).resolve().parents[2] / "shared" / "reference" / "mssl" / "msslpp_kmedoids.pt"
 

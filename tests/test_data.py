@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from prvr.data import (
+from prvr.data.official import (
     BigFile,
     DataError,
     HDF5Source,
@@ -18,8 +18,8 @@ from prvr.data import (
     read_captions,
     read_video2frames,
 )
-from prvr.preprocess import clip_input, frame_input, pad, query_input
-from prvr.synthetic import SyntheticConfig, generate
+from prvr.data.synthetic import SyntheticConfig, generate
+from prvr.models.preprocess import clip_input, frame_input, pad, query_input
 
 SMALL = SyntheticConfig(n_videos=(10, 4, 4), captions_per_video=3, distractors_per_video=1, visual_dim=20,
                         query_dim=12, min_frames=4, max_frames=200, seed=5)

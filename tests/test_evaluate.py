@@ -7,10 +7,12 @@ import numpy as np
 import pytest
 import torch
 
-from prvr.data import OfficialSource, prepare_split
-from prvr.evaluate import chance_sumr, main, retrieval_metrics, score_split
-from prvr.model import MSSL, MSSLConfig
-from prvr.synthetic import SyntheticConfig, generate
+from prvr.data.official import OfficialSource, prepare_split
+from prvr.data.synthetic import SyntheticConfig, generate
+from prvr.evaluate.__main__ import main
+from prvr.evaluate.retrieval import chance_sumr, retrieval_metrics, score_split
+from prvr.models.checkpoint import save_checkpoint
+from prvr.models.mssl import MSSL, MSSLConfig
 
 SHARED = Path(__file__).resolve().parents[2] / "shared"
 TINY = SyntheticConfig(n_videos=(12, 10, 14), captions_per_video=2, distractors_per_video=1, visual_dim=24,
@@ -24,7 +26,7 @@ def tiny(tmp_path_factory):
     generate(TINY, root)
     torch.manual_seed(0)
     model = MSSL(MSSLConfig(visual_dim=TINY.visual_dim, query_dim=TINY.query_dim, hidden_size=32)).eval()
-    model.save(root / "ckpt")
+    save_checkpoint(model, root / "ckpt")
     return root, model
 
 
@@ -100,13 +102,14 @@ def test_cli_table_and_dims_error(tiny, capsys, tmp_path):
     main(["--checkpoint", str(root / "ckpt"), *args])
     table = capsys.readouterr().out
     assert "SumR" in table and all(name in table for name in ("total", "clip", "frame"))
-    MSSL(MSSLConfig(visual_dim=TINY.visual_dim + 1, query_dim=TINY.query_dim)).save(tmp_path / "other")
+    other = MSSL(MSSLConfig(visual_dim=TINY.visual_dim + 1, query_dim=TINY.query_dim))
+    save_checkpoint(other, tmp_path / "other")
     with pytest.raises(ValueError, match=f"visual {TINY.visual_dim + 1}.*visual {TINY.visual_dim}"):
         main(["--checkpoint", str(tmp_path / "other"), *args])
 
 
 def test_moments_files_are_read_with_equal_texts_merged_and_bad_entries_named(tmp_path):
-    from prvr.annotated import load_moments_file
+    from prvr.evaluate.annotated import load_moments_file
 
     for name in ("a.mp4", "b.avi", "notes.txt"):
         (tmp_path / name).write_bytes(b"")  # only names matter here: nothing is decoded
@@ -130,3 +133,40 @@ def test_moments_files_are_read_with_equal_texts_merged_and_bad_entries_named(tm
     path.write_text("{not json")
     with pytest.raises(ValueError, match="JSON"):
         load_moments_file(tmp_path, path)
+
+
+def test_moments_files_keep_each_querys_clip_and_kind(tmp_path):
+    from prvr.evaluate.annotated import load_moments_file
+
+    (tmp_path / "a.mp4").write_bytes(b"")
+    spec = {"videos": [{"file": "a.mp4", "queries": [
+        {"text": "a dog", "start": 1, "end": 4, "clip": "dogs", "kind": "clip"},
+        {"text": "a cat", "start": 5, "end": 9}]}]}
+    path = tmp_path / "moments.json"
+    path.write_text(json.dumps(spec))
+    got = {q.text: (q.clip, q.kind) for q in load_moments_file(tmp_path, path).queries}
+    assert got == {"a dog": ("dogs", "clip"), "a cat": (None, None)}
+
+
+def test_every_number_gets_a_bootstrap_interval_around_its_unchanged_value():
+    from prvr.evaluate.annotated import Query, confidence_intervals, format_report
+    from prvr.evaluate.bootstrap import intervals
+
+    ranks = np.array([1, 1, 1, 7, 2, 3])  # clips c0, c1, c2: R@1 100, 50, 0
+    values = {"two_branch": {"R@1": 100.0 * (ranks <= 1),
+                             "SumR": 100.0 * (ranks <= 1) + 100.0 * (ranks <= 5)}}
+    local = {"key_moment": {"mean_iou": np.array([0.1, 0.5, 0.9, 0.0, 0.3, 0.6])}}
+    queries = [Query(f"q{i}", f"t{i}", {}, clip=f"c{i // 2}") for i in range(6)]
+    ci = confidence_intervals(queries, values, local)
+    assert ci["unit"] == "clip" and ci["resamples"] == 2000
+    r1 = ci["metrics"]["two_branch"]["R@1"]
+    assert r1["value"] == pytest.approx(50.0) and r1["low"] <= 50.0 <= r1["high"] and r1["high"] > r1["low"]
+    assert ci["localisation"]["key_moment"]["mean_iou"]["value"] == pytest.approx(0.4)
+    assert confidence_intervals(queries, values, local) == ci  # seeded: the same intervals every run
+    ungrouped = confidence_intervals([Query(q.id, q.text, {}) for q in queries], values, local)
+    assert ungrouped["unit"] == "query"
+    assert intervals({"x": np.ones(4)})["x"] == {"value": 1.0, "low": 1.0, "high": 1.0}
+    report = {"videos": 3, "queries": 6, "metrics": {"two_branch": {"R@1": 50.0, "SumR": 100.0}},
+              "localisation": {"key_moment": {"mean_iou": 0.4}}, "ci": ci}
+    table = format_report(report)
+    assert f"[{r1['low']:.1f}, {r1['high']:.1f}]" in table and "bootstrap" in table

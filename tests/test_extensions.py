@@ -10,11 +10,12 @@ from torch import nn
 from torch.distributions import Normal, kl_divergence
 
 import prvr  # noqa: F401  - applies the torchvision CPU fix first
-from prvr import ral, regularizers
-from prvr.branches import EncodedQueries
-from prvr.model import MSSL, MSSLConfig
-from prvr.preprocess import pad
-from prvr.query import QueryError
+from prvr.models import ral, regularizers
+from prvr.models.branches import EncodedQueries
+from prvr.models.checkpoint import load_checkpoint, save_checkpoint
+from prvr.models.mssl import MSSL, MSSLConfig
+from prvr.models.preprocess import pad
+from prvr.results.query import QueryError
 
 H = 16
 
@@ -304,8 +305,8 @@ def test_all_options_together_train_and_round_trip(tmp_path):
     out = model.loss(*_batch(), hard_negative_pool=2)
     out["total"].backward()
     assert torch.isfinite(out["total"])
-    model.save(tmp_path / "ckpt")
-    loaded = MSSL.from_checkpoint(tmp_path / "ckpt")
+    save_checkpoint(model, tmp_path / "ckpt")
+    loaded = load_checkpoint(tmp_path / "ckpt")
     assert loaded.cfg == cfg and loaded.fingerprint() == model.fingerprint()
 
 
@@ -327,7 +328,7 @@ def test_csa_changes_the_frame_score_at_inference():
 
 def test_index_scores_a_csa_model_exactly(tmp_path):
     from prvr.index import GalleryVideo, VideoIndex
-    from prvr.search import encode_query, search
+    from prvr.results.search import encode_query, search
 
     torch.manual_seed(9)
     model = MSSL(MSSLConfig(visual_dim=DV, query_dim=DQ, csa=True, **SMALL)).eval()
@@ -355,8 +356,8 @@ def test_index_scores_a_csa_model_exactly(tmp_path):
 
 
 def test_train_cli_flags_are_recorded_in_the_checkpoint(tmp_path):
-    from prvr.synthetic import SyntheticConfig, generate
-    from prvr.train import main
+    from prvr.data.synthetic import SyntheticConfig, generate
+    from prvr.train.loop import main
 
     data = SyntheticConfig(n_videos=(8, 4, 4), captions_per_video=2, distractors_per_video=1, visual_dim=DV,
                            query_dim=DQ, min_frames=20, max_frames=30, seed=3)
@@ -366,7 +367,7 @@ def test_train_cli_flags_are_recorded_in_the_checkpoint(tmp_path):
             "--n_epoch=1", "--csa", "--msra", "--ice", "--irm", "--tcp", "--tcp_w=0.5"]
     result = main(args)
     assert set(result["test"]) == {"total", "clip", "frame"}
-    model = MSSL.from_checkpoint(tmp_path / "run" / "best")
+    model = load_checkpoint(tmp_path / "run" / "best")
     assert all(getattr(model.cfg, o) for o in OPTIONS) and model.cfg.tcp_w == 0.5
     added = {"text_weight_fc.0.weight", "msra.pie_net_text.fc.weight", "irm.fc.weight", "tcp.frame.weight"}
     assert added <= set(model.state_dict())

@@ -20,8 +20,8 @@ import prvr  # noqa: F401
 from prvr.index import GalleryError, GalleryVideo, IndexConfig, IndexMismatchError, VideoIndex, store
 from prvr.index.rank import Stored, clip_bounds, exact_rows, frame_bounds, top_k
 from prvr.index.sketch import BoundQuery, quantize, sketch, window_factors
-from prvr.model import MSSL, MSSLConfig
-from prvr.preprocess import window_table
+from prvr.models.mssl import MSSL, MSSLConfig
+from prvr.models.preprocess import window_table
 
 SHARED = Path(os.environ.get("PRVR_SHARED", Path(__file__).resolve().parents[2] / "shared"))
 REPO = Path(__file__).resolve().parents[1]
@@ -377,10 +377,10 @@ def test_persistence_add_remove_compact(tmp_path: Path) -> None:
     reopened = VideoIndex.open(tmp_path / "ix", model)
     assert len(reopened) == 27 and not set(gone) & set(reopened.ids)
     after = ranked(reopened, q, 27)
-    assert [reopened.videos[p]["id"] for p in after[0]] == [videos[p].id for p in before[0][3:]]
+    assert [reopened.catalog.videos[p]["id"] for p in after[0]] == [videos[p].id for p in before[0][3:]]
     reopened.compact()
     compacted = VideoIndex.open(tmp_path / "ix", model)
-    ids = [compacted.videos[p]["id"] for p in ranked(compacted, q, 27)[0]]
+    ids = [compacted.catalog.videos[p]["id"] for p in ranked(compacted, q, 27)[0]]
     assert ids == [videos[p].id for p in before[0][3:]]
     # the old segments are retired, kept for lock-free readers of the old manifest, deleted after a grace
     retired = {r["name"] for r in compacted.manifest["retired"]}
@@ -519,7 +519,7 @@ def test_second_writer_gets_a_clear_error_and_readers_still_work(tmp_path: Path)
 
 
 CHILD = textwrap.dedent("""
-    import sys, time, numpy as np, torch
+    import builtins, io, os, sys, time, numpy as np, torch
     sys.path.insert(0, {tests!r})
     from test_index import gallery, small_model
     from prvr.index import IndexConfig, VideoIndex, store
@@ -529,49 +529,113 @@ CHILD = textwrap.dedent("""
         time.sleep(0.05)
         return entry
     store._write_durable = slow
+    # Once armed, every write of a file named manifest.json* (the manifest itself or a temporary one,
+    # however it is opened) goes in 8 fsynced chunks, and the process stops at each point (just opened,
+    # after each chunk, just after an os.replace onto the manifest) until the parent says go: the parent
+    # SIGKILLs it at the point it chose. The write is the same; only the pauses are added.
+    armed, real_open, real_replace = False, builtins.open, os.replace
+    def pause(what):
+        print(what, flush=True)
+        sys.stdin.readline()
+    class Chunked:
+        def __init__(self, f):
+            self.f = f
+        def write(self, data):
+            step = max(1, -(-len(data) // 8))
+            for i in range(0, len(data), step):
+                self.f.write(data[i:i + step])
+                self.f.flush()
+                os.fsync(self.f.fileno())
+                pause("manifest chunk")
+            return len(data)
+        def __getattr__(self, name):
+            return getattr(self.f, name)
+        def __enter__(self):
+            return self
+        def __exit__(self, *exc):
+            return self.f.__exit__(*exc)
+    def chunked_open(file, mode="r", *args, **kw):
+        f = real_open(file, mode, *args, **kw)
+        named = isinstance(file, (str, os.PathLike)) and os.path.basename(os.fspath(file))
+        if armed and named and store.MANIFEST in named and any(c in mode for c in "wax+"):
+            pause("manifest opened")
+            return Chunked(f)
+        return f
+    def replace(src, dst, *args, **kw):
+        real_replace(src, dst, *args, **kw)
+        if armed and os.path.basename(os.fspath(dst)) == store.MANIFEST:
+            pause("manifest replaced")
+    builtins.open = io.open = chunked_open
+    os.replace = replace
     index = VideoIndex.open_or_create({root!r}, small_model(), IndexConfig())
     batch = len(index) // 3
     while True:
         index.add(gallery(3, seed=100 + batch))
         print("committed", batch, flush=True)
+        armed = {armed!r}
         batch += 1
 """)
 
+# where each child is killed: at a random moment of its next add (mostly while it writes the segment), or
+# at a pause of its manifest write: just after opening the file (pause 0), after 4 of its 8 chunks (pause
+# 4), after all 8 (pause 8: written, not yet in place), or just after the os.replace that puts it in place
+KILLS = [("random", None), ("manifest", 0), ("manifest", 4), ("manifest", 8), ("manifest", "replaced")]
+
 
 def test_killed_writer_leaves_old_or_new_index(tmp_path: Path) -> None:
+    """SIGKILL a writer anywhere in an add, the manifest write included: the index opens (sizes and
+    checksums verified) as exactly the generation before the add or the one after it, never a mix, and
+    the next writer clears what the kill left. Fails if the manifest is written in place."""
     root = tmp_path / "ix"
-    script = CHILD.format(tests=str(REPO / "tests"), root=str(root))
     rng = np.random.default_rng(0)
-    # the child slows its writes (a segment is ~20 files + manifest), so kills land mid-update
     env = {**os.environ, "PYTHONPATH": str(REPO)}
-    committed, debris_seen = -1, 0
-    for _ in range(3):
-        child = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True, env=env)
+    debris_seen, outcomes = 0, []
+    for how, point in KILLS:
+        script = CHILD.format(tests=str(REPO / "tests"), root=str(root), armed=how == "manifest")
+        child = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE,
+                                 stdin=subprocess.PIPE, text=True, env=env)
         line = child.stdout.readline()  # one commit done: the next add is under way
         assert line.startswith("committed"), line
-        committed = max(committed, int(line.split()[1]))
-        named = {s["name"] for s in store.read_manifest(root)["segments"]}
-        deadline = time.monotonic() + 60
-        while not {p.name for p in root.glob("seg-*")} - named and time.monotonic() < deadline:
-            time.sleep(0.01)  # wait until the next add starts writing its segment
-        time.sleep(float(rng.uniform(0.0, 0.8)))  # then kill at a random point of its ~1 s of writes
+        old = int(line.split()[1]) + 1  # batches in the index before the add that is killed
+        if how == "random":
+            named = {s["name"] for s in store.read_manifest(root)["segments"]}
+            deadline = time.monotonic() + 60
+            while not {p.name for p in root.glob("seg-*")} - named and time.monotonic() < deadline:
+                time.sleep(0.01)  # wait until the next add starts writing its segment
+            time.sleep(float(rng.uniform(0.0, 0.8)))  # then kill at a random point of its ~1 s of writes
+        else:
+            pauses = 0
+            while True:
+                line = child.stdout.readline()
+                assert line.startswith(("manifest", "committed")), line
+                if line.startswith("committed") or pauses == point or line.strip() == f"manifest {point}":
+                    break  # (an add that never pauses at the chosen point is killed once it committed)
+                pauses += 1
+                child.stdin.write("\n")
+                child.stdin.flush()
         child.send_signal(signal.SIGKILL)
         child.wait()
+        child.stdin.close()
+        child.stdout.close()
         index = VideoIndex.open(root, small_model())  # verifies sizes and checksums
         n_batches = len(index) // 3
-        assert len(index) % 3 == 0 and n_batches > committed
+        assert len(index) % 3 == 0 and n_batches in (old, old + 1), (how, point, len(index), old)
         expected = [v.id for b in range(n_batches) for v in gallery(3, seed=100 + b)]
         assert index.ids == expected  # whole batches, in order: never a partial add, nothing lost
         assert len(index.rank(small_model().encode_queries(queries(1)).numpy()[0], 3)) == 3
         named = {s["name"] for s in index.manifest["segments"]}
         debris_seen += bool({p.name for p in root.glob("seg-*")} - named)
+        outcomes.append("new" if n_batches == old + 1 else "old")
     assert debris_seen >= 1  # at least one kill interrupted a write half-way
+    # a manifest written aside is not in place until its os.replace; once replaced, it is the new index
+    assert outcomes[1:] == ["old", "old", "old", "new"], outcomes
     index.add(gallery(1, seed=999))  # the next writer removes the debris of killed writes
     assert {p.name for p in root.glob("seg-*")} == {s["name"] for s in index.manifest["segments"]}
+    assert not list(root.glob(f".{store.MANIFEST}.*"))  # and the temporary manifests
 
 
 def test_exact_with_the_training_free_bridge(tmp_path: Path) -> None:
-    from prvr.bridge import BridgeModel
+    from prvr.models.bridge import BridgeModel
 
     torch.manual_seed(0)
     head = torch.nn.Linear(24, 50)  # 50 "classes" embedded in a 16-d "text space"

@@ -14,10 +14,11 @@ import torch
 import torch.nn.functional as F
 
 import prvr  # noqa: F401  - applies the torchvision CPU fix first
-from prvr import branches, losses
-from prvr.branches import clip_scale, clip_scale_with_raw, key_clip_attention, window_proposals
-from prvr.model import MSSL, MSSLConfig
-from prvr.preprocess import (
+from prvr.models import branches, losses
+from prvr.models.branches import clip_scale, clip_scale_with_raw, key_clip_attention, window_proposals
+from prvr.models.checkpoint import load_checkpoint, save_checkpoint
+from prvr.models.mssl import MSSL, MSSLConfig
+from prvr.models.preprocess import (
     clip_input,
     clip_unit_rows,
     frame_input,
@@ -341,9 +342,10 @@ def test_checkpoint_round_trip_is_bit_exact(tmp_path):
     videos, queries = _gallery(seed=1)
     before = model.score(model.encode_queries(queries), model.encode_videos(videos))
     profile = {"name": "lite", "version": 1}
-    model.save(tmp_path / "ckpt", train={"lr": 2.5e-4}, profile=profile, metrics={"sumr": 1.5}, epoch=7)
+    save_checkpoint(model, tmp_path / "ckpt", train={"lr": 2.5e-4}, profile=profile, metrics={"sumr": 1.5},
+                    epoch=7)
     assert not list((tmp_path / "ckpt").glob("*.pt"))  # nothing pickled
-    loaded = MSSL.from_checkpoint(tmp_path / "ckpt").eval()
+    loaded = load_checkpoint(tmp_path / "ckpt").eval()
     after = loaded.score(loaded.encode_queries(queries), loaded.encode_videos(videos))
     for name in ("total", "clip", "frame", "key_clip"):
         assert torch.equal(getattr(before, name), getattr(after, name)), name
@@ -356,13 +358,13 @@ def test_checkpoint_round_trip_is_bit_exact(tmp_path):
 
 def test_checkpoint_errors_are_specific(tmp_path):
     with pytest.raises(FileNotFoundError, match="no checkpoint"):
-        MSSL.from_checkpoint(tmp_path / "missing")
+        load_checkpoint(tmp_path / "missing")
     (tmp_path / "empty").mkdir()
     with pytest.raises(FileNotFoundError, match="lacks config.json"):
-        MSSL.from_checkpoint(tmp_path / "empty")
+        load_checkpoint(tmp_path / "empty")
     torch.save({"state_dict": {}}, tmp_path / "other.pth")
     with pytest.raises(ValueError, match="not an official MS-SL checkpoint"):
-        MSSL.from_checkpoint(tmp_path / "other.pth")
+        load_checkpoint(tmp_path / "other.pth")
 
 
 class EasyDict(dict):
@@ -399,7 +401,7 @@ def test_official_checkpoint_loads_without_easydict_and_from_gpu(tmp_path, monke
     if not torch.cuda.is_available():  # the file really is tagged for CUDA
         with pytest.raises(RuntimeError, match="CUDA"):
             torch.load(tmp_path / "model.ckpt", weights_only=False)
-    loaded = MSSL.from_checkpoint(tmp_path / "model.ckpt", map_location="cpu")
+    loaded = load_checkpoint(tmp_path / "model.ckpt", map_location="cpu")
     assert loaded.device.type == "cpu" and loaded.cfg.margin == 0.1
     assert loaded.checkpoint_meta["epoch"] == 12
     for key, value in source.state_dict().items():

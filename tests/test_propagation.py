@@ -3,8 +3,8 @@
 import numpy as np
 import pytest
 
-from prvr.propagation import propagate
-from prvr.segments import segment_video
+from prvr.temporal.propagation import propagate
+from prvr.temporal.segments import segment_video
 
 
 def unit(x: np.ndarray) -> np.ndarray:
@@ -57,7 +57,7 @@ def test_one_segment_is_its_mean_and_bad_input_is_refused() -> None:
 def test_the_clip_profiles_model_propagates_when_asked_and_not_by_default() -> None:
     import torch
 
-    from prvr.zero_shot import ZeroShotConfig, ZeroShotModel
+    from prvr.models.zero_shot import ZeroShotConfig, ZeroShotModel
 
     rows, _ = scenes([12, 5, 12], dim=16, seed=2)
     rows = rows.astype(np.float32)

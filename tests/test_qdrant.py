@@ -17,8 +17,8 @@ from prvr.index.ingest import ReferenceQueries, encode_for_index
 from prvr.index.qdrant import QdrantConfig, QdrantIndex
 from prvr.index.qdrant_store import QdrantConnectionError, QdrantTarget, pack, unpack
 from prvr.index.store import IndexStoreError
-from prvr.search import encode_query, search
-from prvr.settings import AppSettings
+from prvr.results.search import encode_query, search
+from prvr.serve.settings import AppSettings
 
 MEMORY = "qdrant+local://:memory:"
 TINY = dict(map_size=8)  # 36 windows per video: the 1,000-video gallery encodes in seconds

@@ -1,4 +1,4 @@
-"""Query validation, time mapping and the result dicts of prvr.search (moments and confidence through
+"""Query validation, time mapping and the result dicts of prvr.results.search (moments and confidence through
 search: tests/test_results.py)."""
 
 from __future__ import annotations
@@ -13,10 +13,10 @@ import torch
 
 import prvr  # noqa: F401
 from prvr.index import GalleryVideo, VideoIndex
-from prvr.model import MSSL, MSSLConfig
-from prvr.query import MAX_QUERY_CHARS, QueryError, clean_query
-from prvr.results import frame_times, unit_spans
-from prvr.search import search, search_text
+from prvr.models.mssl import MSSL, MSSLConfig
+from prvr.results.query import MAX_QUERY_CHARS, QueryError, clean_query
+from prvr.results.response import frame_times, unit_spans
+from prvr.results.search import search, search_text
 
 CONTRACT_KEYS = {"rank", "video_id", "title", "path", "duration", "score", "clip_score", "frame_score",
                  "confidence", "key_moment", "moments", "heatmap", "key_clip", "attention"}
@@ -140,7 +140,7 @@ def test_search_rejects_bad_queries(index: VideoIndex) -> None:
         search([index], np.ones((3, 15), np.float32))  # the model names the dims it expects
     with pytest.raises(QueryError, match="non-negative"):
         search_text([index], "a cat", fake_text_encoder, weights=(-1.0, 1.0))
-    with pytest.raises(QueryError, match="positive"):
+    with pytest.raises(QueryError, match="whole number"):
         search_text([index], "a cat", fake_text_encoder, k=0)
 
 
@@ -233,8 +233,8 @@ def test_a_hit_without_fine_rows_falls_back_to_the_key_clip(index: VideoIndex) -
     import dataclasses
 
     from prvr.index.evidence import VideoEvidence
-    from prvr.results import result_dict
-    from prvr.search import encode_query
+    from prvr.results.response import result_dict
+    from prvr.results.search import encode_query
 
     q = encode_query(index.model, fake_text_encoder(["a cat"])[0])
     hit = index.rank(q, k=1).hits[0]

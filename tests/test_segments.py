@@ -5,7 +5,7 @@ import time
 import numpy as np
 import pytest
 
-from prvr.segments import finest, resample, segment_video
+from prvr.temporal.segments import finest, resample, segment_video
 
 
 def scenes(lengths: list[int], dim: int = 64, noise: float = 0.3, seed: int = 0) -> np.ndarray:

@@ -6,12 +6,13 @@ import numpy as np
 import pytest
 import torch
 
-from prvr.data import DataError, OfficialSource, prepare_split
-from prvr.evaluate import chance_sumr
-from prvr.model import MSSL
-from prvr.optim import BertAdam, param_groups, warmup_linear
-from prvr.synthetic import SyntheticConfig, World, generate
-from prvr.train import Trainer, build_configs, load_preset, main, parse_overrides, typed
+from prvr.data.official import DataError, OfficialSource, prepare_split
+from prvr.data.synthetic import SyntheticConfig, World, generate
+from prvr.evaluate.retrieval import chance_sumr
+from prvr.models.checkpoint import load_checkpoint
+from prvr.models.mssl import MSSL
+from prvr.train.loop import Trainer, build_configs, load_preset, main, parse_overrides, typed
+from prvr.train.optim import BertAdam, param_groups, warmup_linear
 
 # Small enough to train in seconds: smaller hidden size and fewer clip units than MS-SL's defaults, the
 # same code paths. The learning-rate override compensates for the few steps.
@@ -29,7 +30,7 @@ def data_root(tmp_path_factory):
 
 
 def cli(root, out, *extra):
-    """Arguments for prvr.train on the synthetic set."""
+    """Arguments for prvr.train.loop on the synthetic set."""
     return ["--data", str(root), "--collection", DATA.collection, "--feature", DATA.feature,
             "--out", str(out), *FAST, *extra]
 
@@ -63,7 +64,7 @@ def test_bert_adam_steps_by_hand():
 
 
 def test_no_decay_groups_follow_the_official_names():
-    from prvr.model import MSSLConfig
+    from prvr.models.mssl import MSSLConfig
 
     model = MSSL(MSSLConfig(visual_dim=8, query_dim=8, hidden_size=16))
     groups = param_groups(model, 0.01)
@@ -149,7 +150,7 @@ def test_training_learns_and_writes_outputs(trained):
     # each branch helps: the 0.7 / 0.3 total beats the clip score and the frame score alone, on the test split
     # (measured +4.75 and +32.5 SumR for this seed; seeds 1-3: python -m benchmarks.synthetic_branches)
     assert sumr["total"] >= sumr["clip"] + 2 and sumr["total"] >= sumr["frame"] + 10, sumr
-    best = MSSL.from_checkpoint(out / "best")
+    best = load_checkpoint(out / "best")
     assert best.checkpoint_meta["epoch"] == result["best_epoch"]
     assert best.checkpoint_meta["train"]["options"]["lr"] == 1e-3
 
@@ -168,7 +169,7 @@ def test_resume_continues_exactly(data_root, tmp_path):
     straight = trainer("a")
     straight.fit()
     trainer("b").fit(max_epochs=1)
-    resumed = trainer("b", MSSL.from_checkpoint(tmp_path / "b" / "last"))
+    resumed = trainer("b", load_checkpoint(tmp_path / "b" / "last"))
     resumed.load_state(tmp_path / "b" / "last")
     assert resumed.epoch == 1
     resumed.fit()

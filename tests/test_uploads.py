@@ -27,16 +27,16 @@ def write_clip(path: Path, frames: int = 24, size: tuple[int, int] = (64, 48)) -
 @pytest.fixture(scope="module")
 def model():
     """The default model (real lite backbones, installed from PyPI; class names cached)."""
-    from prvr.bridge import BridgeModel
+    from prvr.models.bridge import BridgeModel
 
     return BridgeModel.from_pretrained()
 
 
 def make_predictor(data_dir: Path, model, **settings):
     """A Predictor over an empty shared index in ``data_dir`` (no demo gallery: fast)."""
-    from prvr.model_choice import ModelInfo
-    from prvr.predictor import Predictor
-    from prvr.settings import AppSettings
+    from prvr.serve.model_choice import ModelInfo
+    from prvr.serve.predictor import Predictor
+    from prvr.serve.settings import AppSettings
 
     return Predictor(AppSettings(data_dir=data_dir, **settings), model, ModelInfo("m", "d"), "lite")
 
@@ -55,7 +55,7 @@ def test_messages_name_the_uploaded_file_not_the_stored_copy(tmp_path: Path, mod
     assert out["status"] == "rejected", out
     expected = "Birthday party.mp4: the video is damaged: only 3 of 24 frames decode. Re-encode it."
     assert out["message"] == expected
-    assert not any(p.is_file() for p in predictor.media_dir.rglob("*"))  # no stored copy left
+    assert not any(p.is_file() for p in predictor.media.dir.rglob("*"))  # no stored copy left
     monkeypatch.setattr(predictor.extractor, "extract", original)
     image = tmp_path / "6071e39394409f3b.mp4"  # a server-side name; the user called it cat.mp4
     from PIL import Image
@@ -84,29 +84,29 @@ def test_start_sweeps_what_an_interrupted_upload_left(tmp_path: Path, model) -> 
     predictor = make_predictor(data, model)
     kept = predictor.add_video(write_clip(tmp_path / "kept.mp4"))
     assert kept["status"] == "added"
-    stored = {p for p in predictor.media_dir.rglob("*") if p.is_file()}
+    stored = {p for p in predictor.media.dir.rglob("*") if p.is_file()}
     assert len(stored) == 1
     # what a kill leaves: a work dir with a half-written transcode, a stored copy never indexed,
     # a half-written folder-video transcode
-    (predictor.media_dir / "upload-x1y2").mkdir()
-    (predictor.media_dir / "upload-x1y2" / "clip.mp4").write_bytes(b"\0" * 100)
-    (predictor.media_dir / "0123456789abcdef.mp4").write_bytes(b"\0" * 100)
-    (predictor.media_dir / "fedcba9876543210").mkdir()
-    (predictor.media_dir / "fedcba9876543210" / ".clip.k3j2.mp4").write_bytes(b"\0" * 100)
+    (predictor.media.dir / "upload-x1y2").mkdir()
+    (predictor.media.dir / "upload-x1y2" / "clip.mp4").write_bytes(b"\0" * 100)
+    (predictor.media.dir / "0123456789abcdef.mp4").write_bytes(b"\0" * 100)
+    (predictor.media.dir / "fedcba9876543210").mkdir()
+    (predictor.media.dir / "fedcba9876543210" / ".clip.k3j2.mp4").write_bytes(b"\0" * 100)
     # a video another model's index names stays (indexes of several models share the media dir)
     other = data / "indexes" / "lite-othermodel-v5" / "seg-1"
     other.mkdir(parents=True)
-    (predictor.media_dir / "aaaaaaaaaaaaaaaa.mp4").write_bytes(b"\0" * 10)
+    (predictor.media.dir / "aaaaaaaaaaaaaaaa.mp4").write_bytes(b"\0" * 10)
     (other / "videos.json").write_text('[{"id": "upload:a", "path": "media/aaaaaaaaaaaaaaaa.mp4"}]')
     predictor.sweep_media()
-    left = {p for p in predictor.media_dir.rglob("*")}
-    assert left == stored | {predictor.media_dir / "aaaaaaaaaaaaaaaa.mp4"}
+    left = {p for p in predictor.media.dir.rglob("*")}
+    assert left == stored | {predictor.media.dir / "aaaaaaaaaaaaaaaa.mp4"}
     # an index in a layout this code cannot read: nothing is deleted
     (data / "indexes" / "future-v9").mkdir()
     (data / "indexes" / "future-v9" / "records.bin").write_bytes(b"?")
-    (predictor.media_dir / "bbbbbbbbbbbbbbbb.mp4").write_bytes(b"\0" * 10)
+    (predictor.media.dir / "bbbbbbbbbbbbbbbb.mp4").write_bytes(b"\0" * 10)
     predictor.sweep_media()
-    assert (predictor.media_dir / "bbbbbbbbbbbbbbbb.mp4").exists()
+    assert (predictor.media.dir / "bbbbbbbbbbbbbbbb.mp4").exists()
 
 
 def test_a_killed_upload_leaves_nothing_after_the_next_start(tmp_path: Path) -> None:
@@ -116,10 +116,10 @@ def test_a_killed_upload_leaves_nothing_after_the_next_start(tmp_path: Path) -> 
 import sys, time, shutil
 sys.path.insert(0, {str(REPO)!r})
 import extract
-from prvr.bridge import BridgeModel
-from prvr.model_choice import ModelInfo
-from prvr.predictor import Predictor
-from prvr.settings import AppSettings
+from prvr.models.bridge import BridgeModel
+from prvr.serve.model_choice import ModelInfo
+from prvr.serve.predictor import Predictor
+from prvr.serve.settings import AppSettings
 p = Predictor(AppSettings(data_dir={str(data)!r}), BridgeModel.from_pretrained(), ModelInfo("m", "d"), "lite")
 real_copy = shutil.copyfile
 def slow_copy(src, dst, **kw):
@@ -139,24 +139,24 @@ p.add_video({str(clip)!r})
     finally:
         proc.wait(timeout=30)
     assert any(p.is_file() for p in (data / "media").rglob("*"))  # the kill left a partial upload
-    from prvr.bridge import BridgeModel
+    from prvr.models.bridge import BridgeModel
 
     predictor = make_predictor(data, BridgeModel.from_pretrained())
     predictor.sweep_media()
-    assert not any(p.is_file() for p in predictor.media_dir.rglob("*"))
+    assert not any(p.is_file() for p in predictor.media.dir.rglob("*"))
     assert len(predictor.index) == 0
 
 
 def test_search_kernels_warm_in_the_background(model, caplog: pytest.LogCaptureFixture) -> None:
     import logging
 
-    from prvr.model_choice import warm_search_kernels
+    from prvr.serve.model_choice import warm_search_kernels
 
-    with caplog.at_level(logging.INFO, logger="prvr.model_choice"):
-        thread = warm_search_kernels(model, "lite")
+    with caplog.at_level(logging.INFO, logger="prvr.serve.model_choice"):
+        thread = warm_search_kernels(model)
         thread.join(timeout=300)
     assert not thread.is_alive()
-    messages = [r.getMessage() for r in caplog.records if r.name == "prvr.model_choice"]
+    messages = [r.getMessage() for r in caplog.records if r.name == "prvr.serve.model_choice"]
     assert messages[0].startswith("preparing the search kernels in the background")
     assert messages[-1].startswith("search kernels ready in"), messages  # a failure logs an exception
 
@@ -176,9 +176,26 @@ def test_an_old_schema_index_is_left_alone_and_a_new_one_built_beside_it(tmp_pat
     (old / store.MANIFEST).write_text(json.dumps(manifest))
     before = (old / store.MANIFEST).read_bytes()
     predictor = make_predictor(tmp_path, model)
-    assert predictor.index_dir.name.endswith(f"-v{store.SCHEMA_VERSION}") and predictor.index_dir != old
+    assert predictor.index.root.name.endswith(f"-v{store.SCHEMA_VERSION}") and predictor.index.root != old
     assert len(predictor.index) == 0 and (old / store.MANIFEST).read_bytes() == before
     with pytest.raises(store.IndexStoreError, match="rebuild the index"):
         VideoIndex.open(old, model)
     bank = predictor.index.manifest["references"]
     assert bank == {"id": predictor.calibrator.reference_id, "count": 261}  # the app's bank, stored
+
+
+def test_titles_of_different_files_never_collide(tmp_path: Path, model) -> None:
+    from prvr.serve.uploads import unique_title
+
+    predictor = make_predictor(tmp_path / "data", model)
+    first = write_clip(tmp_path / "a" / "unsupported.mp4", frames=24)
+    second = write_clip(tmp_path / "b" / "unsupported.mov", frames=30)  # other bytes, same stem
+    third = write_clip(tmp_path / "c" / "unsupported.mov", frames=36)
+    added = [predictor.add_video(p, name=p.name) for p in (first, second, third)]
+    assert [a["status"] for a in added] == ["added"] * 3, added
+    titles = [predictor.index.record(a["video_id"])["title"] for a in added]
+    assert titles == ["unsupported", "unsupported.mov", "unsupported.mov (2)"]
+    assert "“unsupported.mov (2)”" in added[2]["message"]
+    hits = predictor.search("a colourful gradient", k=10).results
+    assert len({h["title"] for h in hits}) == len(hits) == 3
+    assert unique_title("clip.flv", {"clip"}) == "clip.flv" and unique_title("clip.mpg", set()) == "clip"

@@ -1,8 +1,8 @@
 """Evidence: what an index returns for one query vector, and what the results layer builds results from.
 
 This is the contract between a gallery backend (``VideoIndex`` here; any other store of the same model's
-encoded videos) and ``prvr.results``. A backend fills it from its own storage; the results layer reads only
-these fields. Fields are added with defaults, so that older producers stay valid.
+encoded videos) and ``prvr.results.response``. A backend fills it from its own storage; the results layer
+reads only these fields. Fields are added with defaults, so that older producers stay valid.
 """
 
 from __future__ import annotations
@@ -18,6 +18,12 @@ def _none(*shape: int, dtype: type = np.float32):
     return field(default_factory=lambda: np.zeros(shape, dtype))
 
 
+def best_first(totals: np.ndarray, order: np.ndarray, k: int) -> np.ndarray:
+    """Indices of the k best by total, equal totals by ``order`` (storage or insertion order, or which
+    gallery came first): the one order of hits in every backend and every merge."""
+    return np.lexsort((order, -np.asarray(totals, dtype=np.float64)))[:k]
+
+
 @dataclass(frozen=True)
 class VideoEvidence:
     """One ranked video for one query: its record, MS-SL's exact scores and what results are built from.
@@ -25,14 +31,14 @@ class VideoEvidence:
     Scores are the model's exact float64 values for the query (``model.score``: total = clip_w * clip +
     frame_w * frame). The key clip is MS-SL's clip-scale argmax proposal (the first of equal ones, as torch).
     Clip units are the ``map_size`` bins of the official binning of the video's raw rows; proposals are
-    windows [start, end) of clip units, numbered in ``prvr.preprocess.window_table`` order.
+    windows [start, end) of clip units, numbered in ``prvr.models.preprocess.window_table`` order.
 
-    Localisation (``prvr.moments``) reads the video's rows at the model's finest resolution
+    Localisation (``prvr.results.moments``) reads the video's rows at the model's finest resolution
     (``model.encode_rows``: every 1 s row for the training-free model, the <= max_ctx_l encoded frames for
     MS-SL) as stored: unit vectors in float16, with their seconds, and its query-independent segments over
-    those rows (``prvr.segments``: ``[scale, first, end)``). Confidence (``prvr.confidence``) reads the
-    clip and frame scores of the index's reference bank on this video (R each, float16; the total of a
-    reference query at weights w is w_clip * ref_clip + w_frame * ref_frame, as for the query). A producer
+    those rows (``prvr.temporal.segments``: ``[scale, first, end)``). Confidence (``prvr.results.confidence``)
+    reads the clip and frame scores of the index's reference bank on this video (R each, float16; the total of
+    a reference query at weights w is w_clip * ref_clip + w_frame * ref_frame, as for the query). A producer
     without them leaves them empty: results then fall back to MS-SL's key clip and labels to "low".
     """
 
@@ -54,11 +60,12 @@ class VideoEvidence:
     fine_start: np.ndarray = _none(0)  # (n',) float32 seconds: start of each fine row
     fine_end: np.ndarray = _none(0)  # (n',) float32 seconds: end of each fine row
     segments: np.ndarray = _none(0, 3, dtype=np.int32)  # (S, 3) int32 [scale, first, end) over the fine rows
-    # (F, H) float32: the fine rows propagated over the segments (prvr.propagation.propagate_finest at
-    # prvr.moments' default beta), one row per finest segment; what moments score candidates on
+    # (F, H) float32: the fine rows propagated over the segments (prvr.temporal.propagation.propagate_finest
+    # at prvr.results.moments' default beta), one row per finest segment; what moments score candidates on
     context: np.ndarray = _none(0, 0)
-    # (n', 2) / (F, 2) float32: prvr.hubness.bank_stats of the fine rows / of the context rows against the
-    # index's reference bank (mean, std of their cosines); (0, 2) without a bank: moments use raw cosines
+    # (n', 2) / (F, 2) float32: prvr.temporal.hubness.bank_stats of the fine rows / of the context rows
+    # against the index's reference bank (mean, std of their cosines); (0, 2) without a bank: moments use raw
+    # cosines
     fine_bank: np.ndarray = _none(0, 2)
     context_bank: np.ndarray = _none(0, 2)
     ref_clip: np.ndarray = _none(0, dtype=np.float16)  # (R,) clip scores of the reference queries
@@ -107,7 +114,8 @@ class Evidence:
         for p in parts[1:]:
             if (p.weights, p.map_size, p.max_ctx_l) != (first.weights, first.map_size, first.max_ctx_l):
                 raise ValueError("merged evidence must come from the same model and weights")
-        hits = sorted((h for p in parts for h in p.hits), key=lambda h: -h.total)[:k]  # stable
+        every = [h for p in parts for h in p.hits]
+        hits = [every[i] for i in best_first(np.array([h.total for h in every]), np.arange(len(every)), k)]
         return cls(tuple(hits), first.weights, sum(p.scored_exactly for p in parts),
                    sum(p.searched for p in parts), first.map_size, first.max_ctx_l,
                    any(p.approximate for p in parts))

@@ -5,13 +5,13 @@ exact search needs: the clip units, the norm and window index of every stored pr
 key-clip-guided frame feature z of every stored proposal (query-independent, see ``prvr.index.kernels``) and
 the encoded frames (for the attention shown with a result). For the results layer it also keeps, per video,
 the model's fine rows (``model.encode_rows``: unit vectors in the query space, float16, with their seconds),
-the video's query-independent segments (``prvr.segments.segment_video`` of the extracted rows, moved onto
-the fine rows) and, when given ``ReferenceQueries`` (the encoded reference captions of
-``prvr.confidence``; the index never sees text), the clip- and frame-scale scores (float16, rounded up) of
-every reference caption on the video: a video's confidence cuts for any branch weights are computed from
-them at search time; and with them the reference bank's statistics of every fine row and context row
-(``prvr.hubness.bank_stats``: mean and std of the row's cosine with the reference captions' vectors), which
-localisation normalises its similarities by.
+the video's query-independent segments (``prvr.temporal.segments.segment_video`` of the extracted rows, moved
+onto the fine rows) and, when given ``ReferenceQueries`` (the encoded reference captions of
+``prvr.results.confidence``; the index never sees text), the clip- and frame-scale scores (float16, rounded
+up) of every reference caption on the video: a video's confidence cuts for any branch weights are computed
+from them at search time; and with them the reference bank's statistics of every fine row and context row
+(``prvr.temporal.hubness.bank_stats``: mean and std of the row's cosine with the reference captions' vectors),
+which localisation normalises its similarities by.
 
 Layout: ``FIXED`` arrays have one row per video; each ``RAGGED`` array is a list of per-video
 arrays whose lengths the index stores under the named count.
@@ -20,25 +20,23 @@ arrays whose lengths the index stores under the named count.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Container, Sequence
 from dataclasses import dataclass
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 
-from prvr.clustering import length_aware_kmedoids
-from prvr.hubness import bank_stats
-from prvr.propagation import BETA, propagate_finest
-from prvr.segments import resample, segment_video
+from prvr.index.schema import FINE, FIXED, RAGGED
+from prvr.models.clustering import length_aware_kmedoids
+from prvr.temporal.hubness import bank_stats
+from prvr.temporal.propagation import BETA, propagate_finest
+from prvr.temporal.segments import resample, segment_video
 
 COMPACT_PROPOSALS = 32  # MS-SL++ medoids per video in compact mode
-# per-video arrays with one row per video: exact scores' inputs, reference scores, segment scale count
-FIXED = ("units", "pnorm", "pidx", "zhat", "ref_clip", "ref_frame")
-# per-video arrays of varying length -> the name of the count stored for each video
-RAGGED = {"frames": "n_frames", "row_start": "n_rows", "row_end": "n_rows", "fine": "n_fine",
-          "fine_start": "n_fine", "fine_end": "n_fine", "segments": "n_segments",
-          "context": "n_context", "fine_bank": "n_fine_bank", "context_bank": "n_context_bank"}
+# the propagation strength of the stored moments context: recorded with every gallery (``model_identity``),
+# so a gallery built with another one is refused rather than read with the wrong context
+CONTEXT_BETA = BETA
 
 
 class GalleryError(ValueError):
@@ -70,16 +68,22 @@ class GalleryVideo:
                 "sha256": self.sha256}
 
 
-def check_videos(videos: Sequence[GalleryVideo], existing: set[str]) -> None:
-    """Raise GalleryError naming the video and the problem; checks everything before anything is written."""
+def check_ids(ids: Sequence[object], existing: Container[str]) -> None:
+    """GalleryError unless every id is a non-empty string, new to the gallery and to this batch."""
     seen: set[str] = set()
+    for i in ids:
+        if not isinstance(i, str) or not i.strip():
+            raise GalleryError(f"video id {i!r}: ids must be non-empty strings")
+        if i in existing or i in seen:
+            where = "in the index" if i in existing else "in this batch"
+            raise GalleryError(f"video id {i!r} is already {where}")
+        seen.add(i)
+
+
+def check_videos(videos: Sequence[GalleryVideo], existing: Container[str]) -> None:
+    """Raise GalleryError naming the video and the problem; checks everything before anything is written."""
+    check_ids([v.id for v in videos], existing)
     for v in videos:
-        if not isinstance(v.id, str) or not v.id.strip():
-            raise GalleryError(f"video id {v.id!r}: ids must be non-empty strings")
-        if v.id in existing or v.id in seen:
-            where = "in the index" if v.id in existing else "in this batch"
-            raise GalleryError(f"video id {v.id!r} is already {where}")
-        seen.add(v.id)
         x = np.asarray(v.features)
         if x.ndim != 2 or x.shape[0] == 0:
             raise GalleryError(f"video {v.id!r}: features must be (n >= 1, dim), got shape {x.shape}")
@@ -131,8 +135,8 @@ def bank_vectors(references: ReferenceQueries | None) -> np.ndarray | None:
 def fine_rows(model, video: GalleryVideo, bank: np.ndarray | None = None) -> dict[str, np.ndarray]:
     """One video's rows at the model's finest resolution (float16) with seconds, its segments,
     the moments' query-independent context (the stored rows propagated over the segments:
-    ``propagate_finest`` at ``prvr.moments``' default beta, which the results layer uses) and, given the
-    reference bank's (R, H) vectors, both's ``bank_stats`` ((0, 2) each without a bank)."""
+    ``propagate_finest`` at ``CONTEXT_BETA``, the moments' default, which the results layer uses) and, given
+    the reference bank's (R, H) vectors, both's ``bank_stats`` ((0, 2) each without a bank)."""
     vectors, start, end = model.encode_rows(video.features, video.start, video.end)
     segments = resample(segment_video(np.asarray(video.features)), np.asarray(video.start), start)
     return localisation_arrays(vectors, start, end, segments, bank)
@@ -144,7 +148,7 @@ def localisation_arrays(vectors: np.ndarray, start: np.ndarray, end: np.ndarray,
     segments: the rows as float16, their propagated context, both's bank statistics, seconds, segments."""
     fine = np.asarray(vectors).astype(np.float16)
     stored = fine.astype(np.float32)  # what the results layer reads back
-    context = propagate_finest(stored, segments, BETA).astype(np.float32)
+    context = propagate_finest(stored, segments, CONTEXT_BETA).astype(np.float32)
     none = np.zeros((0, 2), np.float32)
     return {"fine": fine, "context": context,
             "fine_bank": none if bank is None else bank_stats(stored, bank),
@@ -192,7 +196,7 @@ def encode_for_index(model, videos: Sequence[GalleryVideo], mode: str, batch: in
         ragged["frames"].extend(frames[i, :n] for i, n in enumerate(_frame_count(enc.frame_mask)))
         ragged["row_start"].extend(np.asarray(v.start, np.float32) for v in part)
         ragged["row_end"].extend(np.asarray(v.end, np.float32) for v in part)
-        for key in ("fine", "fine_start", "fine_end", "segments", "context", "fine_bank", "context_bank"):
+        for key in FINE:
             ragged[key].extend(f[key] for f in fine)
     return {k: np.concatenate(v) for k, v in fixed.items()}, ragged
 

@@ -36,35 +36,33 @@ from dataclasses import dataclass
 from typing import NamedTuple
 
 import numpy as np
-import torch
 
-from prvr.branches import EncodedQueries
 from prvr.index import qdrant_store as layout
-from prvr.index.evidence import Evidence
+from prvr.index.evidence import VideoEvidence, best_first
+from prvr.index.gallery import Catalog, Gallery, IndexMismatchError, Weights, bank_identity, model_identity
 from prvr.index.ingest import (
-    FIXED,
-    RAGGED,
     GalleryError,
     GalleryVideo,
     ReferenceQueries,
     check_encoded,
+    check_ids,
     check_videos,
     encode_for_index,
 )
 from prvr.index.qdrant_store import BALLS, RECORD, WINDOWS, QdrantTarget, guarded, point_id
-from prvr.index.rank import BOUND_EPS, EXACT, FIRST_CHUNK, _typed_list, kth_largest
+from prvr.index.rank import BOUND_EPS, EXACT, FIRST_CHUNK, kth_largest, typed_list
+from prvr.index.schema import FIXED, RAGGED
 from prvr.index.scoring import evidence_of, exact_of, is_csa, query_vector
 from prvr.index.sketch import BoundQuery
 from prvr.index.store import IndexStoreError
-from prvr.index.video_index import IndexMismatchError, VideoIndex
-from prvr.preprocess import window_table
-from prvr.query import QueryError, check_weights
+from prvr.models.branches import EncodedQueries
+from prvr.models.preprocess import window_table
 
 log = logging.getLogger(__name__)
 
 FORMAT = "prvr-qdrant"
-SCHEMA_VERSION = 4  # 2: fine rows, segments and reference scores per video; 3: the moments' context;
-# 4: the reference bank's statistics of the fine and context rows
+SCHEMA_VERSION = 5  # 2: fine rows, segments and reference scores per video; 3: the moments' context;
+# 4: the reference bank's statistics of the fine and context rows; 5: the moments context's beta recorded
 META = "prvr"  # the key of this package's entry in the collection's metadata
 
 
@@ -101,7 +99,7 @@ class Candidates:
         others = [k for k in points[0]["arrays"] if k not in EXACT and (keep is None or k in keep)]
         self.per_video = [{k: p["arrays"][k] for k in others} for p in points]
         self.seg_start = np.array([0, len(points)], dtype=np.int64)
-        self.stored = ExactLists(*(_typed_list([self.arrays[f]]) for f in EXACT))
+        self.stored = ExactLists(*(typed_list([self.arrays[f]]) for f in EXACT))
 
     @property
     def windows(self) -> np.ndarray | None:
@@ -115,7 +113,7 @@ class Candidates:
         return np.stack([self.per_video[p][key] for p in positions])
 
     def ragged(self, key: str, position: int) -> np.ndarray:
-        """One video's ragged array ``key`` (``ingest.RAGGED``)."""
+        """One video's ragged array ``key`` (``schema.RAGGED``)."""
         return self.per_video[position][key]
 
     def frames(self, position: int) -> np.ndarray:
@@ -125,18 +123,6 @@ class Candidates:
     def rows(self, position: int) -> tuple[np.ndarray, np.ndarray]:
         """Raw row start / end seconds of one video."""
         return self.per_video[position]["row_start"], self.per_video[position]["row_end"]
-
-
-class View(NamedTuple):
-    """The live videos as this process last saw them: records in insertion order, id -> position."""
-
-    videos: list[dict]
-    position: dict[str, int]
-
-    @classmethod
-    def of(cls, videos: list[dict]) -> View:
-        """The view of these records (in insertion order)."""
-        return cls(videos, {v["id"]: i for i, v in enumerate(videos)})
 
 
 def _vector_size(model) -> int:
@@ -149,7 +135,7 @@ def _vector_size(model) -> int:
     return int(size)
 
 
-class QdrantIndex:
+class QdrantIndex(Gallery):
     """A Qdrant collection opened for one model; see the module docstring."""
 
     def __init__(self, target: QdrantTarget, client, model, cfg: QdrantConfig, meta: dict,
@@ -161,7 +147,7 @@ class QdrantIndex:
         self._writing = threading.Lock()
         # the embedded client is plain Python over shared lists: one call at a time
         self._local = threading.Lock() if target.path is not None else nullcontext()
-        self.view = self._load_view()
+        self._catalog = self._load_catalog()
 
     # ------------------------------------------------------------------ opening
     @staticmethod
@@ -190,8 +176,8 @@ class QdrantIndex:
             client.close()
             raise IndexStoreError(f"{target.where} already exists; open it instead")
         meta = {"format": FORMAT, "schema_version": SCHEMA_VERSION, "mode": cfg.mode,
-                "frame_balls": cfg.frame_balls, **VideoIndex._identity(model), "next_seq": 0,
-                "references": VideoIndex._bank(references)}
+                "frame_balls": cfg.frame_balls, **model_identity(model), "next_seq": 0,
+                "references": bank_identity(references)}
         multi = models.MultiVectorConfig(comparator=models.MultiVectorComparator.MAX_SIM)
         size = _vector_size(model)
         dot = models.Distance.DOT
@@ -212,7 +198,7 @@ class QdrantIndex:
         client = target.connect((cfg or QdrantConfig()).timeout)
         try:
             meta = cls._checked_meta(target, client, model)
-            if references is not None and meta.get("references") != VideoIndex._bank(references):
+            if references is not None and meta.get("references") != bank_identity(references):
                 raise IndexMismatchError(f"{target.where} stores the scores of reference bank "
                                          f"{meta.get('references')}, not of the one in use; rebuild it")
         except BaseException:
@@ -233,7 +219,7 @@ class QdrantIndex:
         if meta.get("schema_version") != SCHEMA_VERSION:
             raise IndexMismatchError(f"{target.where} has schema {meta.get('schema_version')}, this code "
                                      f"reads {SCHEMA_VERSION}; rebuild the collection")
-        for key, ours in VideoIndex._identity(model).items():
+        for key, ours in model_identity(model).items():
             if meta.get(key) != ours:
                 raise IndexMismatchError(f"{target.where} was built with {key} = {meta.get(key)!r}, but the "
                                          f"model in use has {key} = {ours!r}; rebuild the collection for it")
@@ -255,7 +241,7 @@ class QdrantIndex:
         """Release the client (an embedded store's directory lock)."""
         self.client.close()
 
-    def _load_view(self) -> View:
+    def _load_catalog(self) -> Catalog:
         """Every video's record and insertion number, read from the collection (no vectors, no arrays)."""
         found, offset = [], None
         while True:
@@ -265,30 +251,23 @@ class QdrantIndex:
             if offset is None:
                 break
         found.sort(key=lambda p: p["seq"])
-        return View.of([{k: p[k] for k in RECORD if k in p} for p in found])
+        return Catalog.of([{k: p[k] for k in RECORD if k in p} for p in found])
 
     def refresh(self) -> None:
         """Re-read the list of videos (another process may have changed the collection)."""
-        self.view = self._load_view()
+        self._catalog = self._load_catalog()
 
     # ------------------------------------------------------------------ what is in it
-    def __len__(self) -> int:
-        return len(self.view.videos)
-
     @property
-    def position(self) -> dict[str, int]:
-        """Live video id -> its position (insertion order among the live videos)."""
-        return self.view.position
+    def catalog(self) -> Catalog:
+        """The live videos in insertion order, as this process last saw them (``refresh`` re-reads)."""
+        return self._catalog
 
-    @property
-    def videos(self) -> list[dict]:
-        """The live videos' records, by position."""
-        return self.view.videos
-
-    @property
-    def ids(self) -> list[str]:
-        """Live video ids in insertion order."""
-        return [v["id"] for v in self.view.videos]
+    def describe(self) -> dict:
+        """The Qdrant collection: its mode, and where (a server's address or "embedded")."""
+        where = "embedded" if self.target.path is not None else self.target.url
+        return {"backend": "qdrant", "mode": self.cfg.mode, "name": self.target.collection, "where": where,
+                "videos": len(self)}
 
     # ------------------------------------------------------------------ writing
     def add(self, videos: Sequence[GalleryVideo]) -> None:
@@ -299,7 +278,7 @@ class QdrantIndex:
             return
         with self._writing:
             check_videos(videos, set(self.position))  # before encoding: bad input costs nothing
-            if self.meta.get("references") != VideoIndex._bank(self.references):
+            if self.meta.get("references") != bank_identity(self.references):
                 raise GalleryError(f"{self.target.where} stores reference scores of bank "
                                    f"{self.meta.get('references')}; open it with that bank to add videos")
             fixed, ragged = encode_for_index(self.model, videos, self.cfg.mode, self.cfg.encode_batch,
@@ -310,12 +289,10 @@ class QdrantIndex:
     def add_encoded(self, records: list[dict], fixed: dict[str, np.ndarray],
                     ragged: dict[str, list[np.ndarray]]) -> None:
         """Upsert videos whose model outputs were computed elsewhere, in ``VideoIndex.add_encoded``'s layout
-        (``ingest.FIXED`` arrays, ``ingest.RAGGED`` lists). For tests, benchmarks."""
+        (``schema.FIXED`` arrays, ``schema.RAGGED`` lists). For tests, benchmarks."""
         check_encoded(fixed, ragged, len(records))
         with self._writing:
-            ids = [r["id"] for r in records]
-            if len(set(ids)) != len(ids) or set(ids) & set(self.position):
-                raise GalleryError("add_encoded: duplicate video ids")
+            check_ids([r["id"] for r in records], self.position)
             self._upload(records, fixed, ragged)
 
     def _upload(self, records: list[dict], fixed: dict[str, np.ndarray],
@@ -342,7 +319,8 @@ class QdrantIndex:
             if written:
                 self._delete(written)
             raise
-        self.view = View.of(self.view.videos + [{k: r[k] for k in RECORD if k in r} for r in records])
+        added = [{k: r[k] for k in RECORD if k in r} for r in records]
+        self._catalog = Catalog.of(self._catalog.videos + added)
 
     def _point(self, record: dict, seq: int, arrays: dict[str, np.ndarray], balls: np.ndarray):
         """The Qdrant point of one video (see ``prvr.index.qdrant_store``)."""
@@ -378,15 +356,11 @@ class QdrantIndex:
             if ids:
                 self._delete([point_id(i) for i in ids])
             gone = set(ids)
-            self.view = View.of([v for v in self.view.videos if v["id"] not in gone])
+            self._catalog = Catalog.of([v for v in self._catalog.videos if v["id"] not in gone])
 
     # ------------------------------------------------------------------ ranking
     # Exact scores and evidence come from prvr.index.scoring, run on ``Candidates``: the built-in index's
     # own arithmetic, so the same bits, key clips, attention and CSA frame scores.
-
-    def weights(self, weights: Sequence[float] | None = None) -> tuple[float, float]:
-        """(clip_w, frame_w): the given pair, checked, or the model's."""
-        return check_weights(weights, (self.model.cfg.clip_scale_w, self.model.cfg.frame_scale_w))
 
     def _fetch(self, point_ids: list[str]) -> list[dict]:
         """Records, insertion numbers and arrays of points, in the order asked."""
@@ -411,12 +385,11 @@ class QdrantIndex:
         """Exact totals of fetched videos."""
         return exact_of(self.model, Candidates(found, self.table), np.arange(len(found)), q, w, bq).total
 
-    def rank(self, q: np.ndarray | torch.Tensor | EncodedQueries, k: int = 10,
-             weights: Sequence[float] | None = None, approximate: bool = False) -> Evidence:
-        """The k best videos for the model's encoded query ``q`` (as ``VideoIndex.rank``); best first."""
-        if not isinstance(k, int) or isinstance(k, bool) or k < 1:
-            raise QueryError(f"k must be a positive integer, got {k!r}")
-        w, live = self.weights(weights), len(self)
+    def _top(self, q: np.ndarray | EncodedQueries, k: int, w: Weights,
+             approximate: bool) -> tuple[list[VideoEvidence], int, int]:
+        """The k best videos' evidence (Fagin's threshold algorithm, see the module docstring), how many
+        were scored exactly, how many live."""
+        live = len(self)
         v = query_vector(q)
         bq = BoundQuery.of(v)
         unit = (v / max(float(np.linalg.norm(v.astype(np.float64))), 1e-12)).astype(np.float32)
@@ -440,9 +413,9 @@ class QdrantIndex:
             if w[0] * points[-1].score + w[1] * frame + eps < tau:
                 break
             limit *= 2
-        best = sorted(seen.values(), key=lambda pt: (-pt[1], pt[0]["seq"]))[:k]
-        found = [p for p, _ in best]
+        points = list(seen.values())
+        best = best_first(np.array([t for _, t in points]), np.array([p["seq"] for p, _ in points]), k)
+        found = [points[i][0] for i in best]
         hits = (evidence_of(self.model, Candidates(found, self.table), np.arange(len(found)), q, w)
-                if found else ())
-        cfg = self.model.cfg
-        return Evidence(hits, w, len(seen), live, int(cfg.map_size), int(cfg.max_ctx_l), approximate)
+                if found else [])
+        return hits, len(seen), live

@@ -10,8 +10,9 @@ A video is one point: the named multivectors ``windows`` (its unit-normalised pr
 unit query is the clip score) and ``frame_balls`` ([centre, radius] of balls over its zhat rows: MAX_SIM
 with [q, 1] bounds the frame score), and a payload of its record, its ``seq`` (insertion order: the built-in
 index's position, which breaks equal totals) and ``arrays``, the per-video arrays the exact scores and the
-results layer read, each as ``{"dtype", "shape", "b64"}`` (raw little-endian bytes, base64). ``ARRAYS``
-names them: a new per-video array is one more name there and one more key in what ``QdrantIndex`` packs.
+results layer read, each as ``{"dtype", "shape", "b64"}`` (raw little-endian bytes, base64).
+``schema.ENCODED`` names them: a new per-video array is one more name there and one more key in what
+``QdrantIndex`` packs.
 """
 
 from __future__ import annotations
@@ -25,14 +26,10 @@ from typing import TypeVar
 
 import numpy as np
 
+from prvr.index.schema import ENCODED
 from prvr.index.sketch import NORM_EPS, cover_balls, nearest_ball
 from prvr.index.store import IndexStoreError
 
-# per-video arrays in each point's payload: what ``exact_rows`` reads (units, pnorm, pidx, zhat) and what the
-# results layer reads (encoded frames for the attention, raw row times, fine rows with their seconds and
-# segments, reference scores): ``ingest.FIXED`` and ``ingest.RAGGED``
-ARRAYS = ("units", "pnorm", "pidx", "zhat", "frames", "row_start", "row_end", "fine", "fine_start",
-          "fine_end", "segments", "context", "fine_bank", "context_bank", "ref_clip", "ref_frame")
 RECORD = ("id", "title", "path", "duration", "sha256")  # the video's record, as the built-in index stores it
 WINDOWS = "windows"  # the named multivector of unit proposals (clip-scale score: MAX_SIM)
 BALLS = "frame_balls"  # the named multivector of [centre, radius] of balls over zhat (frame-score bound)
@@ -123,7 +120,7 @@ def point_id(video_id: str) -> str:
 def pack(arrays: Mapping[str, np.ndarray]) -> dict[str, dict]:
     """Per-video arrays -> the payload's ``arrays`` (dtype, shape and base64 of the raw bytes, exact)."""
     out = {}
-    for name in ARRAYS:
+    for name in ENCODED:
         a = np.asarray(arrays[name])
         a = a if a.flags.c_contiguous else a.copy(order="C")  # (ascontiguousarray makes a scalar 1-d)
         a = a.astype(a.dtype.newbyteorder("<"), copy=False)
@@ -135,7 +132,7 @@ def pack(arrays: Mapping[str, np.ndarray]) -> dict[str, dict]:
 def unpack(payload: Mapping[str, Mapping]) -> dict[str, np.ndarray]:
     """The payload's ``arrays`` -> per-video arrays (native byte order)."""
     out = {}
-    for name in ARRAYS:
+    for name in ENCODED:
         entry = payload[name]
         a = np.frombuffer(base64.b64decode(entry["b64"]), dtype=np.dtype(entry["dtype"]))
         out[name] = a.reshape(entry["shape"]).astype(a.dtype.newbyteorder("="))
@@ -144,7 +141,7 @@ def unpack(payload: Mapping[str, Mapping]) -> dict[str, np.ndarray]:
 
 def payload_bytes(arrays: Mapping[str, np.ndarray]) -> int:
     """Bytes of the arrays' raw data in a payload (before base64, which adds a third)."""
-    return sum(int(np.asarray(arrays[name]).nbytes) for name in ARRAYS)
+    return sum(int(np.asarray(arrays[name]).nbytes) for name in ENCODED)
 
 
 def windows(units: np.ndarray, pnorm: np.ndarray, spans: np.ndarray) -> np.ndarray:

@@ -21,6 +21,7 @@ import numba
 import numpy as np
 from numba.typed import List
 
+from prvr.index.evidence import best_first
 from prvr.index.kernels import _clip_scan, _exact_scan, _frame_scan, _slack, tasks_for
 from prvr.index.sketch import FIRST_PASS, BoundQuery
 
@@ -68,7 +69,7 @@ def _append(out, array):  # pragma: no cover - compiled
     out.append(array)
 
 
-def _typed_list(arrays: Sequence[np.ndarray]) -> List:
+def typed_list(arrays: Sequence[np.ndarray]) -> List:
     """A typed List of arrays of one type."""
     out = _list_of(arrays[0])
     for array in arrays[1:]:
@@ -105,7 +106,7 @@ class Stored(NamedTuple):
                 return np.zeros((len(seg["units"]), 1), dtype=np.int16)
             return seg[name]
 
-        return cls(*(_typed_list([array(seg, name) for seg in segments]) for name in cls._fields))
+        return cls(*(typed_list([array(seg, name) for seg in segments]) for name in cls._fields))
 
 
 FRAME = ("err", "norm", "pinv", "pinv_scale", "ball_codes", "ball_scale", "ball_norm", "ball_radius",
@@ -220,5 +221,5 @@ def top_k(clip: np.ndarray, candidates: np.ndarray, weights: tuple[float, float]
     if len(at):
         positions = np.concatenate((positions, candidates[at]))
         totals = np.concatenate((totals, score(candidates[at])))
-    best = np.lexsort((positions, -totals))[:k]
+    best = best_first(totals, positions, k)
     return positions[best], totals[best], len(positions)

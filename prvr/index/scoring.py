@@ -9,14 +9,15 @@ import dataclasses
 import numpy as np
 import torch
 
-from prvr import ral
-from prvr.branches import EncodedQueries
 from prvr.index.evidence import VideoEvidence
+from prvr.index.gallery import QueryError
 from prvr.index.rank import Exact, exact_rows
+from prvr.index.schema import FINE
 from prvr.index.sketch import BoundQuery
 from prvr.index.snapshot import Snapshot
-from prvr.preprocess import pad
-from prvr.query import QueryError
+from prvr.models import ral
+from prvr.models.branches import EncodedQueries
+from prvr.models.preprocess import pad
 
 
 def query_vector(q: np.ndarray | torch.Tensor | EncodedQueries) -> np.ndarray:
@@ -87,9 +88,6 @@ def evidence_of(model, snap: Snapshot, ranked: np.ndarray, q: np.ndarray | Encod
                           ref_frame=ref_frame[i])
             for i, p in enumerate(positions)]
     return tuple(hits[i] for i in np.argsort(order))
-
-
-FINE = ("fine", "fine_start", "fine_end", "segments", "context", "fine_bank", "context_bank")
 
 
 def _fine(snap: Snapshot, position: int) -> dict[str, np.ndarray]:

@@ -15,16 +15,15 @@ from pathlib import Path
 import numpy as np
 
 from prvr.index import approximate, store
-from prvr.index.ingest import RAGGED
+from prvr.index.gallery import Catalog
 from prvr.index.rank import Stored
+from prvr.index.schema import ARRAYS, RAGGED
 from prvr.index.sketch import FIRST_PASS, SKETCH
-from prvr.preprocess import window_table
+from prvr.models.preprocess import window_table
 
 # per-video arrays the OS pages in on demand; the first pass's arrays (read by every query) are loaded into
 # memory instead, so that the bulk of a big index cannot push them out of the page cache between queries
-MAPPED = ("units", "pnorm", "zhat", "frames", "scenes", "fine", "fine_start", "fine_end", "segments",
-          "context", "fine_bank", "context_bank", "ref_clip", "ref_frame",
-          *(f for f in SKETCH if f not in FIRST_PASS))
+MAPPED = (*(a.name for a in ARRAYS if a.mapped), "scenes", *(f for f in SKETCH if f not in FIRST_PASS))
 RESIDENT = (*FIRST_PASS, "pidx")  # what the first pass reads: kept in memory, all segments in one array each
 
 
@@ -59,7 +58,8 @@ class Snapshot:
             alive.append(keep)
         self.alive = np.concatenate(alive) if alive else np.zeros(0, dtype=bool)
         self.live = np.flatnonzero(self.alive)
-        self.position = {self.videos[i]["id"]: int(i) for i in self.live}
+        self.catalog = Catalog.of(self.videos, self.live)
+        self.position = self.catalog.position
         self._lazy = threading.Lock()  # builds the typed Lists and the faiss index once
 
     @property
@@ -96,7 +96,7 @@ class Snapshot:
         return out
 
     def ragged(self, key: str, position: int) -> np.ndarray:
-        """One video's rows of the ragged array ``key`` (``ingest.RAGGED``; memory-mapped ones stay so)."""
+        """One video's rows of the ragged array ``key`` (``schema.RAGGED``; memory-mapped ones stay so)."""
         s = bisect.bisect_right(self._starts, position) - 1  # segment_of, for one position
         seg, r = self.segments[s], position - self._starts[s]
         offset = seg[f"{RAGGED[key]}_offset"]

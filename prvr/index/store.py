@@ -39,15 +39,13 @@ from pathlib import Path
 
 import numpy as np
 
-from extract.decode import sha256_file
-
 log = logging.getLogger(__name__)
 
 # 8: the reference bank's statistics of the fine and context rows, segments stored unpacked; 7: the
 # moments' propagated context per video; 6: fine rows, packed segments and reference scores per video;
 # 5: frame balls store their radii; 4: 16-bit window factors on a grid; 3: key clip candidates' frame balls;
 # 2: all balls; 1: a basis
-FORMAT, SCHEMA_VERSION = "prvr-index", 8
+FORMAT, SCHEMA_VERSION = "prvr-index", 9  # 9: the moments context's beta recorded
 MANIFEST, LOCK = "manifest.json", "lock"
 RETIRE_GRACE_S = 600.0  # seconds a segment no longer named by the manifest is kept for lock-free readers
 
@@ -133,6 +131,12 @@ def read_manifest(root: Path) -> dict:
     return manifest
 
 
+def file_sha256(path: Path) -> str:
+    """Hex sha256 of a stored file."""
+    with open(path, "rb") as f:
+        return hashlib.file_digest(f, "sha256").hexdigest()
+
+
 def verify_file(path: Path, entry: dict, checksum: bool) -> None:
     """Check a file against its manifest entry (size always, sha256 when asked)."""
     if not path.is_file():
@@ -140,7 +144,7 @@ def verify_file(path: Path, entry: dict, checksum: bool) -> None:
     size = path.stat().st_size
     if size != entry["bytes"]:
         raise IndexCorruptError(f"{path}: {size} bytes, the manifest recorded {entry['bytes']}")
-    if checksum and sha256_file(path) != entry["sha256"]:
+    if checksum and file_sha256(path) != entry["sha256"]:
         raise IndexCorruptError(f"{path}: sha256 differs from the manifest's (the file was modified)")
 
 

@@ -8,13 +8,14 @@ index.remove(["v1"]); index.compact()
 ```
 
 Modes: ``exact`` stores all P proposals of the model (528; 32 medoids for an MS-SL++ model) and ranks
-exactly by ``model.score``; ``compact`` stores the 32 MS-SL++ length-aware medoids (``prvr.clustering``) per
-video, exact with respect to the model run with ``clusters=32``, at 1/16 of the per-proposal storage.
-``rank(..., approximate=True)`` picks candidate videos with faiss first (``prvr.index.approximate``), then
-scores them exactly. Text, confidence and result dicts live above the index (``prvr.search``,
-``prvr.results``); each video also stores what they read (``prvr.index.ingest``): its fine rows and
-segments, and the scores of the reference bank the index was created with (``references``: encoded
-queries, never text), from which confidence cuts are computed at search time for any weights.
+exactly by ``model.score``; ``compact`` stores the 32 MS-SL++ length-aware medoids
+(``prvr.models.clustering``) per video, exact with respect to the model run with ``clusters=32``, at 1/16 of
+the per-proposal storage. ``rank(..., approximate=True)`` picks candidate videos with faiss first
+(``prvr.index.approximate``), then scores them exactly. Text, confidence and result dicts live above the index
+(``prvr.results.search``, ``prvr.results.response``); each video also stores what they read
+(``prvr.index.ingest``): its fine rows and segments, and the scores of the reference bank the index was
+created with (``references``: encoded queries, never text), from which confidence cuts are computed at search
+time for any weights.
 
 Concurrency: every read (``rank``, ``ids``, ``position``...) uses one immutable ``Snapshot`` of the index,
 taken at its start; a write builds the next snapshot aside and swaps it in with one assignment, so reads
@@ -34,33 +35,29 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from prvr.branches import EncodedQueries
 from prvr.index import approximate, store
-from prvr.index.evidence import Evidence
+from prvr.index.evidence import VideoEvidence
+from prvr.index.gallery import Catalog, Gallery, IndexMismatchError, Weights, bank_identity, model_identity
 from prvr.index.ingest import (
-    FIXED,
-    RAGGED,
     GalleryError,
     GalleryVideo,
     ReferenceQueries,
     check_encoded,
+    check_ids,
     check_videos,
     encode_for_index,
     segment_arrays,
 )
 from prvr.index.rank import Exact, clip_bounds, frame_bounds, top_k
+from prvr.index.schema import FIXED, RAGGED
 from prvr.index.scoring import evidence_of, exact_of, is_csa, query_vector
 from prvr.index.sketch import FIRST_PASS, BoundQuery, sketch
 from prvr.index.snapshot import Snapshot
-from prvr.query import QueryError, check_weights
+from prvr.models.branches import EncodedQueries
 
 log = logging.getLogger(__name__)
 
 STORED_CONFIG = ("mode", "frame_balls")  # what the stored data depends on: the manifest's, always
-
-
-class IndexMismatchError(store.IndexStoreError):
-    """The index was built for another model, feature profile or schema."""
 
 
 @dataclass(frozen=True)
@@ -77,7 +74,7 @@ class IndexConfig:
     candidate_videos: int = 2048  # approximate search: videos (by their best scene centre) ranked exactly
 
 
-class VideoIndex:
+class VideoIndex(Gallery):
     """An index directory opened for one model; see the module docstring."""
 
     def __init__(self, root: Path, model, cfg: IndexConfig, manifest: dict,
@@ -88,17 +85,6 @@ class VideoIndex:
         self.snapshot = Snapshot(self.root, manifest, cfg.verify_checksums)
 
     # ------------------------------------------------------------------ opening
-    @staticmethod
-    def _identity(model) -> dict:
-        """What an index records about its model: fingerprint, profile identity, geometry."""
-        return {"model_fingerprint": model.fingerprint(), "profile": getattr(model, "profile", None),
-                "map_size": int(model.cfg.map_size), "max_ctx_l": int(model.cfg.max_ctx_l)}
-
-    @staticmethod
-    def _bank(references: ReferenceQueries | None) -> dict | None:
-        """What the manifest records of the reference bank whose scores every video stores."""
-        return None if references is None else {"id": references.id, "count": len(references)}
-
     @classmethod
     def create(cls, root: str | Path, model, cfg: IndexConfig | None = None,
                references: ReferenceQueries | None = None) -> VideoIndex:
@@ -113,8 +99,8 @@ class VideoIndex:
             if (root / store.MANIFEST).exists():
                 raise store.IndexStoreError(f"{root} already holds an index; open it instead")
             manifest = {"format": store.FORMAT, "schema_version": store.SCHEMA_VERSION, "generation": 0,
-                        "mode": cfg.mode, **cls._identity(model), "frame_balls": cfg.frame_balls,
-                        "config": dataclasses.asdict(cfg), "references": cls._bank(references),
+                        "mode": cfg.mode, **model_identity(model), "frame_balls": cfg.frame_balls,
+                        "config": dataclasses.asdict(cfg), "references": bank_identity(references),
                         "segments": [], "counts": {"videos": 0}}
             store.commit_manifest(root, manifest)
         return cls(root, model, cfg, manifest, references)
@@ -128,14 +114,14 @@ class VideoIndex:
         frame balls; the given object is not changed."""
         root = Path(root)
         manifest = store.read_manifest(root)
-        for key, theirs in cls._identity(model).items():
+        for key, theirs in model_identity(model).items():
             if manifest.get(key) != theirs:
                 raise IndexMismatchError(f"{root} was built with {key} = {manifest.get(key)!r}, but the "
                                          f"model in use has {key} = {theirs!r}; rebuild the index for it")
-        if references is not None and manifest.get("references") != cls._bank(references):
+        if references is not None and manifest.get("references") != bank_identity(references):
             raise IndexMismatchError(f"{root} stores the scores of reference bank "
                                      f"{manifest.get('references')}, not of the one in use "
-                                     f"{cls._bank(references)}; rebuild the index")
+                                     f"{bank_identity(references)}; rebuild the index")
         if cfg is None:
             known = {f.name for f in dataclasses.fields(IndexConfig)}
             cfg = IndexConfig(**{k: v for k, v in manifest.get("config", {}).items() if k in known})
@@ -157,40 +143,19 @@ class VideoIndex:
             self.snapshot = Snapshot(self.root, manifest, self.cfg.verify_checksums)
 
     # ------------------------------------------------------------------ what is in it (one snapshot)
-    def __len__(self) -> int:
-        return len(self.snapshot.position)
+    @property
+    def catalog(self) -> Catalog:
+        """The live videos of the current snapshot."""
+        return self.snapshot.catalog
 
     @property
     def manifest(self) -> dict:
         """The manifest of the current snapshot."""
         return self.snapshot.manifest
 
-    @property
-    def position(self) -> dict[str, int]:
-        """Live video id -> its position in the current snapshot."""
-        return self.snapshot.position
-
-    @property
-    def videos(self) -> list[dict]:
-        """Every stored record (removed ones too), by position."""
-        return self.snapshot.videos
-
-    @property
-    def ids(self) -> list[str]:
-        """Live video ids in index order."""
-        snap = self.snapshot
-        return [snap.videos[i]["id"] for i in snap.live]
-
-    def record(self, video_id: str) -> dict | None:
-        """The stored record (id, title, path, duration, sha256) of a live video, or None."""
-        snap = self.snapshot
-        position = snap.position.get(video_id)
-        return None if position is None else snap.videos[position]
-
-    def records(self) -> list[dict]:
-        """The stored records of the live videos, in index order."""
-        snap = self.snapshot
-        return [snap.videos[i] for i in snap.live]
+    def describe(self) -> dict:
+        """The built-in index: its mode and directory name (never a server path)."""
+        return {"backend": "built-in", "mode": self.cfg.mode, "name": self.root.name, "videos": len(self)}
 
     def first_pass_bytes(self) -> int:
         """Bytes an exact query reads for every video (the 8-bit sketch); the rest is read per candidate."""
@@ -237,7 +202,7 @@ class VideoIndex:
 
     def _check_bank(self) -> None:
         """GalleryError when this process cannot store what the index's videos store (reference scores)."""
-        if self.manifest.get("references") != self._bank(self.references):
+        if self.manifest.get("references") != bank_identity(self.references):
             raise GalleryError(f"{self.root} stores reference scores of bank "
                                f"{self.manifest.get('references')}; open it with that bank (references=...) "
                                "to add videos")
@@ -245,7 +210,7 @@ class VideoIndex:
     def add_encoded(self, records: list[dict], fixed: dict[str, np.ndarray],
                     ragged: dict[str, list[np.ndarray]]) -> None:
         """Append videos whose model outputs were computed elsewhere, in ``encode_for_index``'s layout
-        (``ingest.FIXED`` arrays, one row per video; ``ingest.RAGGED`` lists, one array per video)."""
+        (``schema.FIXED`` arrays, one row per video; ``schema.RAGGED`` lists, one array per video)."""
         check_encoded(fixed, ragged, len(records))
         bank = (self.manifest.get("references") or {}).get("count", 0)
         if fixed["ref_clip"].shape[1:] != (bank,) or fixed["ref_frame"].shape[1:] != (bank,):
@@ -253,9 +218,7 @@ class VideoIndex:
                                f"{fixed['ref_clip'].shape[1:]}")
 
         def change(snap: Snapshot, manifest: dict) -> dict:
-            ids = [r["id"] for r in records]
-            if len(set(ids)) != len(ids) or set(ids) & set(snap.position):
-                raise GalleryError("add_encoded: duplicate video ids")
+            check_ids([r["id"] for r in records], snap.position)
             return self._append(snap, manifest, records, fixed, ragged)
 
         self._commit(change)
@@ -313,21 +276,12 @@ class VideoIndex:
         self._commit(change)
 
     # ------------------------------------------------------------------ ranking
-    def weights(self, weights: Sequence[float] | None = None) -> tuple[float, float]:
-        """(clip_w, frame_w): the given pair, checked, or the model's."""
-        return check_weights(weights, (self.model.cfg.clip_scale_w, self.model.cfg.frame_scale_w))
-
-    def rank(self, q: np.ndarray | torch.Tensor | EncodedQueries, k: int = 10,
-             weights: Sequence[float] | None = None, approximate: bool = False) -> Evidence:
-        """The k best live videos for the model's encoded query ``q`` (an (H,) vector; for a CSA model the
-        model's ``EncodedQueries`` of one query), with exact scores and what results need; best first."""
-        if not isinstance(k, int) or isinstance(k, bool) or k < 1:
-            raise QueryError(f"k must be a positive integer, got {k!r}")
-        w, snap = self.weights(weights), self.snapshot
-        positions, exact, scored = self._top(snap, q, k, w, approximate)
-        cfg = self.model.cfg
-        hits = evidence_of(self.model, snap, positions, q, w, exact)
-        return Evidence(hits, w, scored, len(snap.live), int(cfg.map_size), int(cfg.max_ctx_l), approximate)
+    def _top(self, q: np.ndarray | EncodedQueries, k: int, w: Weights,
+             approximate: bool) -> tuple[list[VideoEvidence], int, int]:
+        """The k best live videos' evidence from one snapshot, how many were scored exactly, how many live."""
+        snap = self.snapshot
+        positions, exact, scored = self._best(snap, q, k, w, approximate)
+        return evidence_of(self.model, snap, positions, q, w, exact), scored, len(snap.live)
 
     def exact(self, positions: np.ndarray, q: np.ndarray | EncodedQueries,
               weights: Sequence[float] | None = None) -> Exact:
@@ -335,8 +289,8 @@ class VideoIndex:
         return exact_of(self.model, self.snapshot, np.asarray(positions, dtype=np.int64), q,
                         self.weights(weights))
 
-    def _top(self, snap: Snapshot, q: np.ndarray | EncodedQueries, k: int, w: tuple[float, float],
-             approx: bool) -> tuple[np.ndarray, Exact | None, int]:
+    def _best(self, snap: Snapshot, q: np.ndarray | EncodedQueries, k: int, w: Weights,
+              approx: bool) -> tuple[np.ndarray, Exact | None, int]:
         """Top-k live positions, their exact scores (best first) and how many videos were scored exactly."""
         if not len(snap.live):
             return np.zeros(0, dtype=np.int64), None, 0

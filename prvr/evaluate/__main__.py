@@ -1,0 +1,92 @@
+"""``python -m prvr.evaluate``: the official retrieval protocol on a checkpoint, or the app's search path on
+an annotated set (prints a table, or JSON with ``--json``)::
+
+    python -m prvr.evaluate --checkpoint CKPT --data ROOT --collection NAME --feature FEATURE --split test
+    python -m prvr.evaluate --checkpoint CKPT --features V.h5 --captions C.h5 [--splits test=test.txt]
+    python -m prvr.evaluate --gallery demo [--root DIR] [--json]     # the default model on the demo gallery
+    python -m prvr.evaluate --videos DIR --moments FILE.json [--json]  # any annotated folder
+    (prvr.evaluate.annotated)
+
+The last two evaluate the default (training-free) model, or ``--checkpoint``'s, with
+``prvr.evaluate.annotated``: first-relevant-video R@1/5/10, SumR, and the localisation of the key moment,
+MS-SL's raw key clip and a random window on that video (IoU >= 0.3/0.5/0.7, mean IoU, centre inside).
+``--videos/--moments`` reports every number with a 95 % bootstrap interval (seeded; per clip when the moments
+file names each query's ``clip``, else per query): printed under it in the table, and in the JSON as ``ci``
+(``{value, low, high}`` under the same keys as ``metrics`` and ``localisation``, which are unchanged).
+Paired differences between two runs' per-query arrays: ``python -m prvr.evaluate.bootstrap A.json B.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+from pathlib import Path
+
+import torch
+
+from prvr.data.official import add_source_args, check_compatible, prepare_split, source_from_args
+from prvr.evaluate.annotated import evaluate_set, format_report, load_moments_file
+from prvr.evaluate.demo import evaluate_demo
+from prvr.evaluate.retrieval import evaluate_split, format_table
+from prvr.models.checkpoint import load_checkpoint
+
+
+def evaluate_folder(videos: Path, moments: Path, checkpoint: str | None, device: str, as_json: bool) -> dict:
+    """``--videos DIR --moments FILE``: the annotated folder's report (printed as JSON or a table)."""
+    model = load_checkpoint(checkpoint, map_location=device) if checkpoint else None
+    report = {"videos_dir": str(videos), "moments": str(moments),
+              **evaluate_set(load_moments_file(videos, moments), model)}
+    print(json.dumps(report, indent=1) if as_json else format_report(report))
+    return report
+
+
+def main(argv: list[str] | None = None) -> dict:
+    """CLI entry point; returns the results dict."""
+    parser = argparse.ArgumentParser(description="Evaluate an MS-SL checkpoint (official protocol).")
+    parser.add_argument("--checkpoint", help="our checkpoint dir or an official model.ckpt")
+    parser.add_argument("--gallery", choices=("demo",), help="instead: evaluate the embedded default model "
+                        "on the demo gallery")
+    parser.add_argument("--root", type=Path, default=None, help="with --gallery demo: its data directory")
+    parser.add_argument("--demo-videos", nargs="+", default=None, help="with --gallery demo: only these ids")
+    parser.add_argument("--videos", type=Path, help="instead: a folder of videos annotated by --moments")
+    parser.add_argument("--moments", type=Path,
+                        help="the moments file of --videos (format: prvr.evaluate.annotated)")
+    add_source_args(parser)
+    parser.add_argument("--split", default=None, help="split to evaluate (default: test; 'all' for "
+                        "--features/--captions without --splits)")
+    parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    args = parser.parse_args(argv)
+    if args.gallery == "demo":
+        report = evaluate_demo(args.root, video_ids=args.demo_videos)
+        gallery = report["gallery"]
+        print(json.dumps(report, indent=1) if args.json else
+              report["protocol"] + "\n" + format_report({"videos": gallery["videos"],
+                                                         "queries": gallery["captions"], **report}))
+        return report
+    if args.videos or args.moments:
+        if not (args.videos and args.moments):
+            parser.error("--videos and --moments go together")
+        return evaluate_folder(args.videos, args.moments, args.checkpoint, args.device, args.json)
+    if not args.checkpoint:
+        parser.error("--checkpoint is required (or --gallery demo, or --videos DIR --moments FILE)")
+    source = source_from_args(parser, args)
+    split_name = args.split or ("all" if args.features and not args.splits else "test")
+    model = load_checkpoint(args.checkpoint, map_location=args.device)
+    check_compatible(model.cfg.visual_dim, model.cfg.query_dim, model.profile, source,
+                     f"checkpoint {args.checkpoint}")
+    split = prepare_split(source, split_name, model.cfg.map_size, model.cfg.max_ctx_l, model.cfg.max_desc_l)
+    results = evaluate_split(model, split)
+    if args.json:
+        print(json.dumps({"split": split_name, "videos": len(split.video_ids), "queries": len(split.captions),
+                          "checkpoint": str(args.checkpoint), "metrics": results}, indent=1))
+    else:
+        print(f"{split_name}: {len(split.captions)} queries, {len(split.video_ids)} videos")
+        print(format_table(results))
+    return results
+
+
+if __name__ == "__main__":
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    main()

@@ -1,0 +1,148 @@
+"""The training-free model of the ``clip`` profile: MS-SL's two branches on a CLIP-family model's embeddings.
+
+The bridge's structure (``prvr.models.training_free``) without its ImageNet detour: a CLIP or SigLIP model
+embeds images and text in one space, so
+
+1. each 1 s frame row (the pooled, projected image embedding) is L2-normalised and used as it is;
+2. a query is the model's own pooled, projected text embedding: its text head applied to the pooled token
+   row, which the ``clip_text`` backbone returns last (``extract.clip``), L2-normalised;
+3. MS-SL's clip-scale branch (32 clip units, all 528 windows, max cosine, key clip) and frame-scale branch
+   (key-clip-guided attention over the rows, identity projections, a temperature) score the pairs.
+
+Settings (``ZeroShotConfig``, all in ``fingerprint()``, which an index stores):
+- ``temperature`` = 0.05: the bridge's value, fixed there by its written criterion (key-clip attention puts
+  >= 90 % of its mass on the key clip's own scene on synthetic videos). The same criterion needs real
+  CLIP embeddings, which cannot be downloaded on the development machine, so it is not re-measured here.
+  CLIP's own learned logit scale (100, i.e. 0.01) is fitted to image-text cosines, which span a much
+  narrower range than the frame-frame cosines attention compares.
+- ``clip_scale_w`` / ``frame_scale_w`` = 0.7 / 0.3: MS-SL's default weights.
+
+The weights load from the hub id in the ``clip`` backbone's registry entry or a local folder holding both
+towers (``--weights clip=DIR``); see ``extract.clip`` for the default model and why it was chosen.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from extract.backbones import default_device, get_backbone_cfg
+from extract.clip import load_pair, tower_dims
+from extract.pipeline import resolve_profile, weights_for
+from extract.profiles import get_profile
+from extract.weights import WeightsUnavailable, hub_offline_reason, in_hub_cache, resolve_weights
+from prvr.models.mssl import DictConfig
+from prvr.models.training_free import TrainingFreeModel
+from prvr.temporal.propagation import BETA
+
+log = logging.getLogger(__name__)
+
+NAME = "training-free CLIP-family model (image and text embeddings of one model)"
+PROFILE = "clip"  # the feature profile whose rows and tokens this model reads
+
+
+@dataclass(frozen=True)
+class ZeroShotConfig(DictConfig):
+    temperature: float = 0.05  # key-clip attention logits are divided by this (module docstring)
+    clip_scale_w: float = 0.7  # MS-SL's default score weights
+    frame_scale_w: float = 0.3
+    map_size: int = 32  # clip units per video, as MS-SL
+    max_ctx_l: int = 128  # frame rows kept per video, as MS-SL
+    # TF-PRVR segment propagation (prvr.temporal.propagation); off: no CLIP weights load here, so it cannot
+    # be measured on the real dev set, and for the bridge the dev set's tuning half did not support it
+    # (prvr.models.bridge); the burden is on the extra mechanism
+    propagation: bool = False
+    propagation_beta: float = BETA
+
+    def __post_init__(self) -> None:
+        """Refuse settings the scoring cannot run with, naming the field."""
+        if not 0 <= self.propagation_beta < 1:
+            raise ValueError(f"ZeroShotConfig.propagation_beta must be in [0, 1), got "
+                             f"{self.propagation_beta}")
+        if self.temperature <= 0:
+            raise ValueError(f"ZeroShotConfig.temperature must be positive, got {self.temperature}")
+        if not 1 <= self.map_size <= self.max_ctx_l:
+            raise ValueError(f"ZeroShotConfig.map_size {self.map_size} must be in [1, max_ctx_l "
+                             f"{self.max_ctx_l}]")
+
+
+class ZeroShotModel(TrainingFreeModel):
+    """Contract 3 over a CLIP-family model's image rows and pooled text embeddings; no PRVR training."""
+
+    def __init__(self, text_head: nn.Linear, image_dim: int, cfg: ZeroShotConfig = ZeroShotConfig(),
+                 profile: dict | None = None, source: str = "") -> None:
+        if text_head.out_features != image_dim:
+            raise ValueError(f"text embeddings are {text_head.out_features}-d but image rows {image_dim}-d: "
+                             "not one image-text space")
+        self.cfg, self.profile, self.source = cfg, profile, source
+        self.text_head, self.image_dim = text_head.eval(), image_dim
+
+    @classmethod
+    def from_pretrained(cls, weights: str | None = None, cfg: ZeroShotConfig = ZeroShotConfig(),
+                        device: str | torch.device | None = None) -> ZeroShotModel:
+        """Load the ``clip`` profile's model (its default hub id, or ``weights``: a folder or hf-hub:ID).
+
+        A hub id on a host that cannot reach the hub loads from the local cache or fails within seconds
+        (``WeightsUnavailable`` naming the model and the cause), never after network time-outs.
+        """
+        profile = get_profile(PROFILE)
+        spec = weights or get_backbone_cfg(profile.visual[0]).weights
+        resolved = resolve_weights(spec)
+        offline = hub_offline_reason() if resolved.kind == "hub" else None
+        if offline and not in_hub_cache(resolved):
+            raise WeightsUnavailable(f"cannot load {spec}: {offline}, and the model is not in the local "
+                                     "Hugging Face cache; pass a local copy with --weights clip=DIR")
+        pair = load_pair(resolved, local_only=offline is not None)
+        head = pair.text_head()
+        copy = nn.Linear(head.in_features, head.out_features, bias=head.bias is not None)
+        copy.load_state_dict({k: v.float() for k, v in head.state_dict().items()})
+        # the identity VideoExtractor/TextEncoder record for these very weights, so indexes can compare
+        identity = resolve_profile(profile, weights_for(profile, {profile.visual[0]: spec}, profile.visual))
+        return cls(copy.to(default_device(device)), tower_dims(resolved).image, cfg, identity.identity(),
+                   resolved.location)
+
+    @property
+    def device(self) -> torch.device:
+        """Where the text head lives (inputs are moved here)."""
+        return self.text_head.weight.device
+
+    @property
+    def dims(self) -> tuple[int, int]:
+        """(visual row width, text token width) this model reads."""
+        return self.image_dim, self.text_head.in_features
+
+    def describe(self) -> dict:
+        """What the app and README show about the model in use."""
+        return {"name": NAME, "profile": PROFILE, "weights": self.source, "settings": self.cfg.to_dict(),
+                "fingerprint": self.fingerprint()}
+
+    def fingerprint(self) -> str:
+        """sha256 of the config, the profile identity (weights included) and the text head."""
+        digest = hashlib.sha256(json.dumps([NAME, self.cfg.to_dict(), self.profile], sort_keys=True).encode())
+        for t in self.text_head.state_dict().values():
+            digest.update(t.detach().float().cpu().contiguous().numpy().tobytes())
+        return digest.hexdigest()
+
+    def rows_to_space(self, rows: Tensor) -> Tensor:
+        """Image embeddings are already in the joint space: L2-normalised."""
+        return F.normalize(rows, dim=-1)
+
+    @torch.no_grad()
+    def query_vectors(self, tokens_list: Sequence[np.ndarray | Tensor]) -> Tensor:
+        """Token rows (L_j, Dq), the pooled one last -> (Nq, H): the text head of that row, L2-normalised."""
+        pooled = []
+        for i, tokens in enumerate(tokens_list):
+            tokens = torch.as_tensor(tokens, dtype=torch.float32)
+            if tokens.ndim != 2 or tokens.shape[0] == 0 or tokens.shape[1] != self.dims[1]:
+                raise ValueError(f"text {i}: token features of shape {tuple(tokens.shape)}, expected "
+                                 f"(L, {self.dims[1]})")
+            pooled.append(tokens[-1])
+        return F.normalize(self.text_head(torch.stack(pooled).to(self.device)), dim=-1)

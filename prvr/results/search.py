@@ -1,0 +1,85 @@
+"""The search path users wait on: a query in, Contract 4 result dicts out.
+
+```python
+response = search([shared, session], tokens, k=10)                  # token features (L, Dq) in
+response = search_text([shared], "a cat jumps", text.encode, k=10)  # text in: cleaned, then encoded by the
+                                                                    # profile's text backbone (extract)
+```
+
+``k`` and the weights are checked here, once (``prvr.index.gallery.check_k`` / ``check_weights``); the query
+is encoded by the model ONCE; every gallery ranks the same query vector (``Gallery.rank``); their evidence is
+merged by exact total; results and confidence are built once, for all hits alike.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+
+import numpy as np
+import torch
+
+from prvr.index import Evidence, Gallery
+from prvr.index.gallery import QueryError, check_k, check_weights
+from prvr.models.branches import EncodedQueries
+from prvr.results.confidence import CalibratedConfidence
+from prvr.results.query import clean_query
+from prvr.results.response import Confidence, SearchResponse, result_dicts
+
+__all__ = ["encode_query", "search", "search_text"]
+
+TextEncoder = Callable[[list[str]], list[np.ndarray]]  # texts -> token features (L, Dq) each (extract's)
+
+
+def encode_query(model, tokens: np.ndarray | torch.Tensor) -> np.ndarray | EncodedQueries:
+    """Token features (L, Dq) -> the model's encoded query: an (H,) vector, or for a CSA model the
+    ``EncodedQueries`` of this one query (its frame score needs the tokens)."""
+    x = np.asarray(tokens.detach().cpu() if isinstance(tokens, torch.Tensor) else tokens)
+    if x.ndim != 2 or len(x) == 0 or not np.isfinite(x).all():
+        raise QueryError(f"token features must be a finite (L >= 1, dim) array, got shape {x.shape}")
+    try:
+        with torch.no_grad():
+            q = model.encode_queries([np.asarray(x, dtype=np.float32)])
+    except ValueError as e:
+        raise QueryError(str(e)) from None
+    if isinstance(q, EncodedQueries):
+        return q
+    return np.ascontiguousarray(q.reshape(-1).float().cpu().numpy())
+
+
+def search(indexes: Sequence[Gallery], tokens: np.ndarray | torch.Tensor, k: int = 10,
+           weights: Sequence[float] | None = None, approximate: bool = False,
+           confidence: Confidence | None = None, query: dict | None = None) -> SearchResponse:
+    """Rank every index (all over one model) for the query's token features; the best k over all of them.
+
+    ``confidence`` defaults to ``CalibratedConfidence()`` (from the reference scores the indexes store);
+    ``query``: what the response reports about the query (default: the token count).
+    """
+    if not indexes:
+        raise ValueError("search needs at least one index")
+    k = check_k(k)
+    model = indexes[0].model
+    w = check_weights(weights, (model.cfg.clip_scale_w, model.cfg.frame_scale_w))
+    t0 = time.perf_counter()
+    q = encode_query(model, tokens)
+    t1 = time.perf_counter()
+    evidence = Evidence.merge([ix.rank(q, k, w, approximate) for ix in indexes if len(ix)] or
+                              [indexes[0].rank(q, k, w, approximate)], k)
+    t2 = time.perf_counter()
+    judged = (confidence or CalibratedConfidence()).assess(q, evidence)
+    results = result_dicts(evidence, judged.labels, q)
+    t3 = time.perf_counter()
+    stats = {"videos": evidence.searched, "scored_exactly": evidence.scored_exactly,
+             "encode_ms": 1e3 * (t1 - t0), "rank_ms": 1e3 * (t2 - t1), "results_ms": 1e3 * (t3 - t2),
+             "total_ms": 1e3 * (t3 - t0)}
+    info = query if query is not None else {"tokens": int(np.shape(tokens)[0])}
+    return SearchResponse(results, info, not judged.strong, w, approximate, stats)
+
+
+def search_text(indexes: Sequence[Gallery], text: str | bytes, text_encoder: TextEncoder, k: int = 10,
+                weights: Sequence[float] | None = None, approximate: bool = False,
+                confidence: Confidence | None = None) -> SearchResponse:
+    """``search`` for a text: validated and cleaned (``clean_query``), then encoded by ``text_encoder``."""
+    cleaned = clean_query(text)
+    tokens = text_encoder([cleaned.text])[0]
+    return search(indexes, tokens, k, weights, approximate, confidence, cleaned.to_dict())
