@@ -86,6 +86,20 @@ def test_gpu_call_runs_in_a_forked_worker_with_small_pickled_arguments(zero: tup
     assert result["progress"] and result["progress"][-1][0] == pytest.approx(result["progress"][-1][1])
 
 
+def test_an_upload_through_a_gpu_slot_becomes_searchable(zero: tuple[dict, Path]) -> None:
+    """The app's upload path under the real wrapper: one slot, the rows from the forked worker, then a
+    search on the CPU (no slot) finds the upload."""
+    result, _ = zero
+    upload = result["upload"]
+    assert upload["outcome"]["status"] == "added", upload["outcome"]
+    assert "my holiday.mp4" in upload["outcome"]["message"]
+    assert [c[0] for c in upload["slot_calls"]] == ["schedule", "release"]
+    assert upload["slot_calls"][1][1] is False  # released as a success
+    assert upload["worker_pid"] != result["main_pid"]
+    assert upload["found"] == [upload["outcome"]["video_id"]] and upload["search_calls"] == []
+    assert any(s.startswith("extracting features") for s in upload["stages"])
+
+
 def test_startup_extraction_runs_in_process_without_a_slot(zero: tuple[dict, Path]) -> None:
     result, out = zero
     assert result["startup_calls"] == [] and result["startup_pid"] == result["main_pid"]

@@ -173,7 +173,37 @@ def main() -> None:
         zerogpu.extract_video(video, "paper_test")  # never prepared
     except RuntimeError as error:
         result["unprepared"] = str(error)
+    result["upload"] = upload_through_the_app()
     (OUT / "result.json").write_text(json.dumps(result))
+
+
+def upload_through_the_app() -> dict:
+    """The app's upload path (``prvr.serve.uploads.Uploads``) under the wrapper: the upload is extracted in a
+    GPU slot, indexed, and a search (on the CPU, no slot) finds it."""
+    from extract.pipeline import TextEncoder
+    from prvr.index import IndexConfig, VideoIndex
+    from prvr.models.bridge import BridgeModel
+    from prvr.results.search import search_text
+    from prvr.serve.media import MediaStore
+    from prvr.serve.settings import AppSettings
+    from prvr.serve.uploads import Uploads
+
+    model = BridgeModel.from_pretrained(device=zerogpu.search_device())
+    gallery = VideoIndex.create(OUT / "index", model, IndexConfig())
+    settings = AppSettings(data_dir=OUT / "data", host="127.0.0.1")
+    uploads = Uploads(settings, "lite", None, gallery, MediaStore(settings.data_dir))
+    stages: list[str] = []
+    calls.clear()
+    source = encode(OUT / "upload source.mp4", seconds=8.0)
+    outcome = uploads.add(source, progress=lambda _, stage: stages.append(stage), name="my holiday.mp4")
+    slot_calls = list(calls)
+    calls.clear()
+    text = TextEncoder("lite", device=zerogpu.search_device())
+    found = search_text([gallery], "a red screen", text.encode, k=1)
+    newest = max(OUT.glob("pid-*.txt"), key=lambda p: p.stat().st_mtime)
+    return {"outcome": outcome, "slot_calls": slot_calls, "search_calls": list(calls),
+            "worker_pid": int(newest.read_text()), "found": [r["video_id"] for r in found.results],
+            "stages": stages}
 
 
 def main_emulated() -> None:
