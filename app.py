@@ -3,8 +3,8 @@
 Every result card shows the MS-SL evidence: the total score and its clip/frame branches, a heatmap of the
 query's similarity over the video's timeline (cells at their true extent: one per second of a short video,
 at most 128) with the key moment and the other moments marked at their true extent,
-and a player that starts at the key moment (only when the match is strong enough to trust) and jumps to
-any marked moment on click. All model, index and upload work happens in ``prvr.serve.predictor.Predictor``;
+and a player that starts at the key moment (never on a blank card) and jumps to any marked moment on
+click. All model, index and upload work happens in ``prvr.serve.predictor.Predictor``;
 this file only turns its results into widgets.
 
     python app.py                       # embedded default model and demo gallery, http://127.0.0.1:7860
