@@ -27,6 +27,7 @@ import hashlib
 import json
 import logging
 import os
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
@@ -169,6 +170,17 @@ def caption_list(spec: dict, videos: list[DemoVideo]) -> tuple[DemoCaption, ...]
         relevant = tuple(dict.fromkeys(m.video_id for m in moments))
         captions += [DemoCaption(text, name, relevant, moments) for text in clip["captions"]]
     return tuple(captions)
+
+
+def interleaved(captions: Sequence[DemoCaption], limit: int | None = None) -> list[str]:
+    """Caption texts, one of each clip in turn, each text once (a page's first examples show different
+    clips)."""
+    by_clip: dict[str, list[str]] = {}
+    for c in captions:
+        by_clip.setdefault(c.clip, []).append(c.text)
+    rounds = max((len(v) for v in by_clip.values()), default=0)
+    ordered = [texts[i] for i in range(rounds) for texts in by_clip.values() if i < len(texts)]
+    return list(dict.fromkeys(ordered))[:limit]
 
 
 def example_captions(gallery: DemoGallery | None = None, spec: dict | None = None) -> list[str]:

@@ -15,20 +15,10 @@ import argparse
 import json
 import logging
 
-from prvr.demo.gallery import SPEC_PATH, build_demo_gallery
+from prvr.demo.gallery import SPEC_PATH, build_demo_gallery, interleaved
 from prvr.evaluate.demo import evaluate_demo, top_videos
 
 COMMAND = "python -m prvr.evaluate --gallery demo --json"
-
-
-def interleave(captions: list, limit: int | None = None) -> list[str]:
-    """Caption texts, one of each clip in turn (the page's first examples then show different clips)."""
-    by_clip: dict[str, list[str]] = {}
-    for c in captions:
-        by_clip.setdefault(c.clip, []).append(c.text)
-    rounds = max((len(v) for v in by_clip.values()), default=0)
-    ordered = [texts[i] for i in range(rounds) for texts in by_clip.values() if i < len(texts)]
-    return ordered[:limit]
 
 
 def measure(root=None) -> tuple[list[str], dict]:
@@ -47,7 +37,7 @@ def measure(root=None) -> tuple[list[str], dict]:
                 "model_fingerprint": report["model"].get("fingerprint"), "command": COMMAND}
     if abs(100 * len(right) / len(gallery.captions) - row["R@1"]) > 1e-6:
         raise AssertionError("examples disagree with R@1: the model changed during the measurement?")
-    return interleave(right), measured
+    return interleaved(right), measured
 
 
 def store(examples: list[str], measured: dict, path=SPEC_PATH) -> None:

@@ -27,7 +27,7 @@ from extract.decode import MediaError, find_videos, sha256_file
 from extract.pipeline import TextEncoder
 from extract.profiles import ProfileMismatch, check_identity, get_profile
 from extract.transcode import ensure_browser_playable
-from prvr.demo.gallery import build_demo_gallery
+from prvr.demo.gallery import build_demo_gallery, interleaved
 from prvr.index import GalleryVideo, VideoIndex
 from prvr.index.backends import open_gallery
 from prvr.index.gallery import QueryError, Weights
@@ -68,16 +68,6 @@ class Pending(NamedTuple):
     path: Path
     title: str
     sha256: str
-
-
-def caption_examples(captions: Sequence[object], limit: int = 24) -> list[str]:
-    """Demo captions, interleaved so the first page shows one caption of each clip."""
-    by_clip: dict[str, list[str]] = {}
-    for c in captions:
-        by_clip.setdefault(c.clip, []).append(c.text)
-    rounds = max((len(v) for v in by_clip.values()), default=0)
-    ordered = [texts[i] for i in range(rounds) for texts in by_clip.values() if i < len(texts)]
-    return list(dict.fromkeys(ordered))[:limit]
 
 
 class Predictor:
@@ -221,7 +211,7 @@ class Predictor:
         gallery = build_demo_gallery(self.settings.data_dir / "demo",
                                      video_ids=[v.strip() for v in chosen.split(",")] if chosen else None)
         # the recipe's measured examples (captions the offline default ranks first), else every caption
-        self.examples = list(gallery.examples) or caption_examples(gallery.captions)
+        self.examples = list(gallery.examples) or interleaved(gallery.captions, limit=24)
         missing = [Pending(v.id, v.path, v.title, sha256_file(v.path)) for v in gallery.videos
                    if self.index.record(v.id) is None]
         if missing:
