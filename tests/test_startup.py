@@ -36,6 +36,14 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def ctrl_c_as_in_a_terminal() -> None:
+    """In the app's process before it starts: Ctrl-C as a terminal's foreground program gets it. A suite
+    started as a background job by a shell without job control (``(./ci &)``) inherits SIGINT ignored, and
+    an app started with SIGINT ignored rightly keeps ignoring it (POSIX), which would hang the Ctrl-C tests
+    instead of testing the app."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 class Running:
     """``python app.py`` with every output line and the time it arrived."""
 
@@ -44,7 +52,8 @@ class Running:
         self.lines: list[tuple[float, str]] = []
         self.wall: list[float] = []  # when each line arrived, wall clock
         self.process = subprocess.Popen([sys.executable, "app.py", *args], cwd=REPO, env=env(), text=True,
-                                        stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+                                        stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                        preexec_fn=ctrl_c_as_in_a_terminal)
         self.reader = threading.Thread(target=self._read, daemon=True)
         self.reader.start()
 
