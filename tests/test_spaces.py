@@ -14,37 +14,17 @@ import pickle
 import signal
 import subprocess
 import sys
-from fractions import Fraction
 from pathlib import Path
 
 import numpy as np
 import pytest
+from h264_clip import encode
 
 from extract import zerogpu
 from extract.decode import CorruptVideo, TooLong
 from extract.pipeline import VideoExtractor
 
 HERE = Path(__file__).resolve().parent
-
-
-def encode(path: Path, seconds: float = 4.0, fps: int = 10, size: tuple[int, int] = (64, 48)) -> Path:
-    """An H.264 clip whose frames change colour over time."""
-    import av
-
-    width, height = size
-    with av.open(str(path), "w") as container:
-        stream = container.add_stream("libx264", rate=fps)
-        stream.width, stream.height, stream.pix_fmt = width, height, "yuv420p"
-        stream.options = {"preset": "ultrafast", "g": str(fps)}
-        stream.codec_context.time_base = Fraction(1, 1000)
-        for i in range(int(seconds * fps)):
-            rgb = np.zeros((height, width, 3), np.uint8)
-            rgb[..., 1] = min(255, 6 * i)
-            frame = av.VideoFrame.from_ndarray(rgb, format="rgb24")
-            frame.pts, frame.time_base = round(1000 * i / fps), Fraction(1, 1000)
-            container.mux(stream.encode(frame))
-        container.mux(stream.encode())
-    return path
 
 
 def stand_in(out: Path, *args: str) -> None:
@@ -159,7 +139,7 @@ def test_off_zerogpu_nothing_changes(tmp_path: Path, monkeypatch: pytest.MonkeyP
 
     assert not zerogpu.on_zerogpu() and zerogpu.search_device() is None
     assert zerogpu._gpu_rows_in_slot is zerogpu._gpu_rows  # spaces.GPU returned the function itself
-    video = encode(tmp_path / "v.mp4")
+    video = encode(tmp_path / "v.mp4", seconds=4.0)
     calls = []
     monkeypatch.setattr(spaces, "GPU", lambda *a, **k: calls.append(a))  # never consulted per call
     features = zerogpu.extract_video(video, "lite", startup=False)

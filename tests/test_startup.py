@@ -73,6 +73,18 @@ class Running:
     def output(self) -> str:
         return "\n".join(line for _, line in self.lines)
 
+    def interrupt(self, timeout: float) -> int:
+        """Ctrl-C a second from now; the exit status (``TimeoutExpired`` if it has not stopped in time)."""
+        time.sleep(1.0)
+        self.process.send_signal(signal.SIGINT)
+        return self.process.wait(timeout=timeout)
+
+    def close(self) -> None:
+        """Kill the app if it still runs, and read the rest of its output."""
+        if self.process.poll() is None:
+            self.process.kill()
+        self.reader.join(timeout=5)
+
 
 @pytest.fixture(scope="module")
 def first_start(tmp_path_factory: pytest.TempPathFactory) -> dict:
@@ -87,13 +99,9 @@ def first_start(tmp_path_factory: pytest.TempPathFactory) -> dict:
                                  "--data-dir", str(data)],
                                 cwd=REPO, env=env(), capture_output=True, text=True, timeout=300)
         second_s = time.monotonic() - t
-        time.sleep(1.0)
-        app.process.send_signal(signal.SIGINT)
-        code = app.process.wait(timeout=120)
+        code = app.interrupt(timeout=120)
     finally:
-        if app.process.poll() is None:
-            app.process.kill()
-    app.reader.join(timeout=5)
+        app.close()
     return {"app": app, "code": code, "second": second, "second_s": second_s, "data": data}
 
 
@@ -256,13 +264,9 @@ def test_ctrl_c_while_loading_exits_without_a_traceback(tmp_path: Path) -> None:
     app = Running("--port", str(free_port()), "--data-dir", str(tmp_path / "data"), "--demo-videos", "demo01")
     try:
         assert app.wait_for("loading the model", 600), app.output()[-3000:]
-        time.sleep(1.0)
-        app.process.send_signal(signal.SIGINT)
-        code = app.process.wait(timeout=300)
+        code = app.interrupt(timeout=300)
     finally:
-        if app.process.poll() is None:
-            app.process.kill()
-    app.reader.join(timeout=5)
+        app.close()
     text = app.output()
     assert code in (130, -signal.SIGINT), text[-3000:]  # interrupted, as a shell expects
     assert "Traceback" not in text and "terminate called" not in text, text[-3000:]

@@ -25,7 +25,6 @@ import os
 import pickle
 import sys
 import threading
-from fractions import Fraction
 from pathlib import Path
 
 import numpy as np
@@ -84,6 +83,8 @@ def measured_put(self: SimpleQueue, obj: object) -> None:
 
 SimpleQueue.put = measured_put
 
+from h264_clip import encode  # noqa: E402  - tests/ is this script's directory
+
 import extract.pipeline  # noqa: E402
 from extract import zerogpu  # noqa: E402
 from extract.decode import CorruptVideo  # noqa: E402
@@ -109,27 +110,6 @@ def rows_recording_pid(self: extract.pipeline.VideoExtractor, path: str, info: o
 
 
 extract.pipeline.VideoExtractor.rows = rows_recording_pid
-
-
-def encode(path: Path, seconds: float = 6.0, fps: int = 10, size: tuple[int, int] = (64, 48)) -> Path:
-    """An H.264 clip whose frames change colour over time."""
-    import av
-
-    width, height = size
-    with av.open(str(path), "w") as container:
-        stream = container.add_stream("libx264", rate=fps)
-        stream.width, stream.height, stream.pix_fmt = width, height, "yuv420p"
-        stream.options = {"preset": "ultrafast", "g": str(fps)}
-        stream.codec_context.time_base = Fraction(1, 1000)
-        for i in range(int(seconds * fps)):
-            rgb = np.zeros((height, width, 3), np.uint8)
-            rgb[..., 0] = min(255, 4 * i)
-            rgb[: height // 2, : width // 2, 2] = 255 - min(255, 4 * i)
-            frame = av.VideoFrame.from_ndarray(rgb, format="rgb24")
-            frame.pts, frame.time_base = round(1000 * i / fps), Fraction(1, 1000)
-            container.mux(stream.encode(frame))
-        container.mux(stream.encode())
-    return path
 
 
 def main() -> None:
