@@ -73,7 +73,8 @@ def ensure_browser_playable(src: str | Path, dst_dir: str | Path,
                             settings: EncodeSettings | None = None, *,
                             progress: Progress | None = None) -> Path:
     """Return ``src`` if browsers play it, else a re-encoded H.264 mp4 written into ``dst_dir``
-    (``progress(done_s, total_s)`` is called while re-encoding, at most twice a second)."""
+    (``progress(done_s, total_s)`` is called at the start, at most twice a second while re-encoding, and at
+    the end with ``done_s == total_s``)."""
     src = Path(src)
     try:
         reason = unplayable_reason(src)
@@ -127,6 +128,8 @@ def _encode(src: Path, dst: Path, settings: EncodeSettings, *, progress: Progres
             resampler = av.AudioResampler(format="fltp", layout="stereo", rate=aout.codec_context.sample_rate)
         n_frames = 0
         total_s = float(inp.duration / av.time_base) if inp.duration else 0.0
+        if progress is not None:  # first and last reports whatever the machine's speed; between, by the clock
+            progress(0.0, total_s)
         reported = time.monotonic()
         for frame in inp.decode(*[s for s in (vin, ain) if s is not None]):
             if isinstance(frame, av.VideoFrame):
@@ -145,3 +148,6 @@ def _encode(src: Path, dst: Path, settings: EncodeSettings, *, progress: Progres
         out.mux(vout.encode(None))
         if aout is not None:
             out.mux(aout.encode(None))
+        if progress is not None:
+            end_s = total_s or n_frames / float(rate)
+            progress(end_s, end_s)
