@@ -4,18 +4,18 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from prvr.index import store
 from prvr.index.gallery import Gallery
 from prvr.index.ingest import ReferenceQueries
 from prvr.index.qdrant import QdrantIndex
 from prvr.index.qdrant_store import QdrantTarget
+from prvr.index.schema import SCHEMA_VERSION
 from prvr.index.video_index import IndexConfig, VideoIndex
 
 
 def gallery_dir(data_dir: Path, profile: str, model) -> Path:
     """The built-in index's directory for this model in a data dir: one per model and index schema, so an
     index written by an older release (or for another model) is left alone."""
-    return Path(data_dir) / "indexes" / f"{profile}-{model.fingerprint()[:12]}-v{store.SCHEMA_VERSION}"
+    return Path(data_dir) / "indexes" / f"{profile}-{model.fingerprint()[:12]}-v{SCHEMA_VERSION}"
 
 
 def open_gallery(model, references: ReferenceQueries | None, *, url: str | None = None,

@@ -162,6 +162,11 @@ class Gallery(ABC):
         cat = self.catalog
         return [cat.videos[p] for p in cat.position.values()]
 
+    def media_paths(self) -> set[str]:
+        """The media paths (as stored: relative to the data dir, or absolute) of the videos this gallery
+        names: what must not be deleted from under it."""
+        return {r.get("path", "") for r in self.records()} - {""}
+
     def find_sha256(self, sha256: str) -> dict | None:
         """The record of a live video with these bytes, or None (a map lookup, not a scan)."""
         cat = self.catalog

@@ -2,8 +2,10 @@
 
 ``encode_for_index`` runs the model protocol (docs/design.md, Contract 3) once per video and keeps what
 exact search needs: the clip units, the norm and window index of every stored proposal, the normalised
-key-clip-guided frame feature z of every stored proposal (query-independent, see ``prvr.index.kernels``) and
-the encoded frames (for the attention shown with a result). For the results layer it also keeps, per video,
+key-clip-guided frame feature z of every stored proposal (query-independent, see ``prvr.index.kernels``),
+factored (``frame_factors``: an attended feature mixes the video's L frames, so the P of them span at most L
+dimensions, and P x H floats become (P + H) x r), and the encoded frames (for the attention shown with a
+result). For the results layer it also keeps, per video,
 the model's fine rows (``model.encode_rows``: unit vectors in the query space, float16, with their seconds),
 the video's query-independent segments (``prvr.temporal.segments.segment_video`` of the extracted rows, moved
 onto the fine rows) and, when given ``ReferenceQueries`` (the encoded reference captions of
@@ -27,13 +29,14 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from prvr.index.schema import FINE, FIXED, RAGGED
+from prvr.index.schema import FINE, FIXED, RAGGED, RECORD
 from prvr.models.clustering import length_aware_kmedoids
 from prvr.temporal.hubness import bank_stats
 from prvr.temporal.propagation import BETA, propagate_finest
 from prvr.temporal.segments import resample, segment_video
 
 COMPACT_PROPOSALS = 32  # MS-SL++ medoids per video in compact mode
+FACTOR_TOL = 2e-6  # the largest distance of a stored frame-scale feature from its unit original (factors)
 # the propagation strength of the stored moments context: recorded with every gallery (``model_identity``),
 # so a gallery built with another one is refused rather than read with the wrong context
 CONTEXT_BETA = BETA
@@ -63,9 +66,10 @@ class GalleryVideo:
                    path, vf.sha256)
 
     def record(self) -> dict:
-        """The JSON record stored with the segment."""
-        return {"id": self.id, "title": self.title, "path": self.path, "duration": float(self.duration),
-                "sha256": self.sha256}
+        """The record a gallery stores and returns (``schema.RECORD``)."""
+        record = {"id": self.id, "title": self.title, "path": self.path, "duration": float(self.duration),
+                  "sha256": self.sha256}
+        return {k: record[k] for k in RECORD}
 
 
 def check_ids(ids: Sequence[object], existing: Container[str]) -> None:
@@ -157,6 +161,35 @@ def localisation_arrays(vectors: np.ndarray, start: np.ndarray, end: np.ndarray,
             "fine_end": np.asarray(end, np.float32), "segments": np.asarray(segments, np.int32)}
 
 
+def frame_factors(zhat: np.ndarray | torch.Tensor,
+                  alpha: np.ndarray | torch.Tensor | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """One video's unit frame-scale features (P, H) -> (zbasis (r, H), zcoef (r, P)) float32, zbasis's rows
+    orthonormal, with every ``zcoef[:, j] @ zbasis`` within ``FACTOR_TOL`` of ``zhat[j]``.
+
+    ``alpha`` (P, L): the attention weights the features were made with (``model.attend``); each feature is
+    a mix of L value rows, so ``alpha.T @ zhat`` spans the same space in L rows and its SVD finds the basis
+    cheaply. Without it, or if that basis misses (a model whose features are not such mixes), the SVD of
+    ``zhat`` itself does. The rank keeps singular values above 1e-7 of the largest; the check is what makes
+    the stored features the ones bounds and scores use (``docs/design.md``). In torch (float64): numpy's
+    BLAS threads, woken right after the model's torch ops, would wait ~20 ms for the cores."""
+    z = torch.as_tensor(zhat).double()
+    sketches = [z] if alpha is None else [torch.as_tensor(alpha).double().T @ z, z]
+    for sketch in sketches:
+        _, s, vt = torch.linalg.svd(sketch, full_matrices=False)
+        rank = max(1, int((s > s[0] * 1e-7).sum())) if s[0] > 0 else 1
+        basis = vt[:rank].float()
+        coef = (z @ basis.double().T).float()  # (P, r)
+        error = torch.linalg.vector_norm(coef.double() @ basis.double() - z, dim=1).max()
+        if float(error) <= FACTOR_TOL:
+            return basis.numpy(), np.ascontiguousarray(coef.T.numpy())
+    raise GalleryError(f"frame-scale features of rank {rank} cannot be stored within {FACTOR_TOL}")
+
+
+def unfactor(zbasis: np.ndarray, zcoef: np.ndarray) -> np.ndarray:
+    """The (P, H) frame-scale features of one video's stored factors (float64: what bounds are made from)."""
+    return np.asarray(zcoef, np.float64).T @ np.asarray(zbasis, np.float64)
+
+
 def encode_for_index(model, videos: Sequence[GalleryVideo], mode: str, batch: int,
                      references: ReferenceQueries | None = None) -> tuple[dict[str, np.ndarray],
                                                                            dict[str, list[np.ndarray]]]:
@@ -179,11 +212,14 @@ def encode_for_index(model, videos: Sequence[GalleryVideo], mode: str, batch: in
         else:
             attend_idx = torch.arange(props.shape[1], device=props.device).expand(len(part), -1)
         chosen = props.gather(1, attend_idx[..., None].expand(-1, -1, props.shape[-1]))
-        z, _ = model.attend(enc, attend_idx)  # (b, P, H)
+        z, alpha = model.attend(enc, attend_idx)  # (b, P, H), (b, P, L)
         fixed["units"].append(enc.clip_units.float().cpu().numpy())
         fixed["pnorm"].append(torch.linalg.vector_norm(chosen.double(), dim=-1).float().cpu().numpy())
         fixed["pidx"].append(pidx.cpu().numpy().astype(np.int16))
-        fixed["zhat"].append(F.normalize(z.float(), dim=-1).cpu().numpy())
+        zhat, alpha = F.normalize(z.float(), dim=-1).cpu(), alpha.float().cpu()
+        for zb, zc in (frame_factors(zv, av) for zv, av in zip(zhat, alpha, strict=True)):
+            ragged["zbasis"].append(zb)
+            ragged["zcoef"].append(zc)
         if references is not None:
             with torch.no_grad():
                 scores = model.score(references.queries, enc)  # (R, b): the model's own scores

@@ -4,13 +4,19 @@ Why it is exact. A video's proposals are means of windows over its M clip units 
 u_t = q.C_t the clip-scale cosine of window (k, s) is (u_s + ... + u_{s+k-1}) / (k |q| |p_(k,s)|): the M dot
 products, prefix sums and the stored proposal norms give every proposal's cosine, hence S_clip and the key
 clip j*. The frame-scale feature z_j (key-clip-guided attention with proposal j as the key) does not depend
-on the query, so it is computed once per proposal at indexing time and stored normalised: S_frame is one dot
-product with the row of j*. ``_exact`` does exactly this.
+on the query, so it is computed once per proposal at indexing time and stored normalised, factored
+(``schema``: zcoef[:, j] @ zbasis): S_frame is q^ . z_j* = zcoef[:, j*] . (zbasis q^). ``_exact`` does
+exactly this.
 
 Why it is fast. Scoring is memory-bound (a full scan reads every video's float32 units), so each query first
-reads the 8-bit sketch (``prvr.index.sketch``), a quarter of the bytes, and computes an UPPER BOUND of every
-video's total; ``prvr.index.rank`` scores exactly only the videos whose bound can reach the k-th best total.
-The bounds (all rigorous):
+reads the head of the 8-bit sketch (``prvr.index.sketch``), a sixth of the full codes' bytes, and computes an
+UPPER BOUND of every video's total; ``prvr.index.rank`` refines it with the full codes and the frame balls
+only where it can reach the k-th best total, and scores exactly only the videos whose refined bound still
+can. The bounds (all rigorous):
+- head (``_clip_pass`` on the head codes): with the segment's head basis A, q.C_t = a.h_t + (q - A^T a).(C_t
+  - A^T h_t) + ((I - A A^T) a).h_t for a = A q and h_t = A C_t, at most a.h_t + |q - A^T a| tail_t + (a small
+  term of A's float32 rounding, added to the query's spread); a.h_t as below. Tight where the head basis holds
+  most of the units' energy (principal directions of the segment's units).
 - clip (``_clip_pass``): by Cauchy-Schwarz q.C_t <= q.C~_t + |q||C_t - C~_t|; q.C~_t is computed exactly, in
   integers, with the query's 16-bit copy q~, which adds |q - q~||C~_t|. A window's cosine is at most its sum
   of these unit bounds times its 16-bit factor (rounded up, >= 1 / (k |p|)), divided by |q|; S_clip is at
@@ -156,10 +162,11 @@ def _max(x):  # pragma: no cover - compiled
 
 
 @numba.njit(inline="always")
-def _margin(err, norm, qn, spread):  # pragma: no cover - compiled
+def _margin(err, norm, qerr, spread):  # pragma: no cover - compiled
     """How far step * (levels . codes_t) * scale_t may be from q.C_t: the unit's quantisation error
-    (|q| err_t) and the query's (spread |C~_t|, with |C~_t| <= |C_t| + err_t)."""
-    return qn * err + spread * (norm + err)
+    (|q| err_t, ``qerr`` the norm of the query the codes are dotted with) and the query's (spread |C~_t|,
+    with |C~_t| <= |C_t| + err_t)."""
+    return qerr * err + spread * (norm + err)
 
 
 @numba.njit(inline="always")
@@ -179,34 +186,42 @@ def _negative(best, c, step):  # pragma: no cover - compiled
 
 
 @numba.njit(**KERNEL)
-def _clip_pass(codes, scale, err, norm, pinv, pinv_scale, pidx, table, rows, levels, step, qn, spread,
-               out, hi):  # pragma: no cover - compiled
-    """out[i] >= max_j cos(q, p_j) for video v = rows[i] (at most 1): the largest window upper bound; hi[i]
-    = the prefix sums of its unit upper bounds q.C_t <= step (levels . codes_t) scale_t + margin_t (the
-    frame pass starts from them)."""
+def _clip_pass(codes, scale, err, norm, tail, pinv, pinv_scale, pidx, table, rows, levels, step, qn, qerr,
+               spread, qtail, out, hi):  # pragma: no cover - compiled
+    """out[i] >= max_j cos(q, p_j) for video v = rows[i] (at most 1): the largest window upper bound of the
+    unit upper bounds q.C_t <= step (levels . codes_t) scale_t + margin_t + qtail tail_t (``tail``: what the
+    codes leave out, the head's; qtail = 0 for the full codes, whose ``tail`` is not read). hi[i] (when hi
+    has a row per video) = the prefix sums of the unit upper bounds, which the frame pass starts from."""
     M, P = codes.shape[1], pinv.shape[1]
     values, cc, lanes, dots = np.empty(P), np.empty(2 * M + 2), np.empty(M + 1), np.empty(M, np.int32)
+    h = np.empty(M + 1)
+    keep = hi.shape[0] == rows.shape[0]
     for i in range(rows.shape[0]):
         v = rows[i]
         _int_dots(codes[v], levels, dots)
-        hi[i, 0] = 0.0
+        h[0] = 0.0
         for t in range(M):
             d = _code_dot(dots[t], scale[v, t], step)  # q~.C~_t
-            hi[i, t + 1] = hi[i, t] + d + _margin(err[v, t], norm[v, t], qn, spread)
+            d += _margin(err[v, t], norm[v, t], qerr, spread)
+            if qtail > 0:
+                d += qtail * tail[v, t]
+            h[t + 1] = h[t] + d
         unit = np.float64(pinv_scale[v])  # of the window factors
         if table.shape[0] == 0:
-            _grid_lanes(hi[i], pinv[v], unit, cc, lanes)
+            _grid_lanes(h, pinv[v], unit, cc, lanes)
             best = _max(lanes)
         else:
-            _window_values(hi[i], pinv[v], unit, pidx[v], table, values)
+            _window_values(h, pinv[v], unit, pidx[v], table, values)
             best = _max(values)
-        out[i] = min(_slack(_negative(best, hi[i], unit)) / qn, 1.0)
+        out[i] = min(_slack(_negative(best, h, unit)) / qn, 1.0)
+        if keep:
+            hi[i, :] = h
 
 
 @numba.njit(**KERNEL)
 def _frame_pass(err, norm, pinv, pinv_scale, ball_codes, ball_scale, ball_norm, ball_radius, ball_of,
-                ball_dist, zhat, pidx, table, rows, hi, at, levels, step, q, qn, spread, key_eps, enough,
-                out):  # pragma: no cover - compiled
+                ball_dist, zbasis, zcoef, zoff, pidx, table, rows, hi, at, levels, step, q, qn, spread,
+                key_eps, enough, out):  # pragma: no cover - compiled
     """out[i] >= q^.z_j* for video v = rows[i], j* its key clip, given hi[at[i]], the prefix sums of its unit
     upper bounds; below ``enough[i]`` where these bounds can show it, in three tiers, each only where the
     one before is not below ``enough[i]``.
@@ -221,12 +236,14 @@ def _frame_pass(err, norm, pinv, pinv_scale, ball_codes, ball_scale, ball_norm, 
        less); a window whose sum is negative is compared with the cut lowered by the most its rounded-up
        factor can have lowered it.
     3. The stored z rows of the candidates whose own ball bound q^.c~_ball(j) + d_j is not below
-       ``enough[i]``: q^.z_j itself (float64 sums of the float32 rows), until one reaches ``enough[i]``
-       (then the video keeps its tier-2 bound: it must be scored anyway). Not without a threshold.
+       ``enough[i]``: q^.z_j itself (float64 sums of the float32 factors: zcoef[:, j] . (zbasis q^)), until
+       one reaches ``enough[i]`` (then the video keeps its tier-2 bound: it must be scored anyway). Not
+       without a threshold.
     """
     M, B, H = err.shape[1], ball_codes.shape[1], q.shape[0]
     grid, W = table.shape[0] == 0, M + 1
     values, dots, reach, ints = np.empty(pinv.shape[1]), np.empty(B), np.empty(B), np.empty(B, np.int32)
+    y = np.empty(H)  # zbasis q (float64) of one video (its rank r <= H)
     cand = np.empty(pinv.shape[1], dtype=np.int64)  # the stored proposals that can be the key clip
     cc, lanes = np.empty(2 * W), np.empty(W)
     offset = np.zeros(M + 1, dtype=np.int64)  # the stored proposals of k units start at offset[k - 1]
@@ -296,13 +313,22 @@ def _frame_pass(err, norm, pinv, pinv_scale, ball_codes, ball_scale, ball_norm, 
         if out[i] < enough[i] or enough[i] == -np.inf:
             continue
         tight = -np.inf  # the candidates' z rows
+        first, rank = zoff[v], zoff[v + 1] - zoff[v]
+        projected = False
         for c in range(n):
             p = cand[c]
             near = dots[ball_of[v, p]] + ball_dist[v, p]
             if near >= enough[i]:
+                if not projected:  # y = zbasis q, once per video
+                    for r in range(rank):
+                        acc = 0.0
+                        for h in range(H):
+                            acc += np.float64(zbasis[first + r, h]) * np.float64(q[h])
+                        y[r] = acc
+                    projected = True
                 dot = 0.0
-                for h in range(H):
-                    dot += np.float64(zhat[v, p, h]) * np.float64(q[h])
+                for r in range(rank):
+                    dot += np.float64(zcoef[first + r, p]) * y[r]
                 near = dot / qn
             tight = max(tight, near)
             if tight >= enough[i]:
@@ -312,12 +338,14 @@ def _frame_pass(err, norm, pinv, pinv_scale, ball_codes, ball_scale, ball_norm, 
 
 
 @numba.njit(**KERNEL)
-def _exact(units, pnorm, zhat, pidx, table, rows, q, qn, u_out, cos_out,  # pragma: no cover
+def _exact(units, pnorm, zbasis, zcoef, zoff, pidx, table, rows, q, qn, u_out, cos_out,  # pragma: no cover
            key_out, frame_out):
     """Exact scores of videos rows[i]: u_out[i] = q.C_t, cos_out[i] = every stored proposal's clip-scale
-    cosine, key_out[i] = its first argmax, frame_out[i] = q.z_key (float32, one video at a time)."""
+    cosine, key_out[i] = its first argmax, frame_out[i] = q.z_key = zcoef[:, key] . (zbasis q) (float32, one
+    video at a time)."""
     M, P = units.shape[1], pnorm.shape[1]
     csum = np.empty(M + 1, dtype=np.float32)
+    y = np.empty(zbasis.shape[1], dtype=np.float32)
     qn32 = np.float32(qn)
     for i in range(rows.shape[0]):
         v = rows[i]
@@ -346,9 +374,11 @@ def _exact(units, pnorm, zhat, pidx, table, rows, q, qn, u_out, cos_out,  # prag
             if cos_out[i, j] > best:
                 best, key = cos_out[i, j], j
         key_out[i] = key
+        first, rank = zoff[v], zoff[v + 1] - zoff[v]
+        _row_dots(zbasis[first:first + rank], q, y[:rank])
         f = np.float32(0.0)
-        for h in range(q.shape[0]):
-            f += zhat[v, key, h] * q[h]
+        for r in range(rank):
+            f += zcoef[first + r, key] * y[r]
         frame_out[i] = f
 
 
@@ -356,17 +386,6 @@ def _exact(units, pnorm, zhat, pidx, table, rows, q, qn, u_out, cos_out,  # prag
 # on numba's threads (OpenMP where available: a launch costs tens of microseconds, where waking Python
 # threads costs hundreds). A video's result does not depend on the part it falls in.
 PARALLEL = {"parallel": True, "nogil": True, "cache": True}
-
-
-@numba.njit(**PARALLEL)
-def _clip_scan(codes, scale, err, norm, pinv, pinv_scale, pidx, table, rows, levels, step, qn, spread, out,
-               hi, tasks):  # pragma: no cover - compiled
-    """``_clip_pass`` in parts."""
-    n = rows.shape[0]
-    for c in numba.prange(tasks):
-        a, b = c * n // tasks, (c + 1) * n // tasks
-        _clip_pass(codes, scale, err, norm, pinv, pinv_scale, pidx, table, rows[a:b], levels, step, qn,
-                   spread, out[a:b], hi[a:b])
 
 
 @numba.njit(inline="always")
@@ -378,57 +397,109 @@ def _segment_run(seg_start, positions, a):  # pragma: no cover - compiled
 
 
 @numba.njit(**KERNEL)
+def _head_runs(codes, scale, err, norm, tail, pinv, pinv_scale, pidx, table, seg_start, rows, levels, step,
+               qn, qerr, spread, qtail, out):  # pragma: no cover - compiled
+    """The head's ``_clip_pass`` over sorted global rows of the first pass's arrays (all segments in one
+    array each), each segment's run with that segment's head query (row s of levels, step, qerr, spread,
+    qtail)."""
+    none = np.empty((0, codes.shape[1] + 1))
+    a = 0
+    while a < rows.shape[0]:
+        s, b = _segment_run(seg_start, rows, a)
+        _clip_pass(codes, scale, err, norm, tail, pinv, pinv_scale, pidx, table, rows[a:b], levels[s],
+                   step[s], qn, qerr[s], spread[s], qtail[s], out[a:b], none)
+        a = b
+
+
+@numba.njit(**PARALLEL)
+def _head_scan(codes, scale, err, norm, tail, pinv, pinv_scale, pidx, table, seg_start, rows, levels, step,
+               qn, qerr, spread, qtail, out, tasks):  # pragma: no cover - compiled
+    """``_head_runs`` in parts."""
+    n = rows.shape[0]
+    for c in numba.prange(tasks):
+        a, b = c * n // tasks, (c + 1) * n // tasks
+        _head_runs(codes, scale, err, norm, tail, pinv, pinv_scale, pidx, table, seg_start, rows[a:b], levels,
+                   step, qn, qerr, spread, qtail, out[a:b])
+
+
+@numba.njit(**KERNEL)
+def _clip_runs(codes, scale, err, norm, pinv, pinv_scale, pidx, table, seg_start, positions, levels, step, qn,
+               spread, out, hi):  # pragma: no cover - compiled
+    """The full codes' ``_clip_pass`` of sorted global positions, the arrays typed Lists over segments (as
+    ``Stored``): one call per segment."""
+    no_tail = np.zeros((1, 1), np.float32)
+    a = 0
+    while a < positions.shape[0]:
+        s, b = _segment_run(seg_start, positions, a)
+        _clip_pass(codes[s], scale[s], err[s], norm[s], no_tail, pinv[s], pinv_scale[s], pidx[s], table,
+                   positions[a:b] - seg_start[s], levels, step, qn, qn, spread, 0.0, out[a:b], hi[a:b])
+        a = b
+
+
+@numba.njit(**PARALLEL)
+def _clip_scan(codes, scale, err, norm, pinv, pinv_scale, pidx, table, seg_start, positions, levels, step, qn,
+               spread, out, hi, tasks):  # pragma: no cover - compiled
+    """``_clip_runs`` in parts."""
+    n = positions.shape[0]
+    for c in numba.prange(tasks):
+        a, b = c * n // tasks, (c + 1) * n // tasks
+        _clip_runs(codes, scale, err, norm, pinv, pinv_scale, pidx, table, seg_start, positions[a:b], levels,
+                   step, qn, spread, out[a:b], hi[a:b])
+
+
+@numba.njit(**KERNEL)
 def _frame_runs(err, norm, pinv, pinv_scale, ball_codes, ball_scale, ball_norm, ball_radius, ball_of,
-                ball_dist, zhat, pidx, table, seg_start, positions, hi, at, levels, step, q, qn, spread,
-                key_eps, enough, out):  # pragma: no cover - compiled
+                ball_dist, zbasis, zcoef, zoff, pidx, table, seg_start, positions, hi, at, levels, step, q,
+                qn, spread, key_eps, enough, out):  # pragma: no cover - compiled
     """``_frame_pass`` of sorted global positions, the arrays typed Lists over segments (as ``Stored``):
     one call per segment."""
     a = 0
     while a < positions.shape[0]:
         s, b = _segment_run(seg_start, positions, a)
         _frame_pass(err[s], norm[s], pinv[s], pinv_scale[s], ball_codes[s], ball_scale[s], ball_norm[s],
-                    ball_radius[s], ball_of[s], ball_dist[s], zhat[s], pidx[s], table,
+                    ball_radius[s], ball_of[s], ball_dist[s], zbasis[s], zcoef[s], zoff[s], pidx[s], table,
                     positions[a:b] - seg_start[s], hi, at[a:b], levels, step, q, qn, spread, key_eps,
                     enough[a:b], out[a:b])
         a = b
 
 
 @numba.njit(**KERNEL)
-def _exact_runs(units, pnorm, zhat, pidx, table, seg_start, positions, q, qn, u_out, cos_out, key_out,
-                frame_out):  # pragma: no cover - compiled
+def _exact_runs(units, pnorm, zbasis, zcoef, zoff, pidx, table, seg_start, positions, q, qn, u_out, cos_out,
+                key_out, frame_out):  # pragma: no cover - compiled
     """``_exact`` of sorted global positions, the arrays typed Lists over segments (as ``Stored``): one
     call per segment."""
     a = 0
     while a < positions.shape[0]:
         s, b = _segment_run(seg_start, positions, a)
-        _exact(units[s], pnorm[s], zhat[s], pidx[s], table, positions[a:b] - seg_start[s], q, qn, u_out[a:b],
-               cos_out[a:b], key_out[a:b], frame_out[a:b])
+        _exact(units[s], pnorm[s], zbasis[s], zcoef[s], zoff[s], pidx[s], table,
+               positions[a:b] - seg_start[s], q, qn, u_out[a:b], cos_out[a:b], key_out[a:b], frame_out[a:b])
         a = b
 
 
 @numba.njit(**PARALLEL)
 def _frame_scan(err, norm, pinv, pinv_scale, ball_codes, ball_scale, ball_norm, ball_radius, ball_of,
-                ball_dist, zhat, pidx, table, seg_start, positions, hi, at, levels, step, q, qn, spread,
-                key_eps, enough, out, tasks):  # pragma: no cover - compiled
+                ball_dist, zbasis, zcoef, zoff, pidx, table, seg_start, positions, hi, at, levels, step, q,
+                qn, spread, key_eps, enough, out, tasks):  # pragma: no cover - compiled
     """``_frame_runs`` in parts."""
     n = positions.shape[0]
     for c in numba.prange(tasks):
         a, b = c * n // tasks, (c + 1) * n // tasks
         _frame_runs(err, norm, pinv, pinv_scale, ball_codes, ball_scale, ball_norm, ball_radius, ball_of,
-                    ball_dist, zhat, pidx, table, seg_start, positions[a:b], hi, at[a:b], levels, step, q,
-                    qn, spread, key_eps, enough[a:b], out[a:b])
+                    ball_dist, zbasis, zcoef, zoff, pidx, table, seg_start, positions[a:b], hi, at[a:b],
+                    levels, step, q, qn, spread, key_eps, enough[a:b], out[a:b])
 
 
 @numba.njit(**PARALLEL)
-def _exact_scan(units, pnorm, zhat, pidx, table, seg_start, positions, q, qn, tasks):  # pragma: no cover
+def _exact_scan(units, pnorm, zbasis, zcoef, zoff, pidx, table, seg_start, positions, q, qn,
+                tasks):  # pragma: no cover - compiled
     """``_exact_runs`` in parts: (u, cos, key, frame) as ``_exact`` writes them."""
     n, M, P = positions.shape[0], units[0].shape[1], pnorm[0].shape[1]
     u_out, cos_out = np.empty((n, M), np.float32), np.empty((n, P), np.float32)
     key_out, frame_out = np.empty(n, np.int64), np.empty(n, np.float32)
     for c in numba.prange(tasks):
         a, b = c * n // tasks, (c + 1) * n // tasks
-        _exact_runs(units, pnorm, zhat, pidx, table, seg_start, positions[a:b], q, qn, u_out[a:b],
-                    cos_out[a:b], key_out[a:b], frame_out[a:b])
+        _exact_runs(units, pnorm, zbasis, zcoef, zoff, pidx, table, seg_start, positions[a:b], q, qn,
+                    u_out[a:b], cos_out[a:b], key_out[a:b], frame_out[a:b])
     return u_out, cos_out, key_out, frame_out
 
 

@@ -1,4 +1,4 @@
-"""QdrantIndex: the gallery in a Qdrant collection, ranked exactly, behind the same interface as VideoIndex.
+"""QdrantIndex: the gallery in a Qdrant collection, ranked exactly, behind the same contract as VideoIndex.
 
 ```python
 index = QdrantIndex.open_or_create("qdrant://localhost:6333/prvr", model)   # or "qdrant+local://DIR"
@@ -6,23 +6,22 @@ index.add([GalleryVideo(...)]); index.remove(["v1"])
 evidence = index.rank(q, k=10, weights=None)     # the same Evidence as VideoIndex.rank, best first
 ```
 
-One point per video (``prvr.index.qdrant_store``): the multivector of its unit-normalised proposals (all
-windows, or the 32 medoids in compact mode, from ``encode_for_index`` as the built-in index stores them), the
-multivector of its frame balls, and a payload of its record, insertion order and per-video arrays. The
-collection's metadata holds the model's identity (fingerprint, profile, geometry) and the mode; opening it
-for another model is refused.
+``qdrant+local://DIR`` runs the Qdrant engine itself in this process (``qdrant-edge-py``), ``qdrant://`` a
+server through qdrant-client; both hold the layout of ``prvr.index.qdrant_store``: a point per video with a
+float16 ``bounds`` multivector (an upper bound of its total, no graph), a float16 ``scenes`` multivector
+(HNSW, int8-quantized) and the per-video arrays in its payload. The gallery's metadata (the model's identity,
+the mode, the insertion counter) is one more point; opening the collection for another model, profile,
+reference bank or schema is refused.
 
-Exact ranking (Fagin's threshold algorithm over two of Qdrant's orders): Qdrant's MAX_SIM of the unit query
-over a video's ``windows`` is its clip-scale score; over its ``frame_balls`` ([centre, radius] of balls
-covering its zhat rows, queried with [q^, 1]) it is an upper bound of its frame score. Each round takes the
-best L videos of both orders (exhaustive scans, ``exact=True``) and scores the new ones exactly with the
-built-in index's own code (``exact_rows``: clip from the windows, key clip the first argmax, frame
-q^.z_key). A video in neither list has total <= w_clip * (the last clip score) + w_frame * min(1, the last
-ball bound) + BOUND_EPS; once that falls below the k-th best exact total no unseen video can reach it, else L
-doubles. Equal totals are broken by insertion order, as the built-in index breaks them by position.
-``approximate=True`` takes Qdrant's HNSW candidates instead (``candidate_videos`` of them), scored exactly.
-CSA models are supported: their frame score, at most 1, comes from the stored frames and the query's
-tokens, as in VideoIndex; the balls bound MS-SL's frame score only, so for CSA the frame bound is 1.
+Exact ranking is the built-in index's rank tail (``rank.top_k``) fed by the engine: pages of the points with
+the best ``bounds`` scores (exhaustive scans: the score of a video's balls at the query's weights is an upper
+bound of its total; a page's last score bounds every point after it), exact scores of the candidates that can
+still reach the k-th best (their exact-score arrays fetched by id, scored by the built-in index's own code:
+the same bits), the next page only while its bound can. Equal totals are broken by insertion order, as the
+built-in index breaks them by position. ``approximate=True`` takes the ``candidate_videos`` best videos of the
+HNSW graph over ``scenes`` as the one page, bounded by the same balls and scored exactly. CSA models are
+supported: their frame score comes from the stored frames and the query's tokens, so the frame balls do not
+bound it and the bound takes frame <= 1.
 """
 
 from __future__ import annotations
@@ -30,15 +29,13 @@ from __future__ import annotations
 import dataclasses
 import logging
 import threading
-from collections.abc import Sequence
-from contextlib import nullcontext
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import NamedTuple
 
 import numpy as np
 
-from prvr.index import qdrant_store as layout
-from prvr.index.evidence import VideoEvidence, best_first
+from prvr.index import approximate as scenes_of
+from prvr.index.evidence import VideoEvidence
 from prvr.index.gallery import Catalog, Gallery, IndexMismatchError, Weights, bank_identity, model_identity
 from prvr.index.ingest import (
     GalleryError,
@@ -49,9 +46,24 @@ from prvr.index.ingest import (
     check_videos,
     encode_for_index,
 )
-from prvr.index.qdrant_store import BALLS, RECORD, WINDOWS, QdrantTarget, guarded, point_id
-from prvr.index.rank import BOUND_EPS, EXACT, FIRST_CHUNK, kth_largest, typed_list
-from prvr.index.schema import FIXED, RAGGED
+from prvr.index.qdrant_store import (
+    BOUNDS,
+    META_ID,
+    SCENES,
+    PointData,
+    PointStore,
+    QdrantTarget,
+    bound_query,
+    bound_rows,
+    collection_spec,
+    engine_eps,
+    payload_bytes,
+    point,
+    point_id,
+    unpack,
+)
+from prvr.index.rank import BOUND_EPS, FIRST_CHUNK, Page, Stored, top_k
+from prvr.index.schema import EVIDENCE, EXACT, FIXED, RAGGED, RECORD, SCHEMA_VERSION
 from prvr.index.scoring import evidence_of, exact_of, is_csa, query_vector
 from prvr.index.sketch import BoundQuery
 from prvr.index.store import IndexStoreError
@@ -61,93 +73,69 @@ from prvr.models.preprocess import window_table
 log = logging.getLogger(__name__)
 
 FORMAT = "prvr-qdrant"
-SCHEMA_VERSION = 5  # 2: fine rows, segments and reference scores per video; 3: the moments' context;
-# 4: the reference bank's statistics of the fine and context rows; 5: the moments context's beta recorded
-META = "prvr"  # the key of this package's entry in the collection's metadata
+META = "prvr"  # the metadata point's payload key
 
 
 @dataclass(frozen=True)
 class QdrantConfig:
     mode: str = "exact"  # "exact": every proposal of the model; "compact": 32 MS-SL++ medoids per video
     encode_batch: int = 64  # videos encoded at once
-    upsert_bytes: int = 8 << 20  # payload bytes per upsert request (a server takes 32 MB per request)
+    upsert_bytes: int = 8 << 20  # bytes per upsert request (a server takes 32 MB per request)
     timeout: float = 10.0  # seconds a server request may take (connecting included)
     candidate_videos: int = 256  # approximate search: HNSW candidates scored exactly
     hnsw_ef: int = 256  # approximate search: HNSW beam width (at least candidate_videos)
-    frame_balls: int = 16  # balls over each video's zhat rows: the frame-score bound of the exact pages
+    hnsw_m: int = 16  # edges per node of the scenes' graph
+    frame_balls: int = 16  # balls over each video's frame-scale features in the bounds multivector
+    first_page: int = 64  # points of the first page of an exact rank (then doubling)
 
 
-class ExactLists(NamedTuple):
-    """The arrays ``rank.exact_rows`` reads (``rank.EXACT``), as one-segment typed Lists."""
+class Fetched:
+    """Points fetched for one query, as one segment: ``scoring.VideoArrays`` over them, so that the built-in
+    index's exact scores and evidence run on them unchanged. Positions are indices into ``videos``."""
 
-    units: object
-    pnorm: object
-    zhat: object
-    pidx: object
-
-
-class Candidates:
-    """Videos fetched from Qdrant as one segment, read the way the built-in index reads a ``Snapshot``
-    (stored, seg_start, windows, table, gather, frames, rows, videos), so that its exact scores and
-    evidence code run on them unchanged."""
-
-    def __init__(self, points: Sequence[dict], table: np.ndarray, keep: Sequence[str] | None = None) -> None:
-        self.videos = [p["record"] for p in points]
-        self.table = table
-        self.arrays = {f: np.stack([p["arrays"][f] for p in points]) for f in EXACT}
-        # each video's other stored arrays by name (``keep``: only these; the exact-score ones are above)
-        others = [k for k in points[0]["arrays"] if k not in EXACT and (keep is None or k in keep)]
-        self.per_video = [{k: p["arrays"][k] for k in others} for p in points]
-        self.seg_start = np.array([0, len(points)], dtype=np.int64)
-        self.stored = ExactLists(*(typed_list([self.arrays[f]]) for f in EXACT))
+    def __init__(self, records: list[dict], arrays: list[Mapping[str, np.ndarray]],
+                 table: np.ndarray) -> None:
+        self.videos, self.table, self.per_video = records, table, arrays
+        self.seg_start = np.array([0, len(records)], dtype=np.int64)
+        segment: dict[str, np.ndarray] = {}
+        for name in arrays[0]:
+            if name in FIXED:
+                segment[name] = np.stack([a[name] for a in arrays])
+        if "zbasis" in arrays[0]:
+            for name in ("zbasis", "zcoef"):
+                segment[name] = np.concatenate([a[name] for a in arrays])
+            segment["n_zrank"] = np.array([len(a["zbasis"]) for a in arrays], dtype=np.int64)
+        self.segment = segment
+        self.stored = Stored.of([segment])
 
     @property
     def windows(self) -> np.ndarray | None:
         """None when the videos store all windows in window_table order, else the table for ``pidx``."""
-        return None if self.arrays["pnorm"].shape[1] == len(self.table) else self.table
+        return None if self.segment["pnorm"].shape[1] == len(self.table) else self.table
 
     def gather(self, key: str, positions: np.ndarray) -> np.ndarray:
-        """Rows of per-video array ``key``."""
-        if key in self.arrays:
-            return self.arrays[key][positions]
+        """Rows of the one-row-per-video array ``key``."""
+        if key in self.segment:
+            return self.segment[key][positions]
         return np.stack([self.per_video[p][key] for p in positions])
 
     def ragged(self, key: str, position: int) -> np.ndarray:
         """One video's ragged array ``key`` (``schema.RAGGED``)."""
         return self.per_video[position][key]
 
-    def frames(self, position: int) -> np.ndarray:
-        """Encoded frames (L, H) of one video."""
-        return self.per_video[position]["frames"]
-
-    def rows(self, position: int) -> tuple[np.ndarray, np.ndarray]:
-        """Raw row start / end seconds of one video."""
-        return self.per_video[position]["row_start"], self.per_video[position]["row_end"]
-
-
-def _vector_size(model) -> int:
-    """Width of the model's encoded vectors (MS-SL: hidden_size; the bridge: its class-text vectors)."""
-    size = getattr(model.cfg, "hidden_size", None)
-    if size is None and hasattr(model, "class_text"):
-        size = model.class_text.shape[-1]
-    if size is None:
-        raise ValueError(f"cannot tell the vector width of {type(model).__name__} (no cfg.hidden_size)")
-    return int(size)
-
 
 class QdrantIndex(Gallery):
     """A Qdrant collection opened for one model; see the module docstring."""
 
-    def __init__(self, target: QdrantTarget, client, model, cfg: QdrantConfig, meta: dict,
+    def __init__(self, target: QdrantTarget, store: PointStore, model, cfg: QdrantConfig, meta: dict,
                  references: ReferenceQueries | None = None) -> None:
-        self.target, self.client, self.model, self.cfg, self.meta = target, client, model, cfg, meta
+        self.target, self.store, self.model, self.cfg, self.meta = target, store, model, cfg, meta
         self.references = references
         self._csa = is_csa(model)
-        self.table = window_table(int(model.cfg.map_size)).numpy()
+        self.table = window_table(int(meta["map_size"])).numpy()
         self._writing = threading.Lock()
-        # the embedded client is plain Python over shared lists: one call at a time
-        self._local = threading.Lock() if target.path is not None else nullcontext()
-        self._catalog = self._load_catalog()
+        self._reading = threading.Lock()  # one engine call at a time (its shard is not shared across threads)
+        self._catalog, self._seqs = self._load_catalog()
 
     # ------------------------------------------------------------------ opening
     @staticmethod
@@ -155,107 +143,73 @@ class QdrantIndex(Gallery):
         """The parsed target of a URL (or the target itself)."""
         return spec if isinstance(spec, QdrantTarget) else QdrantTarget.parse(spec)
 
-    def _call(self, what: str, method: str, *args: object, **kw: object):
-        """self.client.<method>(collection, ...), errors naming the target (see ``guarded``)."""
-        with self._local:
-            call = getattr(self.client, method)
-            return guarded(self.target, what, call, self.target.collection, *args, **kw)
+    @staticmethod
+    def new_meta(cfg: QdrantConfig, identity: dict, references: dict | None) -> dict:
+        """The metadata of a new gallery."""
+        return {"format": FORMAT, "schema_version": SCHEMA_VERSION, "mode": cfg.mode,
+                "frame_balls": cfg.frame_balls, **identity, "next_seq": 0, "references": references}
 
     @classmethod
     def create(cls, spec: str | QdrantTarget, model, cfg: QdrantConfig | None = None,
-               references: ReferenceQueries | None = None) -> QdrantIndex:
-        """Make a new, empty collection for this model (refuses an existing one); ``references`` as for
-        ``VideoIndex.create``."""
-        from qdrant_client import models
-
+               references: ReferenceQueries | None = None, store: PointStore | None = None) -> QdrantIndex:
+        """A new, empty gallery for this model (refuses an existing one); ``references`` as for
+        ``VideoIndex.create``. The collection itself is made with the first videos."""
         cfg, target = cfg or QdrantConfig(), cls._target(spec)
         if cfg.mode not in ("exact", "compact"):
             raise ValueError(f"index mode must be 'exact' or 'compact', got {cfg.mode!r}")
-        client = target.connect(cfg.timeout)
-        if guarded(target, "check the collection", client.collection_exists, target.collection):
-            client.close()
+        store = store or target.connect(cfg.timeout)
+        if store.exists():
+            store.close()
             raise IndexStoreError(f"{target.where} already exists; open it instead")
-        meta = {"format": FORMAT, "schema_version": SCHEMA_VERSION, "mode": cfg.mode,
-                "frame_balls": cfg.frame_balls, **model_identity(model), "next_seq": 0,
-                "references": bank_identity(references)}
-        multi = models.MultiVectorConfig(comparator=models.MultiVectorComparator.MAX_SIM)
-        size = _vector_size(model)
-        dot = models.Distance.DOT
-        vectors = {WINDOWS: models.VectorParams(size=size, distance=dot, multivector_config=multi),
-                   # the balls are read by exhaustive scans only: no HNSW graph
-                   BALLS: models.VectorParams(size=size + 1, distance=dot, multivector_config=multi,
-                                              hnsw_config=models.HnswConfigDiff(m=0))}
-        guarded(target, "create the collection", client.create_collection, target.collection,
-                vectors_config=vectors, metadata={META: meta})
-        return cls(target, client, model, cfg, meta, references)
+        meta = cls.new_meta(cfg, model_identity(model), bank_identity(references))
+        return cls(target, store, model, cfg, meta, references)
 
     @classmethod
     def open(cls, spec: str | QdrantTarget, model, cfg: QdrantConfig | None = None,
-             references: ReferenceQueries | None = None) -> QdrantIndex:
-        """Open an existing collection; refuses one made for another model, profile or reference bank, or
-        not by prvr."""
+             references: ReferenceQueries | None = None, store: PointStore | None = None) -> QdrantIndex:
+        """Open an existing gallery; refuses one made for another model, profile, reference bank or schema,
+        or not by prvr."""
         target = cls._target(spec)
-        client = target.connect((cfg or QdrantConfig()).timeout)
+        store = store or target.connect((cfg or QdrantConfig()).timeout)
         try:
-            meta = cls._checked_meta(target, client, model)
+            meta = read_meta(store)
+            check_meta(target, meta, model_identity(model))
             if references is not None and meta.get("references") != bank_identity(references):
                 raise IndexMismatchError(f"{target.where} stores the scores of reference bank "
                                          f"{meta.get('references')}, not of the one in use; rebuild it")
         except BaseException:
-            client.close()  # an embedded store's directory stays locked while a client is open
+            store.close()  # the engine's directory stays locked while it is open
             raise
         cfg = dataclasses.replace(cfg or QdrantConfig(), mode=meta["mode"], frame_balls=meta["frame_balls"])
-        return cls(target, client, model, cfg, meta, references)
-
-    @staticmethod
-    def _checked_meta(target: QdrantTarget, client, model) -> dict:
-        """The collection's prvr metadata, refused when missing or made for another model or schema."""
-        if not guarded(target, "check the collection", client.collection_exists, target.collection):
-            raise IndexStoreError(f"{target.where} does not exist; create it first")
-        info = guarded(target, "read the collection", client.get_collection, target.collection)
-        meta = (info.config.metadata or {}).get(META)
-        if not isinstance(meta, dict) or meta.get("format") != FORMAT:
-            raise IndexMismatchError(f"{target.where} was not made by prvr (no {META!r} metadata)")
-        if meta.get("schema_version") != SCHEMA_VERSION:
-            raise IndexMismatchError(f"{target.where} has schema {meta.get('schema_version')}, this code "
-                                     f"reads {SCHEMA_VERSION}; rebuild the collection")
-        for key, ours in model_identity(model).items():
-            if meta.get(key) != ours:
-                raise IndexMismatchError(f"{target.where} was built with {key} = {meta.get(key)!r}, but the "
-                                         f"model in use has {key} = {ours!r}; rebuild the collection for it")
-        return meta
+        return cls(target, store, model, cfg, meta, references)
 
     @classmethod
     def open_or_create(cls, spec: str | QdrantTarget, model, cfg: QdrantConfig | None = None,
                        references: ReferenceQueries | None = None) -> QdrantIndex:
-        """Open the collection, or create it when there is none."""
+        """Open the gallery, or create it when there is none."""
         target = cls._target(spec)
-        client = target.connect((cfg or QdrantConfig()).timeout)
-        exists = guarded(target, "check the collection", client.collection_exists, target.collection)
-        client.close()  # an embedded store admits one client at a time
-        if exists:
-            return cls.open(target, model, cfg, references)
-        return cls.create(target, model, cfg, references)
+        store = target.connect((cfg or QdrantConfig()).timeout)
+        if store.exists():
+            return cls.open(target, model, cfg, references, store)
+        return cls.create(target, model, cfg, references, store)
 
     def close(self) -> None:
-        """Release the client (an embedded store's directory lock)."""
-        self.client.close()
+        """Release the store (the engine's directory lock, a client)."""
+        self.store.close()
 
-    def _load_catalog(self) -> Catalog:
+    def _load_catalog(self) -> tuple[Catalog, list[int]]:
         """Every video's record and insertion number, read from the collection (no vectors, no arrays)."""
-        found, offset = [], None
-        while True:
-            points, offset = self._call("list the videos", "scroll", limit=1024, offset=offset,
-                                        with_payload=[*RECORD, "seq"], with_vectors=False)
-            found.extend(p.payload for p in points)
-            if offset is None:
-                break
+        with self._reading:
+            found = [p for i, p in self.store.scroll([*RECORD, "seq"]) if i != META_ID]
         found.sort(key=lambda p: p["seq"])
-        return Catalog.of([{k: p[k] for k in RECORD if k in p} for p in found])
+        records = [{k: p[k] for k in RECORD if k in p} for p in found]
+        return Catalog.of(records), [int(p["seq"]) for p in found]
 
     def refresh(self) -> None:
         """Re-read the list of videos (another process may have changed the collection)."""
-        self._catalog = self._load_catalog()
+        self._catalog, self._seqs = self._load_catalog()
+        if self.store.exists():
+            self.meta = read_meta(self.store)
 
     # ------------------------------------------------------------------ what is in it
     @property
@@ -289,133 +243,180 @@ class QdrantIndex(Gallery):
     def add_encoded(self, records: list[dict], fixed: dict[str, np.ndarray],
                     ragged: dict[str, list[np.ndarray]]) -> None:
         """Upsert videos whose model outputs were computed elsewhere, in ``VideoIndex.add_encoded``'s layout
-        (``schema.FIXED`` arrays, ``schema.RAGGED`` lists). For tests, benchmarks."""
+        (``schema.FIXED`` arrays, ``schema.RAGGED`` lists): benchmarks, moving a gallery."""
         check_encoded(fixed, ragged, len(records))
+        bank = (self.meta.get("references") or {}).get("count", 0)
+        if fixed["ref_clip"].shape[1:] != (bank,) or fixed["ref_frame"].shape[1:] != (bank,):
+            raise GalleryError(f"add_encoded: this gallery stores {bank} reference scores per video, got "
+                               f"{fixed['ref_clip'].shape[1:]}")
         with self._writing:
             check_ids([r["id"] for r in records], self.position)
             self._upload(records, fixed, ragged)
 
+    def points(self, records: list[dict], fixed: dict[str, np.ndarray], ragged: dict[str, list[np.ndarray]],
+               seq0: int) -> Iterator[PointData]:
+        """The points of these videos (insertion numbers from seq0), made 64 at a time (memory)."""
+        for a in range(0, len(records), 64):
+            part = slice(a, a + 64)
+            units, pnorm = fixed["units"][part], fixed["pnorm"][part]
+            spans = self.table[fixed["pidx"][part].astype(np.int64)]
+            bounds = bound_rows(units, pnorm, spans, ragged["zbasis"][part], ragged["zcoef"][part],
+                                self.cfg.frame_balls)
+            scenes = scenes_of.scene_centres(units)
+            for i in range(len(units)):
+                video = {**{k: fixed[k][a + i] for k in FIXED}, **{k: ragged[k][a + i] for k in RAGGED}}
+                yield point(records[a + i], seq0 + a + i, video, bounds[i], scenes[i])
+
     def _upload(self, records: list[dict], fixed: dict[str, np.ndarray],
                 ragged: dict[str, list[np.ndarray]]) -> None:
         """Upsert points in requests of at most ``upsert_bytes``, then advance the insertion counter; on any
-        failure the points already written are deleted again."""
-        seq0, parts, part, size = int(self.meta["next_seq"]), [], [], 0
-        zhat, n_balls = fixed["zhat"], self.cfg.frame_balls  # clustered 64 videos at a time (memory)
-        balls = [b for a in range(0, len(zhat), 64) for b in layout.frame_balls(zhat[a:a + 64], n_balls)]
-        for i, record in enumerate(records):
-            video = {**{k: fixed[k][i] for k in FIXED}, **{k: ragged[k][i] for k in RAGGED}}
-            part.append(self._point(record, seq0 + i, video, balls[i]))
-            size += layout.payload_bytes(video) * 4 // 3 + 4 * (video["zhat"].size + balls[i].size)
-            if size >= self.cfg.upsert_bytes or i == len(records) - 1:
-                parts.append(part)
-                part, size = [], 0
+        failure the points already written are deleted again. The collection is made with the first videos
+        (their vector width), its metadata point with it."""
+        seq0 = int(self.meta["next_seq"])
         written: list[str] = []
         try:
-            for part in parts:
-                self._call("upsert videos", "upsert", points=part, wait=True)
-                written.extend(p.id for p in part)
+            with self._reading:
+                if not self.store.exists():
+                    self.store.create(collection_spec(int(fixed["units"].shape[-1]), self.cfg.hnsw_m))
+                    self.store.upsert([PointData(META_ID, {}, {META: self.meta})])
+            part, size = [], 0
+            for p in self.points(records, fixed, ragged, seq0):
+                part.append(p)
+                size += payload_bytes(p)
+                if size >= self.cfg.upsert_bytes:
+                    self._write(part, written)
+                    part, size = [], 0
+            if part:
+                self._write(part, written)
             self._set_meta(next_seq=seq0 + len(records))
         except BaseException:
             if written:
-                self._delete(written)
+                with self._reading:
+                    self.store.delete(written)
             raise
-        added = [{k: r[k] for k in RECORD if k in r} for r in records]
+        added = [{k: r[k] for k in RECORD} for r in records]
         self._catalog = Catalog.of(self._catalog.videos + added)
+        self._seqs = self._seqs + list(range(seq0, seq0 + len(records)))
 
-    def _point(self, record: dict, seq: int, arrays: dict[str, np.ndarray], balls: np.ndarray):
-        """The Qdrant point of one video (see ``prvr.index.qdrant_store``)."""
-        from qdrant_client import models
-
-        spans = self.table[arrays["pidx"].astype(np.int64)]
-        identity = {k: self.meta[k] for k in ("profile", "model_fingerprint")}
-        vectors = {WINDOWS: layout.windows(arrays["units"], arrays["pnorm"], spans).tolist(),
-                   BALLS: balls.tolist()}
-        return models.PointStruct(id=point_id(record["id"]), vector=vectors,
-                                  payload={**record, "seq": seq, **identity, "arrays": layout.pack(arrays)})
+    def _write(self, part: list[PointData], written: list[str]) -> None:
+        """Upsert one request's points, noting them as written."""
+        with self._reading:
+            self.store.upsert(part)
+        written.extend(p.id for p in part)
 
     def _set_meta(self, **change: object) -> None:
-        """Update this package's entry in the collection's metadata."""
+        """Update the gallery's metadata point."""
         meta = {**self.meta, **change}
-        self._call("update the collection's metadata", "update_collection", metadata={META: meta})
+        with self._reading:
+            self.store.set_payload(META_ID, {META: meta})
         self.meta = meta
 
-    def _delete(self, point_ids: list[str]) -> None:
-        """Delete points by point id (waits until applied)."""
-        from qdrant_client import models
-
-        selector = models.PointIdsList(points=point_ids)
-        self._call("delete videos", "delete", points_selector=selector, wait=True)
-
     def remove(self, ids: Sequence[str]) -> None:
-        """Remove videos by id; unknown ids are an error and nothing changes."""
+        """Remove videos by id; unknown ids are an error and nothing changes (an id given twice is removed
+        once)."""
         ids = list(dict.fromkeys(ids))
         with self._writing:
             unknown = [i for i in ids if i not in self.position]
             if unknown:
                 raise GalleryError(f"no video with id {unknown[:5]} in {self.target.where}")
             if ids:
-                self._delete([point_id(i) for i in ids])
+                with self._reading:
+                    self.store.delete([point_id(i) for i in ids])
             gone = set(ids)
-            self._catalog = Catalog.of([v for v in self._catalog.videos if v["id"] not in gone])
+            keep = [i for i, v in enumerate(self._catalog.videos) if v["id"] not in gone]
+            self._catalog = Catalog.of([self._catalog.videos[i] for i in keep])
+            self._seqs = [self._seqs[i] for i in keep]
 
     # ------------------------------------------------------------------ ranking
-    # Exact scores and evidence come from prvr.index.scoring, run on ``Candidates``: the built-in index's
-    # own arithmetic, so the same bits, key clips, attention and CSA frame scores.
+    def _fetch(self, ids: list[str], names: Sequence[str]) -> list[dict]:
+        """Records and these arrays of points by id, in the order asked."""
+        fields = [*RECORD, "seq", *(f"arr_{n}" for n in names)]
+        with self._reading:
+            got = self.store.retrieve(ids, fields)
+        return [{"record": {k: got[i][k] for k in RECORD}, "seq": int(got[i]["seq"]),
+                 "arrays": unpack(got[i], names)} for i in ids]
 
-    def _fetch(self, point_ids: list[str]) -> list[dict]:
-        """Records, insertion numbers and arrays of points, in the order asked."""
-        got = self._call("read videos", "retrieve", ids=point_ids, with_payload=True, with_vectors=False)
-        by_id = {str(p.id): p.payload for p in got}
-        return [{"record": {k: by_id[i][k] for k in RECORD if k in by_id[i]}, "seq": int(by_id[i]["seq"]),
-                 "arrays": layout.unpack(by_id[i]["arrays"])} for i in point_ids if i in by_id]
+    def _pages(self, unit: np.ndarray, k: int, w: Weights, approximate: bool,
+               ids: dict[int, str]) -> Iterator[Page]:
+        """The candidates of a rank, by the engine (see the module docstring); notes each seq's point id."""
+        frame = w.frame > 0 and not self._csa
+        rows, extra = bound_query(unit, w, frame), (0.0 if frame else w.frame)
+        eps = engine_eps(w)
 
-    def _candidates(self, unit: np.ndarray, limit: int, exact: bool, using: str = WINDOWS) -> list:
-        """Qdrant's best ``limit`` points by MAX_SIM of ``unit`` over the named multivector ``using`` (ids
-        and scores), exhaustive or by HNSW."""
-        from qdrant_client import models
+        def page(hits: list, rest: float) -> Page:
+            for h in hits:
+                ids[int(h.payload["seq"])] = h.id
+            seqs = np.array([int(h.payload["seq"]) for h in hits], dtype=np.int64)
+            return Page(seqs, np.array([h.score for h in hits]) + extra + eps, rest)
 
-        params = None
-        if self.target.url is not None:  # the embedded store always scans (and warns when given params)
-            params = models.SearchParams(exact=exact, hnsw_ef=None if exact else max(self.cfg.hnsw_ef, limit))
-        return self._call("search", "query_points", query=[unit.tolist()], using=using, limit=limit,
-                          search_params=params, with_payload=False, with_vectors=False).points
-
-    def _score(self, found: list[dict], q: np.ndarray | EncodedQueries, w: tuple[float, float],
-               bq: BoundQuery) -> np.ndarray:
-        """Exact totals of fetched videos."""
-        return exact_of(self.model, Candidates(found, self.table), np.arange(len(found)), q, w, bq).total
+        if approximate:
+            with self._reading:
+                near = self.store.query(SCENES, [unit.tolist()], self.cfg.candidate_videos, exact=False,
+                                        hnsw_ef=max(self.cfg.hnsw_ef, self.cfg.candidate_videos))
+                hits = self.store.query(BOUNDS, rows, len(near), ids=[h.id for h in near],
+                                        fields=["seq"]) if near else []
+            yield page(hits, -np.inf)
+            return
+        offset, limit = 0, max(FIRST_CHUNK, 2 * k, self.cfg.first_page)
+        while True:
+            with self._reading:
+                hits = self.store.query(BOUNDS, rows, limit, offset=offset, fields=["seq"])
+            full = len(hits) == limit
+            yield page(hits, hits[-1].score + extra + eps if full else -np.inf)
+            if not full:
+                return
+            offset, limit = offset + limit, 2 * limit
 
     def _top(self, q: np.ndarray | EncodedQueries, k: int, w: Weights,
              approximate: bool) -> tuple[list[VideoEvidence], int, int]:
-        """The k best videos' evidence (Fagin's threshold algorithm, see the module docstring), how many
-        were scored exactly, how many live."""
+        """The k best videos' evidence (``rank.top_k`` over the engine's pages), how many were scored
+        exactly, how many live."""
         live = len(self)
+        if not live:
+            return [], 0, 0
         v = query_vector(q)
         bq = BoundQuery.of(v)
         unit = (v / max(float(np.linalg.norm(v.astype(np.float64))), 1e-12)).astype(np.float32)
-        eps = BOUND_EPS * (1 + w[0] + w[1])
-        seen: dict[str, tuple[dict, float]] = {}
-        limit = max(k, self.cfg.candidate_videos) if approximate else max(FIRST_CHUNK, 2 * k)
-        ball_bound = not (approximate or self._csa)  # the balls bound MS-SL's frame score, not CSA's
-        while live:
-            points = self._candidates(unit, limit, exact=not approximate)
-            balls = self._candidates(np.append(unit, 1.0).astype(np.float32), limit, exact=True,
-                                     using=BALLS) if ball_bound else []
-            ids = dict.fromkeys(str(p.id) for p in (*points, *balls) if str(p.id) not in seen)
-            new = self._fetch(list(ids))
-            for p, total in zip(new, self._score(new, q, w, bq) if new else [], strict=True):
-                seen[point_id(p["record"]["id"])] = (p, float(total))
-            if approximate or len(points) < limit or (ball_bound and len(balls) < limit):  # all seen
-                break
-            # a video in neither list has clip <= the last clip score and frame <= the last ball bound
-            frame = min(1.0, balls[-1].score) if ball_bound else 1.0
-            tau = kth_largest(np.array([t for _, t in seen.values()]), k)
-            if w[0] * points[-1].score + w[1] * frame + eps < tau:
-                break
-            limit *= 2
-        points = list(seen.values())
-        best = best_first(np.array([t for _, t in points]), np.array([p["seq"] for p, _ in points]), k)
-        found = [points[i][0] for i in best]
-        hits = (evidence_of(self.model, Candidates(found, self.table), np.arange(len(found)), q, w)
-                if found else [])
-        return hits, len(seen), live
+        ids: dict[int, str] = {}
+        names = [n for n in EXACT if n != "frames" or self._csa]
+        fetched: dict[int, dict] = {}
+
+        def score(seqs: np.ndarray) -> np.ndarray:
+            missing = [int(s) for s in seqs if int(s) not in fetched]
+            for p in self._fetch([ids[s] for s in missing], names) if missing else []:
+                fetched[p["seq"]] = p
+            found = [fetched[int(s)] for s in seqs]
+            reader = Fetched([p["record"] for p in found], [p["arrays"] for p in found], self.table)
+            return exact_of(self.model, reader, np.arange(len(found)), q, w, bq).total
+
+        seqs, _, n = top_k(self._pages(unit, k, w, approximate, ids), k, score, None,
+                           BOUND_EPS * (1 + w.clip + w.frame))
+        if not len(seqs):
+            return [], n, live
+        rest = [p for p in EVIDENCE if p not in names]
+        extra = {p["seq"]: p["arrays"] for p in self._fetch([ids[int(s)] for s in seqs], rest)}
+        found = [fetched[int(s)] for s in seqs]
+        reader = Fetched([p["record"] for p in found], [{**p["arrays"], **extra[p["seq"]]} for p in found],
+                         self.table)
+        return list(evidence_of(self.model, reader, np.arange(len(found)), q, w)), n, live
+
+
+def read_meta(store: PointStore) -> dict:
+    """The gallery's metadata (its metadata point), or an error saying the collection is not prvr's."""
+    if not store.exists():
+        raise IndexStoreError(f"{store.target.where} does not exist; create it first")
+    meta = store.retrieve([META_ID], [META]).get(META_ID, {}).get(META)
+    if not isinstance(meta, dict) or meta.get("format") != FORMAT:
+        raise IndexMismatchError(f"{store.target.where} was not made by prvr (no {META!r} metadata point)")
+    return meta
+
+
+def check_meta(target: QdrantTarget, meta: dict, identity: dict) -> None:
+    """IndexMismatchError unless the gallery has this code's schema and was made for this model identity."""
+    if meta.get("schema_version") != SCHEMA_VERSION:
+        raise IndexMismatchError(f"{target.where} has schema {meta.get('schema_version')}, this code reads "
+                                 f"{SCHEMA_VERSION}; rebuild the index")
+    for key, ours in identity.items():
+        if meta.get(key) != ours:
+            raise IndexMismatchError(f"{target.where} was built with {key} = {meta.get(key)!r}, but the "
+                                     f"model in use has {key} = {ours!r}; rebuild the collection for it")

@@ -1,44 +1,67 @@
-"""Where a Qdrant gallery lives and how its points are laid out: the URL, the client, per-video arrays.
+"""Where a Qdrant gallery lives and how its points are laid out: the URL, the layout (declared once), and the
+two stores that hold it: the Qdrant engine in-process (``qdrant-edge-py``) and a Qdrant server
+(``qdrant-client``).
 
 ```python
 target = QdrantTarget.parse("qdrant://localhost:6333/prvr")   # a server (qdrants:// for https)
-target = QdrantTarget.parse("qdrant+local://runs/qdrant")     # embedded, a directory (":memory:": in RAM)
-client = target.connect(timeout=5.0)                          # QdrantConnectionError names URL and cause
+target = QdrantTarget.parse("qdrant+local://runs/qdrant")     # the engine in this process, in a directory
+store = target.connect(timeout=5.0)                           # QdrantConnectionError names URL and cause
 ```
 
-A video is one point: the named multivectors ``windows`` (its unit-normalised proposals: MAX_SIM with the
-unit query is the clip score) and ``frame_balls`` ([centre, radius] of balls over its zhat rows: MAX_SIM
-with [q, 1] bounds the frame score), and a payload of its record, its ``seq`` (insertion order: the built-in
-index's position, which breaks equal totals) and ``arrays``, the per-video arrays the exact scores and the
-results layer read, each as ``{"dtype", "shape", "b64"}`` (raw little-endian bytes, base64).
-``schema.ENCODED`` names them: a new per-video array is one more name there and one more key in what
-``QdrantIndex`` packs.
+The layout (``collection_spec``, ``point``), the same on both: a video is one point, id uuid5 of its video
+id, with two named multivectors, neither in full precision:
+
+- ``bounds`` (float16, DOT + MAX_SIM, no HNSW graph: read by exhaustive scans): ``WINDOW_BALLS`` rows
+  [c, r, 1, 0] of balls covering the directions of the video's proposals and ``frame_balls`` rows
+  [c, r, 0, 1] of balls covering its frame-scale features (``bound_rows``). MAX_SIM sums, over the query's
+  rows, each row's best dot product, so the two query rows [w_clip q^, w_clip, 0, -BIG] and [w_frame q^,
+  w_frame, -BIG, 0] (``bound_query``) score a video at w_clip max(q^.c + r) + w_frame max(q^.c' + r'), an
+  upper bound of its total (Cauchy-Schwarz: q^.x <= q^.c + |x - c| for every row x of a ball); the radii are
+  measured from the float16 centres, and ``engine_eps`` covers the float16 query and the sums' rounding;
+- ``scenes`` (float16, DOT + MAX_SIM, HNSW with int8 scalar quantization kept in RAM): ``SCENES`` unit
+  centres of the directions of the video's clip units (``approximate.scene_centres``): what approximate
+  search asks the graph for;
+
+and a payload of its record (``schema.RECORD``), ``seq`` (insertion order: the built-in index's position,
+which breaks equal totals) and each per-video array of ``schema.ENCODED`` under ``arr_<name>`` as
+``{"dtype", "shape", "b64"}`` (raw little-endian bytes, base64): a query fetches only the exact-score arrays
+of the videos it scores and the rest for the k it returns. One more point, with no vectors, holds the
+gallery's metadata (``META_ID``). The collection is made with the first videos (its vector width is theirs).
 """
 
 from __future__ import annotations
 
 import base64
+import contextlib
+import fcntl
+import os
 import re
+import shutil
+import tempfile
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TypeVar
+from pathlib import Path
+from typing import NamedTuple, Protocol, TypeVar
 
 import numpy as np
 
-from prvr.index.schema import ENCODED
-from prvr.index.sketch import NORM_EPS, cover_balls, nearest_ball
+from prvr.index.schema import ENCODED, RECORD, SCHEMA_VERSION
+from prvr.index.sketch import NORM_EPS, cover_balls, frame_balls
 from prvr.index.store import IndexStoreError
 
-RECORD = ("id", "title", "path", "duration", "sha256")  # the video's record, as the built-in index stores it
-WINDOWS = "windows"  # the named multivector of unit proposals (clip-scale score: MAX_SIM)
-BALLS = "frame_balls"  # the named multivector of [centre, radius] of balls over zhat (frame-score bound)
+BOUNDS = "bounds"  # the named multivector of clip and frame balls (an upper bound of the total: MAX_SIM)
+SCENES = "scenes"  # the named multivector of scene centres (approximate candidates: HNSW)
+WINDOW_BALLS = 16  # balls over each video's proposal directions
+BIG = 16.0  # a query row's weight against the other kind of ball rows: never their max (exact in float16)
+ARRAY = "arr_"  # payload key prefix of a per-video array
 SCHEMES = {"qdrant": "http", "qdrants": "https"}
 LOCAL = "qdrant+local://"
 DEFAULT_PORT = 6333
 DEFAULT_COLLECTION = "prvr"  # the collection of an embedded store (a directory holds one gallery)
 _NAME = re.compile(r"^[A-Za-z0-9_-]{1,255}$")
 _ID_SPACE = uuid.UUID("6f1d0c1e-5b3a-4f7e-9d1c-2a8e4b7c9f30")  # video id -> point id (uuid5 in this space)
+META_ID = str(uuid.uuid5(_ID_SPACE, "\0prvr gallery metadata"))  # no video id is this (ids are printable)
 
 T = TypeVar("T")
 
@@ -47,9 +70,141 @@ class QdrantConnectionError(IndexStoreError):
     """Qdrant could not be reached or refused a request; the message names the URL and the cause."""
 
 
+def point_id(video_id: str) -> str:
+    """The point id of a video id (Qdrant ids are integers or UUIDs)."""
+    return str(uuid.uuid5(_ID_SPACE, video_id))
+
+
+# ---------------------------------------------------------------------------------------------- the layout
+def collection_spec(width: int, hnsw_m: int = 16, ef_construct: int = 100) -> dict:
+    """The collection both stores make, declared once: per named vector its row width, storage type,
+    comparison, HNSW graph (m = 0: none) and quantization."""
+    return {BOUNDS: {"size": width + 3, "datatype": "float16", "distance": "dot", "multivector": "max_sim",
+                     "hnsw_m": 0, "quantization": None},
+            SCENES: {"size": width, "datatype": "float16", "distance": "dot", "multivector": "max_sim",
+                     "hnsw_m": hnsw_m, "quantization": "int8"},
+            "hnsw": {"m": hnsw_m, "ef_construct": ef_construct, "full_scan_threshold": 10000}}
+
+
+def _f16_up(x: np.ndarray) -> np.ndarray:
+    """float16 never below x."""
+    h = np.asarray(x, np.float64).astype(np.float16)
+    return np.where(h.astype(np.float64) < x, np.nextafter(h, np.float16(np.inf)), h)
+
+
+def bound_rows(units: np.ndarray, pnorm: np.ndarray, spans: np.ndarray, zbasis: Sequence[np.ndarray],
+               zcoef: Sequence[np.ndarray], frame_balls_n: int) -> list[np.ndarray]:
+    """The ``bounds`` multivector (B, H + 3) float16 of each of a batch of videos: units (n, M, H), proposal
+    norms (n, P), their unit spans (n, P, 2), factored frame-scale features; see the module docstring."""
+    n, M, H = units.shape
+    csum = np.concatenate([np.zeros((n, 1, H)), np.cumsum(units.astype(np.float64), axis=1)], axis=1)
+    s, e = spans[..., 0], spans[..., 1]
+    idx = np.arange(n)[:, None]
+    mean = (csum[idx, e] - csum[idx, s]) / (e - s)[..., None]
+    directions = mean / np.maximum(pnorm.astype(np.float64), NORM_EPS)[..., None]  # what clip cosines dot
+    windows = _balls(directions, cover_balls(directions.astype(np.float32), WINDOW_BALLS))
+    frames = frame_balls(list(zbasis), list(zcoef), frame_balls_n)
+    out = []
+    for i in range(n):
+        kept = np.isfinite(frames["ball_radius"][i])
+        centres = frames["ball_codes"][i][kept] * frames["ball_scale"][i][kept, None].astype(np.float64)
+        c16 = centres.astype(np.float16)  # the distances were measured from the 8-bit centres: add the move
+        moved = np.linalg.norm(c16.astype(np.float64) - centres, axis=1)
+        radius = frames["ball_radius"][i][kept].astype(np.float64) + moved
+        frame_rows = np.concatenate([c16, _f16_up(radius)[:, None], np.zeros((len(c16), 1), np.float16),
+                                     np.ones((len(c16), 1), np.float16)], axis=1)
+        out.append(np.concatenate([windows[i], frame_rows]).astype(np.float16))
+    return out
+
+
+def _balls(rows: np.ndarray, centres: np.ndarray) -> list[np.ndarray]:
+    """Window-ball rows [c16, r, 1, 0] per video of rows (n, P, H) float64 and centres (n, B, H): radii
+    measured from the float16 centres (float64 distances of unit-size rows, rounded up), empty balls
+    dropped."""
+    import torch
+
+    c16 = centres.astype(np.float16)
+    x, c = torch.from_numpy(np.asarray(rows, np.float64)), torch.from_numpy(c16.astype(np.float64))
+    d2 = (x * x).sum(-1)[..., None] - 2 * x @ c.transpose(1, 2) + (c * c).sum(-1)[:, None, :]
+    near, ball = d2.min(-1)
+    dist = (torch.sqrt(near.clamp(min=0) + 1e-12) * (1 + 1e-6) + 1e-7).numpy()
+    out = []
+    for i in range(len(rows)):
+        radius = np.full(c16.shape[1], -np.inf)
+        np.maximum.at(radius, ball[i].numpy(), dist[i])
+        used = np.isfinite(radius)
+        ones, zeros = np.ones((used.sum(), 1), np.float16), np.zeros((used.sum(), 1), np.float16)
+        out.append(np.concatenate([c16[i][used], _f16_up(radius[used])[:, None], ones, zeros], axis=1))
+    return out
+
+
+def bound_query(unit: np.ndarray, weights: tuple[float, float], frame: bool) -> list[list[float]]:
+    """The query rows of ``bounds`` for a unit query vector: their MAX_SIM is an upper bound of the total at
+    these weights (``frame`` False: the clip row only; the caller adds w_frame, the frame score's bound 1)."""
+    w0, w1 = float(weights[0]), float(weights[1])
+    rows = [np.concatenate([w0 * unit, [w0, 0.0, -BIG]])]
+    if frame:
+        rows.append(np.concatenate([w1 * unit, [w1, -BIG, 0.0]]))
+    return [r.astype(np.float32).tolist() for r in rows]
+
+
+def engine_eps(weights: tuple[float, float]) -> float:
+    """How far the engine's score of ``bound_query`` may fall below the bound it computes: the query rows are
+    rounded to float16 (relative 2^-11 per element; each row's unweighted part has norm <= sqrt(2) and the
+    ball rows norm <= 4), its sums to float32 (far less)."""
+    return 2.0**-11 * np.sqrt(2.0) * 4.0 * (weights[0] + weights[1]) * 1.01 + 1e-6
+
+
+def pack(arrays: Mapping[str, np.ndarray]) -> dict[str, dict]:
+    """Per-video arrays -> payload entries ``arr_<name>`` (dtype, shape and base64 of the raw bytes)."""
+    out = {}
+    for name in ENCODED:
+        a = np.asarray(arrays[name])
+        a = a if a.flags.c_contiguous else a.copy(order="C")  # (ascontiguousarray makes a scalar 1-d)
+        a = a.astype(a.dtype.newbyteorder("<"), copy=False)
+        data = base64.b64encode(a.tobytes()).decode()
+        out[ARRAY + name] = {"dtype": a.dtype.str, "shape": list(a.shape), "b64": data}
+    return out
+
+
+def unpack(payload: Mapping[str, Mapping], names: Sequence[str] = ENCODED) -> dict[str, np.ndarray]:
+    """The payload's ``arr_<name>`` entries of these names -> per-video arrays (native byte order)."""
+    out = {}
+    for name in names:
+        entry = payload[ARRAY + name]
+        a = np.frombuffer(base64.b64decode(entry["b64"]), dtype=np.dtype(entry["dtype"]))
+        out[name] = a.reshape(entry["shape"]).astype(a.dtype.newbyteorder("="))
+    return out
+
+
+class PointData(NamedTuple):
+    """One point as both stores write it."""
+
+    id: str
+    vectors: dict[str, list[list[float]]]
+    payload: dict
+
+
+def point(record: Mapping, seq: int, arrays: Mapping[str, np.ndarray], bounds: np.ndarray,
+          scenes: np.ndarray) -> PointData:
+    """The point of one video (see the module docstring)."""
+    vectors = {BOUNDS: np.asarray(bounds, np.float32).tolist(),
+               SCENES: np.asarray(scenes, np.float32).tolist()}
+    return PointData(point_id(record["id"]), vectors,
+                     {**{k: record[k] for k in RECORD}, "seq": int(seq), **pack(arrays)})
+
+
+def payload_bytes(p: PointData) -> int:
+    """About how many bytes a point's request carries (its payload's base64 and its vectors as floats)."""
+    arrays = sum(len(v["b64"]) for k, v in p.payload.items() if k.startswith(ARRAY))
+    return arrays + 12 * sum(len(r) * len(r[0]) for r in p.vectors.values() if r)
+
+
+# ------------------------------------------------------------------------------------------------ targets
 @dataclass(frozen=True)
 class QdrantTarget:
-    """A collection on a Qdrant server (``url``) or in an embedded store (``path``; ":memory:" in RAM)."""
+    """A collection on a Qdrant server (``url``), or the engine in this process over a directory (``path``;
+    ":memory:": a temporary directory removed on close)."""
 
     collection: str
     url: str | None = None
@@ -82,89 +237,302 @@ class QdrantTarget:
         """The store in words, for messages: the server URL with the collection, or the directory."""
         return f"{self.url}/collections/{self.collection}" if self.url else f"qdrant+local://{self.path}"
 
-    def connect(self, timeout: float):  # a QdrantClient
-        """A client for this target; a server is asked for its collections once, so that an unreachable
-        one fails here (within ``timeout`` seconds) with its URL and the cause."""
-        from qdrant_client import QdrantClient
-
+    def connect(self, timeout: float) -> PointStore:
+        """The store of this target: the engine over the directory (locked for this process), or a client of
+        the server, asked for its collections once so that an unreachable one fails here (within
+        ``timeout`` seconds) with its URL and the cause."""
         if self.path is not None:
-            try:
-                if self.path == ":memory:":
-                    return QdrantClient(location=":memory:")
-                return QdrantClient(path=self.path)
-            except (RuntimeError, OSError) as err:  # e.g. the directory is open in another process
-                raise QdrantConnectionError(f"cannot open the embedded Qdrant store {self.where}: "
-                                            f"{err}") from None
-        client = QdrantClient(url=self.url, timeout=max(1, int(timeout)), check_compatibility=False)
-        guarded(self, "list the collections", client.get_collections)
-        return client
+            return EdgeStore(self)
+        return ClientStore(self, timeout)
 
 
 def guarded(target: QdrantTarget, what: str, call: Callable[..., T], *args: object, **kw: object) -> T:
-    """call(*args, **kw), with any transport or server error raised as QdrantConnectionError naming the
-    target, what was being done and the cause."""
+    """call(*args, **kw), with any transport, server or engine error raised as QdrantConnectionError naming
+    the target, what was being done and the cause."""
     try:
         return call(*args, **kw)
-    except (IndexStoreError, ValueError, KeyError):
+    except (IndexStoreError, KeyError):
         raise
-    except Exception as err:  # httpx, grpc and qdrant_client errors share no base class
+    except Exception as err:  # httpx, grpc, qdrant_client and the engine's errors share no base class
         cause = f"{type(err).__name__}: {err}".strip().rstrip(":")
         raise QdrantConnectionError(f"Qdrant at {target.where}: could not {what} ({cause})") from err
 
 
-def point_id(video_id: str) -> str:
-    """The point id of a video id (Qdrant ids are integers or UUIDs)."""
-    return str(uuid.uuid5(_ID_SPACE, video_id))
+class Hit(NamedTuple):
+    """A point a query found: its id, its score and the payload fields asked for."""
+
+    id: str
+    score: float
+    payload: dict
 
 
-def pack(arrays: Mapping[str, np.ndarray]) -> dict[str, dict]:
-    """Per-video arrays -> the payload's ``arrays`` (dtype, shape and base64 of the raw bytes, exact)."""
-    out = {}
-    for name in ENCODED:
-        a = np.asarray(arrays[name])
-        a = a if a.flags.c_contiguous else a.copy(order="C")  # (ascontiguousarray makes a scalar 1-d)
-        a = a.astype(a.dtype.newbyteorder("<"), copy=False)
-        data = base64.b64encode(a.tobytes()).decode()
-        out[name] = {"dtype": a.dtype.str, "shape": list(a.shape), "b64": data}
-    return out
+class PointStore(Protocol):
+    """What ``QdrantIndex`` asks of where its points live; ``EdgeStore`` and ``ClientStore`` answer alike."""
+
+    target: QdrantTarget
+
+    def exists(self) -> bool:
+        """Whether the collection has been made."""
+
+    def create(self, spec: dict) -> None:
+        """Make the collection of ``collection_spec``."""
+
+    def upsert(self, points: Sequence[PointData]) -> None:
+        """Write points (waits until applied)."""
+
+    def set_payload(self, point: str, payload: dict) -> None:
+        """Set payload fields of one point (waits until applied)."""
+
+    def delete(self, ids: Sequence[str]) -> None:
+        """Delete points (waits until applied)."""
+
+    def query(self, using: str, rows: list[list[float]], limit: int, offset: int = 0, exact: bool = True,
+              hnsw_ef: int | None = None, ids: Sequence[str] | None = None,
+              fields: Sequence[str] = ()) -> list[Hit]:
+        """The best points by MAX_SIM of ``rows`` over the named multivector (exhaustive, or the HNSW graph),
+        among ``ids`` if given, with these payload fields."""
+
+    def retrieve(self, ids: Sequence[str], fields: Sequence[str] | None) -> dict[str, dict]:
+        """Payloads (these fields; None: all) of points by id."""
+
+    def scroll(self, fields: Sequence[str], page: int = 1024) -> Iterator[tuple[str, dict]]:
+        """Every point's id and payload fields, in pages."""
+
+    def count(self) -> int:
+        """How many points there are."""
+
+    def close(self) -> None:
+        """Release the store (the engine's directory, a client)."""
 
 
-def unpack(payload: Mapping[str, Mapping]) -> dict[str, np.ndarray]:
-    """The payload's ``arrays`` -> per-video arrays (native byte order)."""
-    out = {}
-    for name in ENCODED:
-        entry = payload[name]
-        a = np.frombuffer(base64.b64decode(entry["b64"]), dtype=np.dtype(entry["dtype"]))
-        out[name] = a.reshape(entry["shape"]).astype(a.dtype.newbyteorder("="))
-    return out
+def _spec_vectors(spec: dict) -> dict:
+    """The named vectors of a ``collection_spec``."""
+    return {k: v for k, v in spec.items() if k != "hnsw"}
 
 
-def payload_bytes(arrays: Mapping[str, np.ndarray]) -> int:
-    """Bytes of the arrays' raw data in a payload (before base64, which adds a third)."""
-    return sum(int(np.asarray(arrays[name]).nbytes) for name in ENCODED)
+class EdgeStore:
+    """The Qdrant engine in this process (``qdrant_edge.EdgeShard``) over a directory: ``DIR/shard`` holds
+    the shard; ``DIR/lock`` is held (flock) while it is open, so that one process at a time uses it."""
+
+    def __init__(self, target: QdrantTarget) -> None:
+        self.target = target
+        self._temp = target.path == ":memory:"
+        self.root = Path(tempfile.mkdtemp(prefix="qdrant-edge-")) if self._temp else Path(target.path)
+        try:
+            self.root.mkdir(parents=True, exist_ok=True)
+            self._lock = os.open(self.root / "lock", os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError as err:
+            raise QdrantConnectionError(f"cannot open the embedded Qdrant store {target.where}: "
+                                        f"{err}") from None
+        try:
+            fcntl.flock(self._lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(self._lock)
+            raise QdrantConnectionError(f"cannot open the embedded Qdrant store {target.where}: another "
+                                        "process has it open (one process at a time)") from None
+        self.shard = None
+        if (self.root / "meta.json").is_file() or (self.root / "collection").is_dir():  # qdrant-client's
+            self.close()
+            raise IndexStoreError(f"{target.where} holds a gallery of an older release (qdrant-client's "
+                                  f"embedded store, schema 5 or older); this release runs the Qdrant engine "
+                                  f"itself and reads schema {SCHEMA_VERSION}: rebuild the index (in another "
+                                  "directory, or delete this one)")
+        if (self.root / "shard").is_dir() and any((self.root / "shard").iterdir()):
+            import qdrant_edge
+
+            self.shard = self._call("open the shard", qdrant_edge.EdgeShard.load, str(self.root / "shard"))
+
+    def _call(self, what: str, call: Callable[..., T], *args: object, **kw: object) -> T:
+        return guarded(self.target, what, call, *args, **kw)
+
+    def exists(self) -> bool:
+        return self.shard is not None
+
+    def create(self, spec: dict) -> None:
+        self.shard = self._call("create the shard", __import__("qdrant_edge").EdgeShard.create,
+                                str(self.root / "shard"), edge_config(spec))
+
+    def upsert(self, points: Sequence[PointData]) -> None:
+        import qdrant_edge as qe
+
+        ops = qe.UpdateOperation.upsert_points([qe.Point(p.id, p.vectors, p.payload) for p in points])
+        self._call("upsert videos", self.shard.update, ops)
+
+    def set_payload(self, point: str, payload: dict) -> None:
+        import qdrant_edge as qe
+
+        self._call("update the metadata", self.shard.update, qe.UpdateOperation.set_payload([point], payload))
+
+    def delete(self, ids: Sequence[str]) -> None:
+        import qdrant_edge as qe
+
+        self._call("delete videos", self.shard.update, qe.UpdateOperation.delete_points(list(ids)))
+
+    def query(self, using: str, rows: list[list[float]], limit: int, offset: int = 0, exact: bool = True,
+              hnsw_ef: int | None = None, ids: Sequence[str] | None = None,
+              fields: Sequence[str] = ()) -> list[Hit]:
+        import qdrant_edge as qe
+
+        flt = qe.Filter(must=[qe.HasIdCondition(set(ids))]) if ids is not None else None
+        payload = qe.PayloadSelector.Include(list(fields)) if fields else False
+        request = qe.QueryRequest(limit=limit, offset=offset or None,
+                                  query=qe.Query.Nearest(rows, using=using), filter=flt, with_payload=payload,
+                                  params=qe.SearchParams(hnsw_ef=hnsw_ef, exact=exact))
+        found = self._call("search", self.shard.query, request)
+        return [Hit(str(p.id), float(p.score), dict(p.payload or {})) for p in found]
+
+    def retrieve(self, ids: Sequence[str], fields: Sequence[str] | None) -> dict[str, dict]:
+        import qdrant_edge as qe
+
+        selector = True if fields is None else qe.PayloadSelector.Include(list(fields))
+        got = self._call("read videos", self.shard.retrieve, list(ids), selector, False)
+        return {str(r.id): dict(r.payload or {}) for r in got}
+
+    def scroll(self, fields: Sequence[str], page: int = 1024) -> Iterator[tuple[str, dict]]:
+        import qdrant_edge as qe
+
+        offset = None
+        while self.shard is not None:
+            payload = qe.PayloadSelector.Include(list(fields))
+            request = qe.ScrollRequest(offset=offset, limit=page, with_payload=payload, with_vector=False)
+            records, offset = self._call("list the videos", self.shard.scroll, request)
+            yield from ((str(r.id), dict(r.payload or {})) for r in records)
+            if offset is None:
+                break
+
+    def count(self) -> int:
+        import qdrant_edge as qe
+
+        if self.shard is None:
+            return 0
+        return int(self._call("count", self.shard.count, qe.CountRequest(exact=True)))
+
+    def flush(self) -> None:
+        """Make every applied update durable."""
+        if self.shard is not None:
+            self._call("flush", self.shard.flush)
+
+    def disk_bytes(self) -> int:
+        """Bytes of every file of the shard."""
+        return sum(f.stat().st_size for f in (self.root / "shard").rglob("*") if f.is_file())
+
+    def close(self) -> None:
+        if self.shard is not None:
+            with contextlib.suppress(Exception):
+                self.shard.flush()
+            self.shard.close()
+            self.shard = None
+        if self._lock is not None:
+            os.close(self._lock)  # releases the flock
+            self._lock = None
+        if self._temp:
+            shutil.rmtree(self.root, ignore_errors=True)
 
 
-def windows(units: np.ndarray, pnorm: np.ndarray, spans: np.ndarray) -> np.ndarray:
-    """(P, H) float32 multivector of one video: each stored proposal (the mean of its clip units
-    [start, end)) over its norm, as the exact clip score divides by it: Qdrant's dot product with the unit
-    query is then the proposal's clip-scale cosine."""
-    csum = np.concatenate([np.zeros((1, units.shape[1])), np.cumsum(units.astype(np.float64), axis=0)])
-    s, e = spans[:, 0], spans[:, 1]
-    mean = (csum[e] - csum[s]) / (e - s)[:, None]
-    return (mean / np.maximum(pnorm.astype(np.float64), NORM_EPS)[:, None]).astype(np.float32)
+def edge_config(spec: dict):
+    """The engine's shard configuration of a ``collection_spec``."""
+    import qdrant_edge as qe
+
+    hnsw = spec["hnsw"]
+    vectors = {}
+    for name, v in _spec_vectors(spec).items():
+        quantization = (qe.ScalarQuantizationConfig(qe.ScalarType.Int8, memory=qe.Memory.Pinned)
+                        if v["quantization"] == "int8" else None)
+        vectors[name] = qe.EdgeVectorParams(
+            size=v["size"], distance=qe.Distance.Dot,
+            multivector_config=qe.MultiVectorConfig(qe.MultiVectorComparator.MaxSim),
+            datatype=qe.VectorStorageDatatype.Float16, quantization_config=quantization,
+            hnsw_config=qe.HnswIndexConfig(m=v["hnsw_m"], ef_construct=hnsw["ef_construct"],
+                                           full_scan_threshold=hnsw["full_scan_threshold"]))
+    return qe.EdgeConfig(vectors=vectors, hnsw_config=qe.HnswIndexConfig(
+        m=hnsw["m"], ef_construct=hnsw["ef_construct"], full_scan_threshold=hnsw["full_scan_threshold"]))
 
 
-def frame_balls(zhat: np.ndarray, n_balls: int) -> list[np.ndarray]:
-    """Per video of zhat (n, P, H): (B, H + 1) float32 [centre, radius] of balls covering its rows, empty
-    balls dropped. For a unit query q, [q, 1] . [c, r] = q.c + r >= q.z for every row z of the ball
-    (Cauchy-Schwarz), so Qdrant's MAX_SIM of [q, 1] over them bounds the video's frame score from above."""
-    centres = cover_balls(zhat, n_balls)  # (n, B, H) float32: the stored values
-    ball_of, dist = nearest_ball(zhat, centres.astype(np.float64))
-    radius = np.full(centres.shape[:2], -np.inf)
-    np.maximum.at(radius, (np.arange(len(radius))[:, None], ball_of), dist)
-    out = []
-    for c, r in zip(centres, radius, strict=True):
-        used = np.isfinite(r)
-        r = np.nextafter((r[used] * (1 + 1e-6) + 1e-6).astype(np.float32), np.float32(np.inf))
-        out.append(np.concatenate([c[used], r[:, None]], axis=1).astype(np.float32))
-    return out
+def client_vectors(spec: dict) -> dict:
+    """qdrant-client's ``vectors_config`` of a ``collection_spec`` (what a server is asked to make)."""
+    from qdrant_client import models
+
+    hnsw = spec["hnsw"]
+    vectors = {}
+    for name, v in _spec_vectors(spec).items():
+        quantization = (models.ScalarQuantization(scalar=models.ScalarQuantizationConfig(
+            type=models.ScalarType.INT8, always_ram=True)) if v["quantization"] == "int8" else None)
+        vectors[name] = models.VectorParams(
+            size=v["size"], distance=models.Distance.DOT, datatype=models.Datatype.FLOAT16,
+            multivector_config=models.MultiVectorConfig(comparator=models.MultiVectorComparator.MAX_SIM),
+            hnsw_config=models.HnswConfigDiff(m=v["hnsw_m"], ef_construct=hnsw["ef_construct"],
+                                              full_scan_threshold=hnsw["full_scan_threshold"]),
+            quantization_config=quantization)
+    return vectors
+
+
+class ClientStore:
+    """A collection on a Qdrant server, through qdrant-client (the layout and requests of ``EdgeStore``)."""
+
+    def __init__(self, target: QdrantTarget, timeout: float, client=None) -> None:
+        self.target, self.name = target, target.collection
+        if client is None:
+            from qdrant_client import QdrantClient
+
+            client = QdrantClient(url=target.url, timeout=max(1, int(timeout)), check_compatibility=False)
+            guarded(target, "list the collections", client.get_collections)
+        self.client = client
+
+    def _call(self, what: str, method: str, *args: object, **kw: object):
+        return guarded(self.target, what, getattr(self.client, method), self.name, *args, **kw)
+
+    def exists(self) -> bool:
+        return bool(self._call("check the collection", "collection_exists"))
+
+    def create(self, spec: dict) -> None:
+        self._call("create the collection", "create_collection", vectors_config=client_vectors(spec))
+
+    def upsert(self, points: Sequence[PointData]) -> None:
+        from qdrant_client import models
+
+        structs = [models.PointStruct(id=p.id, vector=p.vectors, payload=p.payload) for p in points]
+        self._call("upsert videos", "upsert", points=structs, wait=True)
+
+    def set_payload(self, point: str, payload: dict) -> None:
+        self._call("update the metadata", "set_payload", payload=payload, points=[point], wait=True)
+
+    def delete(self, ids: Sequence[str]) -> None:
+        from qdrant_client import models
+
+        selector = models.PointIdsList(points=list(ids))
+        self._call("delete videos", "delete", points_selector=selector, wait=True)
+
+    def query(self, using: str, rows: list[list[float]], limit: int, offset: int = 0, exact: bool = True,
+              hnsw_ef: int | None = None, ids: Sequence[str] | None = None,
+              fields: Sequence[str] = ()) -> list[Hit]:
+        from qdrant_client import models
+
+        flt = models.Filter(must=[models.HasIdCondition(has_id=list(ids))]) if ids is not None else None
+        params = models.SearchParams(exact=exact, hnsw_ef=hnsw_ef)
+        found = self._call("search", "query_points", query=rows, using=using, limit=limit,
+                           offset=offset or None, query_filter=flt, search_params=params,
+                           with_payload=list(fields) if fields else False, with_vectors=False).points
+        return [Hit(str(p.id), float(p.score), dict(p.payload or {})) for p in found]
+
+    def retrieve(self, ids: Sequence[str], fields: Sequence[str] | None) -> dict[str, dict]:
+        got = self._call("read videos", "retrieve", ids=list(ids),
+                         with_payload=True if fields is None else list(fields), with_vectors=False)
+        return {str(p.id): dict(p.payload or {}) for p in got}
+
+    def scroll(self, fields: Sequence[str], page: int = 1024) -> Iterator[tuple[str, dict]]:
+        offset = None
+        while self.exists():
+            points, offset = self._call("list the videos", "scroll", limit=page, offset=offset,
+                                        with_payload=list(fields), with_vectors=False)
+            yield from ((str(p.id), dict(p.payload or {})) for p in points)
+            if offset is None:
+                break
+
+    def count(self) -> int:
+        return int(self._call("count", "count", exact=True).count) if self.exists() else 0
+
+    def flush(self) -> None:
+        """A server makes its writes durable itself (``wait=True``)."""
+
+    def close(self) -> None:
+        self.client.close()

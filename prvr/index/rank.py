@@ -1,9 +1,12 @@
 """Exact top-k over a stored gallery: the bounds first, exact scores only where they matter.
 
-``top_k`` is the one rank tail. The best-bounded videos (the clip bound, the frame score taken as 1) are
-scored exactly first; their k-th best total tau rules out every video bounded below it. Each other video
-that can still reach tau gets the frame bound (unless there is none: a CSA model scores frames its own
-way), and only those whose bound still reaches tau are scored exactly. The result is identical to scoring
+``top_k`` is the one rank tail, fed by either backend: candidates come in ``Page``s, each with an upper bound
+of every candidate's total and one of every candidate not given yet (the built-in index gives one page of
+every live video with its head bounds; Qdrant gives pages of its engine's bound order). The best-bounded
+candidates are scored exactly first; their k-th best total tau rules out every candidate bounded below it.
+Each other candidate that can still reach tau gets the backend's tighter bound (``refine``: the built-in
+index's full codes and frame balls), and only those whose refined bound still reaches tau are scored
+exactly; a page whose rest is bounded below tau ends the search. The result is identical to scoring
 everything (ties broken by position, as a stable full scan breaks them); only the bytes read change.
 The kernels run on numba's threads (``launch``); the arrays they read in place are ``Stored``.
 """
@@ -13,21 +16,23 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
 
 import numba
 import numpy as np
+import torch
 from numba.typed import List
 
 from prvr.index.evidence import best_first
-from prvr.index.kernels import _clip_scan, _exact_scan, _frame_scan, _slack, tasks_for
-from prvr.index.sketch import FIRST_PASS, BoundQuery
+from prvr.index.kernels import _clip_scan, _exact_scan, _frame_scan, _head_scan, _slack, tasks_for
+from prvr.index.sketch import CLIP, HEAD, NORM_EPS, SLACK, UNIT_LEVELS, BoundQuery, query_levels
 
 BOUND_EPS = 1e-4  # added to every upper bound: covers float32 rounding in the exact scores
 KEY_EPS = 1e-4  # the key clip candidates' margin (cosine units): the exact argmax's own float32 rounding
 FIRST_CHUNK = 16  # the fewest videos scored exactly first (at least 2k)
+SHORTLIST = 256  # the best first bounds refined before the first videos are chosen (with ``refine``)
 
 _ONE_CALLER = threading.Lock()  # numba's fallback threading layer (workqueue) takes one caller at a time
 
@@ -77,55 +82,116 @@ def typed_list(arrays: Sequence[np.ndarray]) -> List:
     return out
 
 
-class Stored(NamedTuple):
-    """The per-video arrays the frame bound and the exact scores read in place, one numba typed List per
-    array with one entry per segment: video (s, v) is row v of segment s. The kernels take the Lists one
-    by one (``FRAME``, ``EXACT``): numba types a tuple of them far slower than each alone."""
+class Stored:
+    """The per-video arrays the refining bounds and the exact scores read in place: per array, one numba
+    typed List with one entry per segment (video (s, v) is row v of segment s), built on first use. The
+    kernels take the Lists one by one (``FRAME``, ``EXACT``): numba types a tuple of them far slower than each
+    alone. A segment storing every window in window_table order may lack ``pidx`` (a placeholder stands in:
+    the kernels do not read it then); ``zoff`` is where each video's zbasis / zcoef rows start."""
 
-    err: List
-    norm: List
-    pinv: List
-    pinv_scale: List
-    pidx: List
-    ball_codes: List
-    ball_scale: List
-    ball_norm: List
-    ball_radius: List
-    ball_of: List
-    ball_dist: List
-    units: List
-    pnorm: List
-    zhat: List
+    def __init__(self, segments: Sequence[Mapping[str, np.ndarray]]) -> None:
+        self.segments = segments
+        self._lists: dict[str, List] = {}
+        self._lock = threading.Lock()
 
     @classmethod
-    def of(cls, segments: Sequence[dict[str, np.ndarray]]) -> Stored:
-        """The typed Lists over the segments' arrays, without copies (a segment storing every window in
-        window_table order may lack ``pidx``: the kernels do not read it then, a placeholder stands in)."""
-        def array(seg: dict[str, np.ndarray], name: str) -> np.ndarray:
-            if name == "pidx" and name not in seg:
-                return np.zeros((len(seg["units"]), 1), dtype=np.int16)
-            return seg[name]
+    def of(cls, segments: Sequence[Mapping[str, np.ndarray]]) -> Stored:
+        """The Lists over these segments' arrays, without copies."""
+        return cls(segments)
 
-        return cls(*(typed_list([array(seg, name) for seg in segments]) for name in cls._fields))
+    def lists(self, names: Sequence[str]) -> tuple[List, ...]:
+        """The typed Lists of these arrays."""
+        with self._lock:
+            for name in names:
+                if name not in self._lists:
+                    self._lists[name] = typed_list([self._array(seg, name) for seg in self.segments])
+            return tuple(self._lists[name] for name in names)
+
+    @staticmethod
+    def _array(seg: Mapping[str, np.ndarray], name: str) -> np.ndarray:
+        if name == "pidx" and name not in seg:
+            return np.zeros((len(seg["units"]), 1), dtype=np.int16)
+        if name == "zoff":
+            return zoff(seg)
+        return seg[name]
 
 
+def zoff(seg: Mapping[str, np.ndarray]) -> np.ndarray:
+    """(V + 1,) int64: where each video's zbasis / zcoef rows start in a segment's arrays."""
+    if "n_zrank_offset" in seg:
+        return seg["n_zrank_offset"]
+    return np.concatenate([[0], np.cumsum(seg["n_zrank"])]).astype(np.int64)
+
+
+CLIP_LISTS = (*CLIP, "pinv", "pinv_scale", "pidx")  # the Lists ``_clip_runs`` takes, in order
 FRAME = ("err", "norm", "pinv", "pinv_scale", "ball_codes", "ball_scale", "ball_norm", "ball_radius",
-         "ball_of", "ball_dist", "zhat", "pidx")  # the Lists ``_frame_runs`` takes, in order
-EXACT = ("units", "pnorm", "zhat", "pidx")  # the Lists ``_exact_runs`` takes, in order
+         "ball_of", "ball_dist", "zbasis", "zcoef", "zoff", "pidx")  # the Lists ``_frame_runs`` takes
+EXACT = ("units", "pnorm", "zbasis", "zcoef", "zoff", "pidx")  # the Lists ``_exact_runs`` takes, in order
 
 
 NO_PIDX = np.zeros((1, 1), dtype=np.int16)  # the kernels do not read per-video windows without a table
 
 
-def clip_bounds(first: dict[str, np.ndarray], candidates: np.ndarray, q: BoundQuery, table: np.ndarray | None,
-                threads: int) -> tuple[np.ndarray, np.ndarray]:
-    """(V,) upper bounds of S_clip for the videos ``candidates`` of the first-pass arrays (all segments in
-    one array each) and their (V, M+1) prefix sums of unit upper bounds, which ``frame_bounds`` takes."""
+@dataclass(frozen=True)
+class HeadQuery:
+    """The query as the head pass takes it, one row per segment (each segment has its own head basis A):
+    the 16-bit levels of a = A q, their step and spread (widened by A's float32 rounding, see
+    ``prvr.index.kernels``), |a| and |q - A^T a| (rounded up)."""
+
+    levels: np.ndarray  # (S, d) int16
+    step: np.ndarray  # (S,)
+    spread: np.ndarray  # (S,)
+    qerr: np.ndarray  # (S,) |a|
+    qtail: np.ndarray  # (S,) >= |q - A^T a|
+    norm: float  # |q|
+
+    @classmethod
+    def of(cls, q: BoundQuery, bases: np.ndarray, grams: np.ndarray) -> HeadQuery:
+        """The head query of q for the segments' bases (S, d, H) and their Gram matrices A A^T (S, d, d)."""
+        x = torch.from_numpy(q.vector).double()
+        a = (torch.from_numpy(bases).double() @ x).numpy()  # (S, d), float64 of the float32 A and q
+        g = grams.astype(np.float64)
+        ga = np.einsum("sij,sj->si", g, a)
+        square = np.einsum("si,si->s", a, a)
+        # |q - A^T a|^2 = |q|^2 - 2 |a|^2 + a . (A A^T) a; rounding of these float64 sums: far below SLACK
+        tail = np.sqrt(np.maximum(q.norm ** 2 - 2 * square + np.einsum("si,si->s", a, ga), 0.0))
+        drift = np.linalg.norm(a - ga, axis=1)  # |(I - A A^T) a|: A's rows are orthonormal to float32 only
+        S, d = a.shape
+        levels, step, spread = np.empty((S, d), np.int16), np.empty(S), np.empty(S)
+        top = min(2**15 - 1, (2**31 - 1) // (UNIT_LEVELS * max(d, 1)))
+        for s in range(S):
+            a32 = a[s].astype(np.float32)
+            levels[s], step[s], spread[s], _ = query_levels(a32, top)
+            spread[s] += float(np.linalg.norm(a[s] - a32.astype(np.float64))) + drift[s]
+        norm_a = np.sqrt(square)
+        tail = np.sqrt(tail**2 + 1e-14 * q.norm**2)  # the float64 sums' own rounding, where tail is ~0
+        return cls(levels, step, spread * (1 + SLACK) + 1e-30, norm_a * (1 + SLACK) + 1e-30,
+                   tail * (1 + SLACK) + 1e-30, max(q.norm, NORM_EPS))
+
+
+def head_bounds(first: Mapping[str, np.ndarray], seg_start: np.ndarray, candidates: np.ndarray, q: HeadQuery,
+                table: np.ndarray | None, threads: int) -> np.ndarray:
+    """(V,) upper bounds of S_clip for the sorted global positions ``candidates``, from the head arrays of
+    the first pass (``sketch.FIRST_PASS``, all segments in one array each, kept in memory)."""
     rows = np.ascontiguousarray(candidates, dtype=np.int64)
-    out, hi = np.empty(len(rows)), np.empty((len(rows), first["codes"].shape[1] + 1))
+    out = np.empty(len(rows))
     pidx = first["pidx"] if table is not None else NO_PIDX
-    launch(_clip_scan, threads, *(first[f] for f in FIRST_PASS), pidx, _table(table), rows, q.levels, q.step,
-           q.norm, q.spread, out, hi, tasks_for(len(rows), threads))
+    launch(_head_scan, threads, *(first[f] for f in HEAD), first["pinv"], first["pinv_scale"], pidx,
+           _table(table), np.ascontiguousarray(seg_start, dtype=np.int64), rows, q.levels, q.step, q.norm,
+           q.qerr, q.spread, q.qtail, out, tasks_for(len(rows), threads))
+    return out
+
+
+def clip_bounds(stored: Stored, seg_start: np.ndarray, positions: np.ndarray, q: BoundQuery,
+                table: np.ndarray | None, threads: int) -> tuple[np.ndarray, np.ndarray]:
+    """(V,) upper bounds of S_clip for sorted global ``positions`` from the full 8-bit codes, and their
+    (V, M+1) prefix sums of unit upper bounds, which ``frame_bounds`` takes."""
+    rows = np.ascontiguousarray(positions, dtype=np.int64)
+    codes = stored.lists(("codes",))[0]
+    out, hi = np.empty(len(rows)), np.empty((len(rows), codes[0].shape[1] + 1))
+    launch(_clip_scan, threads, *stored.lists(CLIP_LISTS), _table(table),
+           np.ascontiguousarray(seg_start, dtype=np.int64), rows, q.levels, q.step, q.norm, q.spread, out, hi,
+           tasks_for(len(rows), threads))
     return out, hi
 
 
@@ -134,7 +200,7 @@ def frame_bounds(stored: Stored, seg_start: np.ndarray, positions: np.ndarray, h
     """(V,) upper bounds of S_frame for sorted global ``positions``, given their prefix sums hi[at]: below
     ``enough`` (V,) where the three tiers of ``kernels._frame_pass`` can show it."""
     out = np.empty(len(positions))
-    launch(_frame_scan, threads, *(getattr(stored, f) for f in FRAME), _table(table),
+    launch(_frame_scan, threads, *stored.lists(FRAME), _table(table),
            np.ascontiguousarray(seg_start, dtype=np.int64), np.ascontiguousarray(positions, dtype=np.int64),
            hi, np.ascontiguousarray(at, dtype=np.int64), q.levels, q.step, q.vector, q.norm, q.spread,
            KEY_EPS * q.norm, np.ascontiguousarray(enough, dtype=np.float64), out,
@@ -173,7 +239,7 @@ def exact_rows(stored: Stored, seg_start: np.ndarray, positions: np.ndarray, q: 
     position, exactly as a full scan breaks them.
     """
     V = len(positions)
-    u, cos, key, frame = launch(_exact_scan, threads, *(getattr(stored, f) for f in EXACT), _table(table),
+    u, cos, key, frame = launch(_exact_scan, threads, *stored.lists(EXACT), _table(table),
                                 np.ascontiguousarray(seg_start, dtype=np.int64),
                                 np.ascontiguousarray(positions, dtype=np.int64), q.vector, q.norm,
                                 max(1, min(threads, V)))
@@ -193,33 +259,52 @@ def kth_largest(values: np.ndarray, k: int) -> float:
     return -np.inf if len(values) < k else float(np.partition(values, len(values) - k)[len(values) - k])
 
 
-def top_k(clip: np.ndarray, candidates: np.ndarray, weights: tuple[float, float], k: int,
-          score: Callable[[np.ndarray], np.ndarray],
-          frame_bound: Callable[[np.ndarray, np.ndarray], np.ndarray] | None
-          ) -> tuple[np.ndarray, np.ndarray, int]:
-    """The exact top-k of ``candidates`` (sorted positions) given their clip bounds (see the module
-    docstring): (positions, totals) best first, ties broken by position, and how many were scored exactly.
+class Page(NamedTuple):
+    """Candidates of a rank, as a backend gives them: positions (their storage or insertion order, which
+    breaks ties), an upper bound of each one's total, and an upper bound of the total of every candidate not
+    given yet (-inf: none is left)."""
 
-    ``score(sorted positions) -> exact totals``; ``frame_bound(indices into candidates, enough) -> frame
-    bounds`` (None: the frame score is only known to be at most 1).
-    """
-    if len(candidates) == 0 or k <= 0:
-        return np.zeros(0, dtype=np.int64), np.zeros(0), 0
-    w0, w1 = weights
-    eps = BOUND_EPS * (1 + w0 + w1)
-    clip = w0 * clip
-    first = top_n(clip, max(FIRST_CHUNK, 2 * k))  # the best bounds: clip + w1 + eps, the same order
-    positions = candidates[first]
-    totals = score(positions)
-    tau = kth_largest(totals, k)
-    rest = np.ones(len(candidates), dtype=bool)
-    rest[first] = False
-    at = np.flatnonzero(rest & (clip + w1 + eps >= tau))  # the others that can still reach tau
-    if len(at) and frame_bound is not None and w1 > 0:
-        frame = frame_bound(at, (tau - eps - clip[at]) / w1)
-        at = at[clip[at] + w1 * frame + eps >= tau]
-    if len(at):
-        positions = np.concatenate((positions, candidates[at]))
-        totals = np.concatenate((totals, score(candidates[at])))
-    best = best_first(totals, positions, k)
-    return positions[best], totals[best], len(positions)
+    positions: np.ndarray  # (V,) int64
+    bounds: np.ndarray  # (V,) float64
+    rest: float
+
+
+def top_k(pages: Iterable[Page], k: int, score: Callable[[np.ndarray], np.ndarray],
+          refine: Callable[[np.ndarray, float], np.ndarray] | None = None,
+          eps: float = BOUND_EPS) -> tuple[np.ndarray, np.ndarray, int]:
+    """The exact top-k of the candidates the pages give (see the module docstring): (positions, totals) best
+    first, ties broken by position, and how many were scored exactly.
+
+    ``score(sorted positions) -> exact totals``; ``refine(sorted positions, tau) -> tighter upper bounds of
+    their totals`` (None: the pages' bounds are all there is). ``eps`` is added to every bound: the float
+    rounding of the exact scores (and of the backend's bounds)."""
+    positions, totals = [np.zeros(0, dtype=np.int64)], [np.zeros(0)]
+    tau = -np.inf
+    for page in pages:
+        order = np.argsort(page.positions, kind="stable")
+        pos = np.asarray(page.positions, dtype=np.int64)[order]
+        bound = np.asarray(page.bounds, dtype=np.float64)[order]
+        if sum(len(p) for p in positions) < k and len(pos):  # no tau yet: the best-bounded videos first
+            first = top_n(bound, max(FIRST_CHUNK, 2 * k))
+            if refine is not None:  # their order by the tighter bounds of a shortlist
+                short = top_n(bound, max(SHORTLIST, 2 * len(first)))
+                first = short[top_n(refine(pos[short], -np.inf), len(first))]
+            positions.append(pos[first])
+            totals.append(score(pos[first]))
+            tau = kth_largest(np.concatenate(totals), k)
+            rest = np.ones(len(pos), dtype=bool)
+            rest[first] = False
+            pos, bound = pos[rest], bound[rest]
+        keep = bound + eps >= tau  # the others that can still reach tau
+        pos = pos[keep]
+        if len(pos) and refine is not None:
+            pos = pos[refine(pos, tau) + eps >= tau]
+        if len(pos):
+            positions.append(pos)
+            totals.append(score(pos))
+            tau = kth_largest(np.concatenate(totals), k)
+        if page.rest + eps < tau:
+            break
+    every, totals = np.concatenate(positions), np.concatenate(totals)
+    best = best_first(totals, every, k)
+    return every[best], totals[best], len(every)

@@ -1,23 +1,47 @@
-"""Exact scores and evidence of chosen videos, for any gallery backend: the built-in index reads them from
-its ``Snapshot``, the Qdrant backend from the payloads of its candidates (a reader with the same accessors:
-stored, seg_start, windows, table, gather, frames, rows, ragged, videos)."""
+"""Exact scores and evidence of chosen videos, for any gallery backend, from what it stores: the built-in
+index reads them from its ``Snapshot``, the Qdrant backend from the points it fetched for its candidates.
+Both implement ``VideoArrays``, the one interface this module reads."""
 
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping, Sequence
+from typing import Protocol, runtime_checkable
 
 import numpy as np
 import torch
 
 from prvr.index.evidence import VideoEvidence
 from prvr.index.gallery import QueryError
-from prvr.index.rank import Exact, exact_rows
+from prvr.index.rank import Exact, Stored, exact_rows
 from prvr.index.schema import FINE
 from prvr.index.sketch import BoundQuery
-from prvr.index.snapshot import Snapshot
 from prvr.models import ral
 from prvr.models.branches import EncodedQueries
 from prvr.models.preprocess import pad
+
+
+@runtime_checkable
+class VideoArrays(Protocol):
+    """What exact scores and evidence read of a gallery's stored videos, by position (``schema.ARRAYS``)."""
+
+    videos: Sequence[Mapping]  # every record by position
+    table: np.ndarray  # (W, 2) the model's window table: [start, end) units of each window number
+    seg_start: np.ndarray  # (S + 1,) where each segment's positions start (the kernels' runs)
+
+    @property
+    def stored(self) -> Stored:
+        """The arrays as the kernels read them in place (``rank.Stored``)."""
+
+    @property
+    def windows(self) -> np.ndarray | None:
+        """None when every video stores all windows in window_table order, else the table for ``pidx``."""
+
+    def gather(self, key: str, positions: np.ndarray) -> np.ndarray:
+        """Rows of the one-row-per-video array ``key`` for sorted positions."""
+
+    def ragged(self, key: str, position: int) -> np.ndarray:
+        """One video's rows of the ragged array ``key``."""
 
 
 def query_vector(q: np.ndarray | torch.Tensor | EncodedQueries) -> np.ndarray:
@@ -37,7 +61,7 @@ def is_csa(model) -> bool:
     return bool(getattr(model.cfg, "csa", False))
 
 
-def exact_of(model, snap: Snapshot, positions: np.ndarray, q: np.ndarray | EncodedQueries,
+def exact_of(model, snap: VideoArrays, positions: np.ndarray, q: np.ndarray | EncodedQueries,
              w: tuple[float, float], bq: BoundQuery | None = None) -> Exact:
     """``rank.Exact`` for sorted positions of a snapshot (the CSA frame score for a CSA model)."""
     bq = bq or BoundQuery.of(query_vector(q))
@@ -49,20 +73,20 @@ def exact_of(model, snap: Snapshot, positions: np.ndarray, q: np.ndarray | Encod
     return dataclasses.replace(ex, frame=frame, total=w[0] * ex.clip + w[1] * frame)
 
 
-def csa_frame(model, snap: Snapshot, positions: np.ndarray, q: np.ndarray | EncodedQueries) -> np.ndarray:
+def csa_frame(model, snap: VideoArrays, positions: np.ndarray, q: np.ndarray | EncodedQueries) -> np.ndarray:
     """CSA frame scores (float64) of the videos at ``positions``, from their stored frames."""
     if not isinstance(q, EncodedQueries):
         raise QueryError("this index's model scores frames with CSA, which needs the query's tokens: "
                          "pass the model's EncodedQueries of the query (model.encode_queries) as q")
     device = model.device
-    frames, mask = pad([torch.from_numpy(snap.frames(p).copy()) for p in positions])
+    frames, mask = pad([torch.from_numpy(snap.ragged("frames", p).copy()) for p in positions])
     with torch.no_grad():
         scores = ral.csa_scores(model.text_weight_fc, q.tokens.to(device), q.token_mask.to(device),
                                 frames.to(device), mask.to(device), pad_to=model.cfg.max_ctx_l)
     return scores[0].double().cpu().numpy()
 
 
-def evidence_of(model, snap: Snapshot, ranked: np.ndarray, q: np.ndarray | EncodedQueries,
+def evidence_of(model, snap: VideoArrays, ranked: np.ndarray, q: np.ndarray | EncodedQueries,
                 w: tuple[float, float], exact: Exact | None = None) -> tuple[VideoEvidence, ...]:
     """VideoEvidence of the ranked positions (read in storage order, returned in rank order); ``exact``:
     their exact scores, in rank order, where the ranking already computed them."""
@@ -83,26 +107,27 @@ def evidence_of(model, snap: Snapshot, ranked: np.ndarray, q: np.ndarray | Encod
     hits = [VideoEvidence(snap.videos[p], float(ex.total[i]), float(ex.clip[i]), float(ex.frame[i]),
                           int(ex.key[i]), int(pidx[i, ex.key[i]]),
                           (int(key_window[i, 0]), int(key_window[i, 1])), windows[i], pidx[i],
-                          ex.proposal_cos[i].astype(np.float64), unit_cos[i], *snap.rows(p), attention[i],
+                          ex.proposal_cos[i].astype(np.float64), unit_cos[i], snap.ragged("row_start", p),
+                          snap.ragged("row_end", p), attention[i],
                           **_fine(snap, p), ref_clip=ref_clip[i],
                           ref_frame=ref_frame[i])
             for i, p in enumerate(positions)]
     return tuple(hits[i] for i in np.argsort(order))
 
 
-def _fine(snap: Snapshot, position: int) -> dict[str, np.ndarray]:
+def _fine(snap: VideoArrays, position: int) -> dict[str, np.ndarray]:
     """What localisation reads of a video: its fine rows (float16, as stored; mapped rows are read here)
     with seconds, segments, propagated context and both's bank statistics (``VideoEvidence``'s fields)."""
     return {key: np.asarray(snap.ragged(key, position)) for key in FINE}
 
 
-def _attention(model, snap: Snapshot, positions: np.ndarray, units: np.ndarray,
+def _attention(model, snap: VideoArrays, positions: np.ndarray, units: np.ndarray,
                key_window: np.ndarray) -> list[np.ndarray]:
     """The key clip's attention over each video's frames (``model.key_attention``; only these are read).
     One batch in the order of the videos' ids: any backend returning the same hits gets the same bits."""
     order = sorted(range(len(positions)), key=lambda i: str(snap.videos[positions[i]]["id"]))
     key = np.stack([units[i, s:e].astype(np.float64).mean(0) for i, (s, e) in enumerate(key_window)])
-    alpha = model.key_attention([np.asarray(snap.frames(positions[i]), np.float32) for i in order],
+    alpha = model.key_attention([np.asarray(snap.ragged("frames", positions[i]), np.float32) for i in order],
                                 key[order].astype(np.float32))
     out: list[np.ndarray] = [np.zeros(0)] * len(positions)
     for row, i in enumerate(order):

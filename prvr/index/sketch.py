@@ -1,5 +1,9 @@
 """The 8-bit sketch an index stores beside each video, and the query's 16-bit copy: what the bounds read.
 
+- the head (first pass, read for every video): each unit's coordinates in its segment's ``HEAD_DIMS``
+  principal directions as 8-bit codes, with the norm of what they leave out (``head_basis``,
+  ``head_sketch``): q.C_t <= (A q).(A C_t) + |q - A^T A q| |C_t - A^T A C_t| for the head basis A, so a
+  quarter of the bytes of the full codes bound every unit, loosely, and the full codes only the survivors;
 - units C_t: 8-bit codes times one scale per unit, with |C_t - C~_t| and |C_t| rounded up (``quantize``);
 - window factors 1 / (k |p|) as 16-bit integers times a per-video scale, rounded up, on a grid of fixed-
   length rows when every window is stored (``window_factors``);
@@ -22,9 +26,12 @@ SLACK = 1e-6  # relative margin on float64 bound arithmetic (its rounding is ~1e
 UNIT_LEVELS = 127  # 8-bit codes of units and ball centres
 MAX_BALLS = 255  # frame balls per video (ball ids are stored in 8 bits)
 FACTOR_LEVELS = 65534  # 16-bit window factors 1 / (k |p|), one level spare for rounding
-SKETCH = ("codes", "scale", "err", "norm", "pinv", "pinv_scale", "ball_codes", "ball_scale", "ball_norm",
-          "ball_radius", "ball_of", "ball_dist")
-FIRST_PASS = ("codes", "scale", "err", "norm", "pinv", "pinv_scale")  # what every query reads for every video
+HEAD_DIMS = 64  # principal directions of the first pass (one 64-byte cache line per unit)
+HEAD = ("head_codes", "head_scale", "head_err", "head_norm", "tail")  # per unit, of the head basis
+FIRST_PASS = (*HEAD, "pinv", "pinv_scale")  # what every query reads for every video (kept in memory)
+CLIP = ("codes", "scale", "err", "norm")  # the full 8-bit units: the clip bound of the first pass's survivors
+BALLS = ("ball_codes", "ball_scale", "ball_norm", "ball_radius", "ball_of", "ball_dist")  # the frame bound
+SKETCH = (*FIRST_PASS, *CLIP, *BALLS)  # every per-video array ``sketch`` makes
 
 
 def _round_up(x: np.ndarray) -> np.ndarray:
@@ -44,6 +51,28 @@ def quantize(x: np.ndarray) -> tuple[np.ndarray, ...]:
     norm = np.linalg.norm(x64, axis=-1)
     return (codes.astype(np.int8), scale, _round_up(err * (1 + SLACK) + 1e-30),
             _round_up(norm * (1 + SLACK) + 1e-30))
+
+
+def head_basis(units: np.ndarray, dims: int = HEAD_DIMS) -> np.ndarray:
+    """(min(dims, H), H) float32 orthonormal rows: the principal directions of a segment's units (n, M, H),
+    uncentred (what dot products with a query see). Any orthonormal rows give valid bounds; these make the
+    head's bounds tight."""
+    x = torch.from_numpy(np.asarray(units, np.float32).reshape(-1, units.shape[-1])).double()
+    _, vectors = torch.linalg.eigh(x.T @ x)  # ascending
+    return np.ascontiguousarray(vectors.flip(1)[:, :dims].T.float().numpy())
+
+
+def head_sketch(units: np.ndarray, basis: np.ndarray) -> dict[str, np.ndarray]:
+    """The ``HEAD`` arrays of units (n, M, H) for the segment's head basis A (d, H): 8-bit codes of the head
+    coordinates h_t = A C_t with their scale, error and norm (``quantize``), and ``tail`` >= |C_t - A^T h_t|,
+    the part of the unit the head leaves out (rounded up)."""
+    a = torch.from_numpy(np.asarray(basis, np.float32)).double()
+    x = torch.from_numpy(np.asarray(units, np.float32)).double()
+    head = x @ a.T  # (n, M, d)
+    tail = torch.linalg.vector_norm(x - head @ a, dim=-1).numpy()
+    codes, scale, err, norm = quantize(head.numpy())
+    return {"head_codes": codes, "head_scale": scale, "head_err": err, "head_norm": norm,
+            "tail": _round_up(tail * (1 + SLACK) + 1e-30)}
 
 
 def cover_balls(rows: np.ndarray, n_balls: int, iters: int = 2) -> np.ndarray:
@@ -105,24 +134,48 @@ def window_factors(pnorm: np.ndarray, windows: np.ndarray, M: int) -> tuple[np.n
     return np.ascontiguousarray(factors, dtype=np.uint16), scale  # rows contiguous: the kernels' vector loads
 
 
-def sketch(units: np.ndarray, pnorm: np.ndarray, windows: np.ndarray, zhat: np.ndarray, n_balls: int
-           ) -> dict[str, np.ndarray]:
-    """The bound arrays of a batch of videos: units (n, M, H), proposal norms (n, P), their unit windows
-    (n, P, 2), normalised z rows (n, P, H) -> the ``SKETCH`` arrays (see the module docstring)."""
+def frame_balls(zbasis: list[np.ndarray], zcoef: list[np.ndarray], n_balls: int) -> dict[str, np.ndarray]:
+    """The ``BALLS`` arrays of a batch of videos from their factored frame-scale features (``schema``: zbasis
+    (r, H), zcoef (r, P) each): balls with 8-bit centres c~ covering each video's P rows z_j = zcoef[:, j] @
+    zbasis, each row's ball and its distance from the centre (rounded up), each ball's radius.
+
+    The rows lie in the r-dimensional span of zbasis, so the balls are clustered there (coefficients padded
+    with zeros to the batch's largest r) and the distances come from the coefficients too, exactly:
+    |z_j - c~|^2 = c_j G c_j - 2 c_j . (zbasis c~) + |c~|^2 with G = zbasis zbasis^T (float64), which holds
+    whether or not the float32 rows of zbasis are exactly orthonormal."""
     if not 1 <= n_balls <= MAX_BALLS:
         raise ValueError(f"frame_balls must be in 1..{MAX_BALLS}, got {n_balls}")
-    codes, scale, err, norm = quantize(units)
-    pinv, pinv_scale = window_factors(pnorm, windows, units.shape[1])
-    ball_codes, ball_scale, _, _ = quantize(cover_balls(zhat, n_balls))
-    centres = ball_codes * ball_scale[..., None].astype(np.float64)  # exactly what the bounds use
-    ball_of, dist = nearest_ball(zhat, centres)
+    n, P, H = len(zcoef), zcoef[0].shape[1], zbasis[0].shape[1]
+    r = max(z.shape[0] for z in zbasis)
+    basis, coef = torch.zeros(n, r, H, dtype=torch.float64), torch.zeros(n, P, r, dtype=torch.float64)
+    for i, (zb, zc) in enumerate(zip(zbasis, zcoef, strict=True)):
+        basis[i, :len(zb)] = torch.from_numpy(np.asarray(zb, np.float32)).double()
+        coef[i, :, :len(zc)] = torch.from_numpy(np.asarray(zc, np.float32)).double().T
+    centres = torch.from_numpy(cover_balls(coef.float().numpy(), n_balls)).double() @ basis  # (n, B, H)
+    ball_codes, ball_scale, _, _ = quantize(centres.numpy())
+    c = torch.from_numpy(ball_codes * ball_scale[..., None].astype(np.float64))  # exactly what bounds use
+    gram = basis @ basis.transpose(1, 2)  # (n, r, r)
+    square = (coef @ gram * coef).sum(-1)  # (n, P): |z_j|^2
+    d2 = square[..., None] - 2 * coef @ (c @ basis.transpose(1, 2)).transpose(1, 2) + (c * c).sum(-1)[:, None]
+    near, ball_of = d2.min(-1)
+    dist = torch.sqrt(near.clamp(min=0) + 1e-12).numpy()
     ball_dist = _round_up(dist * (1 + SLACK) + 1e-7)
     radius = np.full(ball_codes.shape[:2], -np.inf, dtype=np.float32)  # -inf: a ball no row is nearest to
-    np.maximum.at(radius, (np.arange(len(radius))[:, None], ball_of), ball_dist)
-    return {"codes": codes, "scale": scale, "err": err, "norm": norm, "pinv": pinv, "pinv_scale": pinv_scale,
-            "ball_codes": ball_codes, "ball_scale": ball_scale,
-            "ball_norm": _round_up(np.linalg.norm(centres, axis=-1) * (1 + SLACK) + 1e-30),
-            "ball_radius": radius, "ball_of": ball_of.astype(np.uint8), "ball_dist": ball_dist}
+    np.maximum.at(radius, (np.arange(n)[:, None], ball_of.numpy()), ball_dist)
+    return {"ball_codes": ball_codes, "ball_scale": ball_scale,
+            "ball_norm": _round_up(np.linalg.norm(c.numpy(), axis=-1) * (1 + SLACK) + 1e-30),
+            "ball_radius": radius, "ball_of": ball_of.numpy().astype(np.uint8), "ball_dist": ball_dist}
+
+
+def sketch(units: np.ndarray, pnorm: np.ndarray, windows: np.ndarray, zbasis: list[np.ndarray],
+           zcoef: list[np.ndarray], n_balls: int, basis: np.ndarray) -> dict[str, np.ndarray]:
+    """The bound arrays of a batch of videos: units (n, M, H), proposal norms (n, P), their unit windows
+    (n, P, 2), factored frame-scale features (``frame_balls``), the segment's head basis (d, H) -> the
+    ``SKETCH`` arrays (see the module docstring)."""
+    codes, scale, err, norm = quantize(units)
+    pinv, pinv_scale = window_factors(pnorm, windows, units.shape[1])
+    return {**head_sketch(units, basis), "pinv": pinv, "pinv_scale": pinv_scale, "codes": codes,
+            "scale": scale, "err": err, "norm": norm, **frame_balls(zbasis, zcoef, n_balls)}
 
 
 @dataclass
@@ -140,12 +193,12 @@ class BoundQuery:
         """The kernels' view of query vector q (H,)."""
         vector = np.ascontiguousarray(q, dtype=np.float32)
         top = min(2**15 - 1, (2**31 - 1) // (UNIT_LEVELS * len(vector)))  # int32 sums cannot overflow
-        levels, step, spread, norm = _query_levels(vector, top)
+        levels, step, spread, norm = query_levels(vector, top)
         return cls(vector, norm, levels, step, spread)
 
 
 @numba.njit(nogil=True, cache=True)
-def _query_levels(q, top):  # pragma: no cover - compiled
+def query_levels(q, top):  # pragma: no cover - compiled
     """(levels, step, spread, |q|) of ``BoundQuery`` for q (H,) float32: levels in -top..top, the largest
     |q_h| at top. Compiled: a dozen numpy calls on a short vector cost more than the first pass saves."""
     peak, square = 0.0, 0.0

@@ -1,8 +1,9 @@
 """Snapshot: one generation of an index, read-only once built (see ``prvr.index.video_index``).
 
-A snapshot holds the arrays of the segments its manifest names: the first pass's arrays of all segments in
-memory (one array each), the rest memory-mapped, and reads any video's rows of any stored array by its
-global position (``gather`` for one-row-per-video arrays, ``ragged`` for variable-length ones).
+A snapshot keeps in memory only what the first pass reads for every video (``sketch.FIRST_PASS``: the head
+codes and window factors, ~3.7 KB a video at H = 384; and, in compact mode, each video's window numbers),
+all segments in one array each, with the segments' head bases; every other stored array stays memory-mapped
+and is read only for the videos a query refines, scores or returns. It implements ``scoring.VideoArrays``.
 """
 
 from __future__ import annotations
@@ -17,35 +18,32 @@ import numpy as np
 from prvr.index import approximate, store
 from prvr.index.gallery import Catalog
 from prvr.index.rank import Stored
-from prvr.index.schema import ARRAYS, RAGGED
-from prvr.index.sketch import FIRST_PASS, SKETCH
-from prvr.models.preprocess import window_table
+from prvr.index.schema import RAGGED
+from prvr.index.sketch import FIRST_PASS
 
-# per-video arrays the OS pages in on demand; the first pass's arrays (read by every query) are loaded into
-# memory instead, so that the bulk of a big index cannot push them out of the page cache between queries
-MAPPED = (*(a.name for a in ARRAYS if a.mapped), "scenes", *(f for f in SKETCH if f not in FIRST_PASS))
-RESIDENT = (*FIRST_PASS, "pidx")  # what the first pass reads: kept in memory, all segments in one array each
+BASIS = "head_basis"  # a segment's (d, H) head basis (one per segment, not per video)
 
 
 class Snapshot:
     """One generation of an index, read-only once built: its segments' arrays, records and liveness."""
 
-    def __init__(self, root: Path, manifest: dict, verify: bool) -> None:
-        self.manifest = manifest
+    def __init__(self, root: Path, manifest: dict, verify: bool, table: np.ndarray) -> None:
+        self.manifest, self.table = manifest, table
         self.segments: list[dict[str, np.ndarray]] = []
         self.videos: list[dict] = []
-        self.table = window_table(int(manifest["map_size"])).numpy()
-        self.seg_start = np.cumsum([0] + [e["count"] for e in manifest["segments"]])
+        self.seg_start = np.cumsum([0] + [e["count"] for e in manifest["segments"]]).astype(np.int64)
         self._starts = self.seg_start.tolist()
+        loaded = [store.load_segment(root, entry, verify) for entry in manifest["segments"]]
+        self.compact = bool(loaded) and loaded[0][0]["pnorm"].shape[1] != len(table)
+        resident = (*FIRST_PASS, "pidx") if self.compact else FIRST_PASS
         # the first pass's arrays of all segments, each in one array (the segments hold views into it): a
         # query scans any range of the gallery in one kernel call
         self.first: dict[str, np.ndarray] = {}
         alive = []
-        for s, entry in enumerate(manifest["segments"]):
-            arrays, videos = store.load_segment(root, entry, MAPPED, verify)
+        for s, ((arrays, videos), entry) in enumerate(zip(loaded, manifest["segments"], strict=True)):
             for count in set(RAGGED.values()):  # where each video's rows of a ragged array start
-                arrays[f"{count}_offset"] = np.concatenate([[0], np.cumsum(arrays[count])])
-            for f in RESIDENT:
+                arrays[f"{count}_offset"] = np.concatenate([[0], np.cumsum(arrays[count])]).astype(np.int64)
+            for f in resident:
                 if f not in self.first:
                     self.first[f] = np.empty((self.seg_start[-1], *arrays[f].shape[1:]), arrays[f].dtype)
                 view = self.first[f][self.seg_start[s]:self.seg_start[s + 1]]
@@ -56,22 +54,24 @@ class Snapshot:
             keep = np.ones(entry["count"], dtype=bool)
             keep[entry["removed"]] = False
             alive.append(keep)
+        self.bases = (np.stack([np.asarray(seg[BASIS]) for seg in self.segments]) if self.segments
+                      else np.zeros((0, 0, 0), np.float32))
+        self.grams = np.einsum("sih,sjh->sij", self.bases.astype(np.float64), self.bases.astype(np.float64))
         self.alive = np.concatenate(alive) if alive else np.zeros(0, dtype=bool)
         self.live = np.flatnonzero(self.alive)
         self.catalog = Catalog.of(self.videos, self.live)
         self.position = self.catalog.position
-        self._lazy = threading.Lock()  # builds the typed Lists and the faiss index once
+        self._lazy = threading.Lock()  # builds the faiss index once
 
     @property
     def windows(self) -> np.ndarray | None:
         """None when every video stores all windows in window_table order, else the table for ``pidx``."""
-        return None if self.segments[0]["pnorm"].shape[1] == len(self.table) else self.table
+        return self.table if self.compact else None
 
     @cached_property
     def stored(self) -> Stored:
-        """The segments' arrays as the frame-bound and exact kernels read them."""
-        with self._lazy:
-            return Stored.of(self.segments)
+        """The segments' arrays as the refining and exact kernels read them."""
+        return Stored.of(self.segments)
 
     def ivf(self, nlist: int):
         """The faiss index of the scene centres (built on first use)."""
@@ -96,16 +96,15 @@ class Snapshot:
         return out
 
     def ragged(self, key: str, position: int) -> np.ndarray:
-        """One video's rows of the ragged array ``key`` (``schema.RAGGED``; memory-mapped ones stay so)."""
+        """One video's rows of the ragged array ``key`` (``schema.RAGGED``), read from the mapping."""
         s = bisect.bisect_right(self._starts, position) - 1  # segment_of, for one position
         seg, r = self.segments[s], position - self._starts[s]
         offset = seg[f"{RAGGED[key]}_offset"]
-        return seg[key][offset[r]:offset[r + 1]]
+        return np.asarray(seg[key][offset[r]:offset[r + 1]])
 
-    def frames(self, position: int) -> np.ndarray:
-        """The stored encoded frames (L, H) of one video."""
-        return np.asarray(self.ragged("frames", position))
-
-    def rows(self, position: int) -> tuple[np.ndarray, np.ndarray]:
-        """Raw row start / end seconds of one video."""
-        return np.asarray(self.ragged("row_start", position)), np.asarray(self.ragged("row_end", position))
+    def resident_bytes(self) -> int:
+        """Bytes this snapshot holds in memory for its arrays (the first pass, bases, offsets, liveness)."""
+        offsets = sum(seg[f"{c}_offset"].nbytes + np.asarray(seg[c]).nbytes
+                      for seg in self.segments for c in set(RAGGED.values()))
+        return (sum(a.nbytes for a in self.first.values()) + self.bases.nbytes + self.grams.nbytes + offsets
+                + self.alive.nbytes + self.live.nbytes)

@@ -39,13 +39,11 @@ from pathlib import Path
 
 import numpy as np
 
+from prvr.index.schema import SCHEMA_VERSION
+
 log = logging.getLogger(__name__)
 
-# 8: the reference bank's statistics of the fine and context rows, segments stored unpacked; 7: the
-# moments' propagated context per video; 6: fine rows, packed segments and reference scores per video;
-# 5: frame balls store their radii; 4: 16-bit window factors on a grid; 3: key clip candidates' frame balls;
-# 2: all balls; 1: a basis
-FORMAT, SCHEMA_VERSION = "prvr-index", 9  # 9: the moments context's beta recorded
+FORMAT = "prvr-index"  # the schema version is prvr.index.schema's, one for both backends
 MANIFEST, LOCK = "manifest.json", "lock"
 RETIRE_GRACE_S = 600.0  # seconds a segment no longer named by the manifest is kept for lock-free readers
 
@@ -148,21 +146,39 @@ def verify_file(path: Path, entry: dict, checksum: bool) -> None:
         raise IndexCorruptError(f"{path}: sha256 differs from the manifest's (the file was modified)")
 
 
-def load_segment(root: Path, entry: dict, mapped: tuple[str, ...], checksum: bool
-                 ) -> tuple[dict[str, np.ndarray], list[dict]]:
-    """A segment's arrays (names in ``mapped`` memory-mapped, the rest read) and its video records."""
+def load_segment(root: Path, entry: dict, checksum: bool) -> tuple[dict[str, np.ndarray], list[dict]]:
+    """A segment's arrays (memory-mapped: pages are read when a query touches them) and its video records."""
     directory = root / entry["name"]
     for fname, fentry in entry["files"].items():
         verify_file(directory / fname, fentry, checksum)
     arrays = {}
     for fname in entry["files"]:
         if fname.endswith(".npy"):
-            key = fname[:-4]
             # np.asarray drops the memmap subclass (its per-access overhead), keeping the mapping
-            arrays[key] = np.asarray(np.load(directory / fname, mmap_mode="r" if key in mapped else None,
-                                             allow_pickle=False))
-    videos = json.loads((directory / "videos.json").read_text())
-    return arrays, videos
+            arrays[fname[:-4]] = np.asarray(np.load(directory / fname, mmap_mode="r", allow_pickle=False))
+    return arrays, read_records(directory)
+
+
+def read_records(directory: Path) -> list[dict]:
+    """The video records a segment directory stores (``videos.json``)."""
+    return json.loads((directory / "videos.json").read_text())
+
+
+def media_paths(root: Path) -> set[str] | None:
+    """The media paths named by every record of a built-in index directory of any schema (every
+    ``seg-*/videos.json``, debris and retired segments included: conservative), or None when the directory
+    holds something this code cannot list (then nothing it may name should be deleted)."""
+    root, paths = Path(root), set()
+    files = sorted(root.glob("seg-*/videos.json"))
+    if not files and any(p.is_dir() or p.suffix not in (".json", "") for p in root.iterdir()):
+        return None
+    for records in files:
+        try:
+            paths |= {v.get("path", "") for v in read_records(records.parent)}
+        except (OSError, ValueError, AttributeError):
+            log.warning("cannot read %s", records)
+            return None
+    return paths - {""}
 
 
 def remove_debris(root: Path, manifest: dict, grace: float = RETIRE_GRACE_S) -> None:

@@ -48,12 +48,13 @@ from prvr.index.ingest import (
     encode_for_index,
     segment_arrays,
 )
-from prvr.index.rank import Exact, clip_bounds, frame_bounds, top_k
-from prvr.index.schema import FIXED, RAGGED
+from prvr.index.rank import BOUND_EPS, Exact, HeadQuery, Page, clip_bounds, frame_bounds, head_bounds, top_k
+from prvr.index.schema import FIXED, RAGGED, SCHEMA_VERSION
 from prvr.index.scoring import evidence_of, exact_of, is_csa, query_vector
-from prvr.index.sketch import FIRST_PASS, BoundQuery, sketch
-from prvr.index.snapshot import Snapshot
+from prvr.index.sketch import BoundQuery, head_basis, sketch
+from prvr.index.snapshot import BASIS, Snapshot
 from prvr.models.branches import EncodedQueries
+from prvr.models.preprocess import window_table
 
 log = logging.getLogger(__name__)
 
@@ -82,7 +83,8 @@ class VideoIndex(Gallery):
         self.root, self.model, self.cfg, self.references = Path(root), model, cfg, references
         self._csa = is_csa(model)
         self._writing = threading.Lock()  # one writer per process (the store's flock: one per directory)
-        self.snapshot = Snapshot(self.root, manifest, cfg.verify_checksums)
+        self.table = window_table(int(manifest["map_size"])).numpy()
+        self.snapshot = self._snapshot(manifest, cfg.verify_checksums)
 
     # ------------------------------------------------------------------ opening
     @classmethod
@@ -98,7 +100,7 @@ class VideoIndex(Gallery):
         with store.writer_lock(root, cfg.lock_timeout):
             if (root / store.MANIFEST).exists():
                 raise store.IndexStoreError(f"{root} already holds an index; open it instead")
-            manifest = {"format": store.FORMAT, "schema_version": store.SCHEMA_VERSION, "generation": 0,
+            manifest = {"format": store.FORMAT, "schema_version": SCHEMA_VERSION, "generation": 0,
                         "mode": cfg.mode, **model_identity(model), "frame_balls": cfg.frame_balls,
                         "config": dataclasses.asdict(cfg), "references": bank_identity(references),
                         "segments": [], "counts": {"videos": 0}}
@@ -136,11 +138,15 @@ class VideoIndex(Gallery):
             return cls.open(root, model, cfg, references)
         return cls.create(root, model, cfg, references)
 
+    def _snapshot(self, manifest: dict, verify: bool) -> Snapshot:
+        """The snapshot of one manifest."""
+        return Snapshot(self.root, manifest, verify, self.table)
+
     def refresh(self) -> None:
         """Re-read the manifest if another writer changed it."""
         manifest = store.read_manifest(self.root)
         if manifest["generation"] != self.snapshot.manifest["generation"]:
-            self.snapshot = Snapshot(self.root, manifest, self.cfg.verify_checksums)
+            self.snapshot = self._snapshot(manifest, self.cfg.verify_checksums)
 
     # ------------------------------------------------------------------ what is in it (one snapshot)
     @property
@@ -158,13 +164,22 @@ class VideoIndex(Gallery):
         return {"backend": "built-in", "mode": self.cfg.mode, "name": self.root.name, "videos": len(self)}
 
     def first_pass_bytes(self) -> int:
-        """Bytes an exact query reads for every video (the 8-bit sketch); the rest is read per candidate."""
-        snap = self.snapshot
-        return sum(seg[f].nbytes for seg in snap.segments for f in FIRST_PASS) + snap.alive.nbytes
+        """Bytes an exact query reads for every video (the head of the sketch); the rest is read per
+        candidate."""
+        return sum(a.nbytes for a in self.snapshot.first.values()) + self.snapshot.alive.nbytes
+
+    def resident_bytes(self) -> int:
+        """Bytes of the arrays this index keeps in memory (the first pass and what locates the rest)."""
+        return self.snapshot.resident_bytes()
 
     def stored_bytes(self) -> int:
-        """Bytes of every stored array (what the index occupies on disk, manifest aside)."""
-        return sum(a.nbytes for seg in self.snapshot.segments for a in seg.values())
+        """Bytes of every stored file (what the index occupies on disk, manifest aside)."""
+        return sum(f["bytes"] for seg in self.manifest["segments"] for f in seg["files"].values())
+
+    def media_paths(self) -> set[str]:
+        """The media paths every record of this index names, removed videos' included (their files may
+        still be served by a reader of an older generation)."""
+        return {v.get("path", "") for v in self.snapshot.videos} - {""}
 
     # ------------------------------------------------------------------ writing
     def _commit(self, change: Callable[[Snapshot, dict], dict]) -> None:
@@ -174,14 +189,14 @@ class VideoIndex(Gallery):
             current = store.read_manifest(self.root)
             snap = self.snapshot
             if current["generation"] != snap.manifest["generation"]:
-                snap = Snapshot(self.root, current, self.cfg.verify_checksums)  # another writer committed
+                snap = self._snapshot(current, self.cfg.verify_checksums)  # another writer committed
             manifest = change(snap, dict(current))
             manifest["generation"] = current["generation"] + 1
             manifest["counts"] = {"videos": sum(s["count"] - len(s["removed"]) for s in manifest["segments"]),
                                   "segments": len(manifest["segments"])}
             store.commit_manifest(self.root, manifest, previous=current)
             store.remove_debris(self.root, manifest)
-            self.snapshot = Snapshot(self.root, manifest, verify=False)  # files this process just wrote
+            self.snapshot = self._snapshot(manifest, verify=False)  # files this process just wrote
 
     def add(self, videos: Sequence[GalleryVideo]) -> None:
         """Encode and append videos (one atomic update); GalleryError leaves the index untouched."""
@@ -236,11 +251,13 @@ class VideoIndex(Gallery):
 
     def _segment_arrays(self, snap: Snapshot, fixed: dict[str, np.ndarray],
                         ragged: dict[str, list[np.ndarray]]) -> dict[str, np.ndarray]:
-        """All stored arrays of one segment: the videos' fixed and ragged arrays, the sketch, the scenes."""
-        bounds = sketch(fixed["units"], fixed["pnorm"], snap.table[fixed["pidx"].astype(np.int64)],
-                        fixed["zhat"], self.cfg.frame_balls)
+        """All stored arrays of one segment: the videos' fixed and ragged arrays, the segment's head basis,
+        the sketch, the scenes."""
+        basis = head_basis(fixed["units"])
+        bounds = sketch(fixed["units"], fixed["pnorm"], self.table[fixed["pidx"].astype(np.int64)],
+                        ragged["zbasis"], ragged["zcoef"], self.cfg.frame_balls, basis)
         scenes = approximate.scene_centres(fixed["units"])
-        return {**segment_arrays(fixed, ragged), "scenes": scenes, **bounds}
+        return {**segment_arrays(fixed, ragged), BASIS: basis, "scenes": scenes, **bounds}
 
     def remove(self, ids: Sequence[str]) -> None:
         """Remove videos by id (one atomic manifest update); unknown ids are an error, nothing changes."""
@@ -267,7 +284,7 @@ class VideoIndex(Gallery):
             for a in range(0, len(snap.live), self.cfg.segment_videos):
                 part = snap.live[a:a + self.cfg.segment_videos]
                 fixed = {k: snap.gather(k, part) for k in FIXED}
-                ragged = {k: [np.asarray(snap.ragged(k, p)) for p in part] for k in RAGGED}
+                ragged = {k: [snap.ragged(k, p) for p in part] for k in RAGGED}
                 seg = self._segment_arrays(snap, fixed, ragged)
                 records = [snap.videos[p] for p in part]
                 manifest["segments"].append(store.write_segment(self.root, seg, records))
@@ -291,7 +308,9 @@ class VideoIndex(Gallery):
 
     def _best(self, snap: Snapshot, q: np.ndarray | EncodedQueries, k: int, w: Weights,
               approx: bool) -> tuple[np.ndarray, Exact | None, int]:
-        """Top-k live positions, their exact scores (best first) and how many videos were scored exactly."""
+        """Top-k live positions, their exact scores (best first) and how many videos were scored exactly:
+        one page of every live video (or of the approximate candidates) bounded by the head pass, refined
+        by the full codes and the frame balls (``rank.top_k``)."""
         if not len(snap.live):
             return np.zeros(0, dtype=np.int64), None, 0
         bq, table, threads = BoundQuery.of(query_vector(q)), snap.windows, torch.get_num_threads()
@@ -300,11 +319,21 @@ class VideoIndex(Gallery):
             cfg = self.cfg
             candidates = approximate.candidates(snap.ivf(cfg.nlist), bq.vector, snap.alive, cfg.nprobe,
                                                 cfg.candidate_units, cfg.candidate_videos)
-        clip, prefix = clip_bounds(snap.first, candidates, bq, table, threads)
+        head = HeadQuery.of(bq, snap.bases, snap.grams)
+        first = w.clip * head_bounds(snap.first, snap.seg_start, candidates, head, table, threads) + w.frame
+        # a CSA model scores frames its own way (at most 1): the stored z do not bound it
+        frame_bound = w.frame > 0 and not self._csa
 
-        def frame_bound(at: np.ndarray, enough: np.ndarray) -> np.ndarray:
-            return frame_bounds(snap.stored, snap.seg_start, candidates[at], prefix, at, bq, table, enough,
-                                threads)
+        def refine(positions: np.ndarray, tau: float) -> np.ndarray:
+            clip, hi = clip_bounds(snap.stored, snap.seg_start, positions, bq, table, threads)
+            total = w.clip * clip + w.frame
+            at = np.flatnonzero(total + BOUND_EPS * (1 + w.clip + w.frame) >= tau) if frame_bound else []
+            if len(at):
+                enough = (tau - BOUND_EPS * (1 + w.clip + w.frame) - w.clip * clip[at]) / w.frame
+                frame = frame_bounds(snap.stored, snap.seg_start, positions[at], hi, at, bq, table, enough,
+                                     threads)
+                total[at] = w.clip * clip[at] + w.frame * frame
+            return total
 
         scored: list[tuple[np.ndarray, Exact]] = []  # what top_k scored: evidence reuses the winners' rows
 
@@ -312,8 +341,8 @@ class VideoIndex(Gallery):
             scored.append((positions, exact_of(self.model, snap, positions, q, w, bq)))
             return scored[-1][1].total
 
-        # a CSA model scores frames its own way (at most 1): the stored z do not bound it
-        positions, _, n = top_k(clip, candidates, w, k, score, None if self._csa else frame_bound)
+        pages = [Page(candidates, first, -np.inf)]
+        positions, _, n = top_k(pages, k, score, refine, BOUND_EPS * (1 + w.clip + w.frame))
         if not scored:
             return positions, None, n
         every = np.concatenate([p for p, _ in scored])  # distinct positions
