@@ -4,7 +4,8 @@ Every test is parametrised over the built-in ``VideoIndex`` (a data directory) a
 ``qdrant+local://DIR``), both opened with ``prvr.index.backends.open_gallery`` as the app opens them: add,
 refused input that changes nothing, remove, the catalogue (ids, records, find_sha256, len), reopening,
 refusal of another model or profile, ``rank`` against the model's own ``model.score`` over every video (ties
-by insertion order), and the checks of ``k`` and the weights.
+by insertion order, and on a gallery past the first page of candidates), and the checks of ``k`` and the
+weights. The Qdrant backend runs the Qdrant engine itself, in-process (``qdrant-edge-py``).
 """
 
 from __future__ import annotations
@@ -213,6 +214,26 @@ def test_remove_and_unknown_ids(gallery: Gallery, place: Place, model, bank, qs)
     assert len(gallery.rank(qs[0], k=5)) == 0
 
 
+def test_removing_an_id_given_twice_keeps_the_other_video_of_its_update(place: Place, model, bank,
+                                                                      qs) -> None:
+    """Two videos added in one update (the built-in index: one segment of two); the one id given twice is
+    removed once, and the other video stays, also after reopening."""
+    g = place.open(model, bank)
+    try:
+        a, b = videos(2, seed=9)
+        g.add([a, b])
+        g.remove([a.id, a.id])
+        assert g.ids == [b.id] and len(g) == 1
+        assert [h.id for h in g.rank(qs[0], k=5).hits] == [b.id]
+    finally:
+        g.close()
+    reopened = place.open(model, bank)
+    try:
+        assert reopened.ids == [b.id] and [h.id for h in reopened.rank(qs[1], k=5).hits] == [b.id]
+    finally:
+        reopened.close()
+
+
 def test_reopen_gives_the_same_gallery(gallery: Gallery, place: Place, model, bank, qs) -> None:
     gallery.remove([videos(4)[2].id])
     before = state(gallery, qs)
@@ -279,6 +300,29 @@ def test_rank_equals_brute_force_with_ties(place: Place, model, bank, qs) -> Non
                 hits = [h.id for h in ev.hits]
                 ties += hits.index("early-copy") < hits.index(base[3].id) < hits.index("late-copy")
         assert ties == 9  # equal totals always in insertion order
+    finally:
+        g.close()
+
+
+def test_rank_equals_brute_force_past_the_first_page(place: Place, model, bank) -> None:
+    """150 videos, the best few by MS-SL's weights and by frame-heavy ones: the winners are not all among
+    the first candidates the bounds put forward (the Qdrant backend's first page holds 64), so a rank that
+    stopped after its first page or chunk would miss some."""
+    gallery_videos = videos(150, seed=11)
+    g = place.open(model, bank)
+    try:
+        g.add(gallery_videos)
+        queries = model.encode_queries(token_queries(12, seed=12)).numpy()
+        for q in queries:
+            clip, frame = brute_force(model, gallery_videos, q)
+            for weights in (None, (0.1, 0.9)):
+                w = g.weights(weights)
+                totals = w[0] * clip + w[1] * frame
+                expected = np.lexsort((np.arange(len(gallery_videos)), -totals))
+                for k in (1, 3):
+                    ev = g.rank(q, k=k, weights=weights)
+                    assert [h.id for h in ev.hits] == [gallery_videos[i].id for i in expected[:k]], (k, w)
+                    np.testing.assert_allclose(ev.totals, totals[expected[:k]], rtol=0, atol=1e-6)
     finally:
         g.close()
 

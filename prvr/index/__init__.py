@@ -18,6 +18,7 @@ from prvr.index.ingest import (
     GalleryVideo,
     ReferenceQueries,
     bank_vectors,
+    frame_factors,
     half_up,
     localisation_arrays,
 )
@@ -33,5 +34,5 @@ __all__ = ["FIXED", "RAGGED", "RECORD", "SCHEMA_VERSION", "Evidence", "Gallery",
            "GalleryVideo", "IndexConfig", "IndexMismatchError", "IndexStoreError", "QdrantConfig",
            "QdrantConnectionError", "QdrantIndex", "QdrantTarget", "QueryError", "ReferenceQueries",
            "VideoArrays", "VideoEvidence", "VideoIndex", "Weights", "bank_vectors", "check_k",
-           "check_weights", "gallery_dir", "half_up", "localisation_arrays", "open_gallery", "query_vector",
-           "stored_media_paths"]
+           "check_weights", "frame_factors", "gallery_dir", "half_up", "localisation_arrays", "open_gallery",
+           "query_vector", "stored_media_paths"]

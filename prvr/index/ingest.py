@@ -169,14 +169,15 @@ def frame_factors(zhat: np.ndarray | torch.Tensor,
     ``alpha`` (P, L): the attention weights the features were made with (``model.attend``); each feature is
     a mix of L value rows, so ``alpha.T @ zhat`` spans the same space in L rows and its SVD finds the basis
     cheaply. Without it, or if that basis misses (a model whose features are not such mixes), the SVD of
-    ``zhat`` itself does. The rank keeps singular values above 1e-7 of the largest; the check is what makes
+    ``zhat`` itself does. The rank keeps singular values above 1e-10 of the largest (a frame that only a
+    few proposals attend to, faintly, still moves them by more than the tolerance); the check is what makes
     the stored features the ones bounds and scores use (``docs/design.md``). In torch (float64): numpy's
     BLAS threads, woken right after the model's torch ops, would wait ~20 ms for the cores."""
     z = torch.as_tensor(zhat).double()
     sketches = [z] if alpha is None else [torch.as_tensor(alpha).double().T @ z, z]
     for sketch in sketches:
         _, s, vt = torch.linalg.svd(sketch, full_matrices=False)
-        rank = max(1, int((s > s[0] * 1e-7).sum())) if s[0] > 0 else 1
+        rank = max(1, int((s > s[0] * 1e-10).sum())) if s[0] > 0 else 1
         basis = vt[:rank].float()
         coef = (z @ basis.double().T).float()  # (P, r)
         error = torch.linalg.vector_norm(coef.double() @ basis.double() - z, dim=1).max()

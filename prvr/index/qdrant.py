@@ -289,6 +289,8 @@ class QdrantIndex(Gallery):
             if part:
                 self._write(part, written)
             self._set_meta(next_seq=seq0 + len(records))
+            with self._reading:
+                self.store.settle()
         except BaseException:
             if written:
                 with self._reading:
@@ -322,6 +324,7 @@ class QdrantIndex(Gallery):
             if ids:
                 with self._reading:
                     self.store.delete([point_id(i) for i in ids])
+                    self.store.settle()
             gone = set(ids)
             keep = [i for i, v in enumerate(self._catalog.videos) if v["id"] not in gone]
             self._catalog = Catalog.of([self._catalog.videos[i] for i in keep])

@@ -301,6 +301,9 @@ class PointStore(Protocol):
     def count(self) -> int:
         """How many points there are."""
 
+    def settle(self) -> None:
+        """After a write: durable, segments merged, graph built."""
+
     def close(self) -> None:
         """Release the store (the engine's directory, a client)."""
 
@@ -407,10 +410,12 @@ class EdgeStore:
             return 0
         return int(self._call("count", self.shard.count, qe.CountRequest(exact=True)))
 
-    def flush(self) -> None:
-        """Make every applied update durable."""
+    def settle(self) -> None:
+        """After a write: make it durable and let the engine merge segments and build the graph (a server
+        does both on its own)."""
         if self.shard is not None:
             self._call("flush", self.shard.flush)
+            self._call("optimize the shard", self.shard.optimize)
 
     def disk_bytes(self) -> int:
         """Bytes of every file of the shard."""
@@ -444,8 +449,11 @@ def edge_config(spec: dict):
             datatype=qe.VectorStorageDatatype.Float16, quantization_config=quantization,
             hnsw_config=qe.HnswIndexConfig(m=v["hnsw_m"], ef_construct=hnsw["ef_construct"],
                                            full_scan_threshold=hnsw["full_scan_threshold"]))
+    # no write-ahead log: an add flushes when done (``EdgeStore.settle``), and the log would hold a second
+    # copy of every payload until then
     return qe.EdgeConfig(vectors=vectors, hnsw_config=qe.HnswIndexConfig(
-        m=hnsw["m"], ef_construct=hnsw["ef_construct"], full_scan_threshold=hnsw["full_scan_threshold"]))
+        m=hnsw["m"], ef_construct=hnsw["ef_construct"], full_scan_threshold=hnsw["full_scan_threshold"]),
+        wal_enabled=False)
 
 
 def client_vectors(spec: dict) -> dict:
@@ -531,8 +539,8 @@ class ClientStore:
     def count(self) -> int:
         return int(self._call("count", "count", exact=True).count) if self.exists() else 0
 
-    def flush(self) -> None:
-        """A server makes its writes durable itself (``wait=True``)."""
+    def settle(self) -> None:
+        """A server makes its writes durable (``wait=True``) and optimizes its segments itself."""
 
     def close(self) -> None:
         self.client.close()

@@ -27,7 +27,7 @@ from numba.typed import List
 
 from prvr.index.evidence import best_first
 from prvr.index.kernels import _clip_scan, _exact_scan, _frame_scan, _head_scan, _slack, tasks_for
-from prvr.index.sketch import CLIP, HEAD, NORM_EPS, SLACK, UNIT_LEVELS, BoundQuery, query_levels
+from prvr.index.sketch import CLIP, HEAD, NORM_EPS, SLACK, UNIT_LEVELS, BoundQuery, query_levels_rows
 
 BOUND_EPS = 1e-4  # added to every upper bound: covers float32 rounding in the exact scores
 KEY_EPS = 1e-4  # the key clip candidates' margin (cosine units): the exact argmax's own float32 rounding
@@ -135,8 +135,8 @@ NO_PIDX = np.zeros((1, 1), dtype=np.int16)  # the kernels do not read per-video 
 @dataclass(frozen=True)
 class HeadQuery:
     """The query as the head pass takes it, one row per segment (each segment has its own head basis A):
-    the 16-bit levels of a = A q, their step and spread (widened by A's float32 rounding, see
-    ``prvr.index.kernels``), |a| and |q - A^T a| (rounded up)."""
+    the 16-bit levels of a = A q (float64), their step and spread (widened by |(I - A A^T) a|: A's rows are
+    orthonormal to float32 only, see ``prvr.index.kernels``), |a| and |q - A^T a| (rounded up)."""
 
     levels: np.ndarray  # (S, d) int16
     step: np.ndarray  # (S,)
@@ -147,25 +147,18 @@ class HeadQuery:
 
     @classmethod
     def of(cls, q: BoundQuery, bases: np.ndarray, grams: np.ndarray) -> HeadQuery:
-        """The head query of q for the segments' bases (S, d, H) and their Gram matrices A A^T (S, d, d)."""
-        x = torch.from_numpy(q.vector).double()
-        a = (torch.from_numpy(bases).double() @ x).numpy()  # (S, d), float64 of the float32 A and q
-        g = grams.astype(np.float64)
-        ga = np.einsum("sij,sj->si", g, a)
+        """The head query of q for the segments' bases (S, d, H) (float64 of the stored float32) and their
+        Gram matrices A A^T (S, d, d)."""
+        a = (torch.from_numpy(bases) @ torch.from_numpy(q.vector).double()).numpy()  # (S, d) float64
+        ga = np.einsum("sij,sj->si", grams, a)
         square = np.einsum("si,si->s", a, a)
         # |q - A^T a|^2 = |q|^2 - 2 |a|^2 + a . (A A^T) a; rounding of these float64 sums: far below SLACK
         tail = np.sqrt(np.maximum(q.norm ** 2 - 2 * square + np.einsum("si,si->s", a, ga), 0.0))
-        drift = np.linalg.norm(a - ga, axis=1)  # |(I - A A^T) a|: A's rows are orthonormal to float32 only
-        S, d = a.shape
-        levels, step, spread = np.empty((S, d), np.int16), np.empty(S), np.empty(S)
-        top = min(2**15 - 1, (2**31 - 1) // (UNIT_LEVELS * max(d, 1)))
-        for s in range(S):
-            a32 = a[s].astype(np.float32)
-            levels[s], step[s], spread[s], _ = query_levels(a32, top)
-            spread[s] += float(np.linalg.norm(a[s] - a32.astype(np.float64))) + drift[s]
-        norm_a = np.sqrt(square)
         tail = np.sqrt(tail**2 + 1e-14 * q.norm**2)  # the float64 sums' own rounding, where tail is ~0
-        return cls(levels, step, spread * (1 + SLACK) + 1e-30, norm_a * (1 + SLACK) + 1e-30,
+        drift = np.linalg.norm(a - ga, axis=1)  # |(I - A A^T) a|: A's rows are orthonormal to float32 only
+        top = min(2**15 - 1, (2**31 - 1) // (UNIT_LEVELS * max(a.shape[1], 1)))
+        levels, step, spread, norm_a = query_levels_rows(a, top)
+        return cls(levels, step, (spread + drift) * (1 + SLACK) + 1e-30, norm_a * (1 + SLACK) + 1e-30,
                    tail * (1 + SLACK) + 1e-30, max(q.norm, NORM_EPS))
 
 

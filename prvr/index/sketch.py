@@ -213,3 +213,15 @@ def query_levels(q, top):  # pragma: no cover - compiled
         levels[h] = np.int16(level)
         rest += (x - level * step) ** 2
     return levels, step, np.sqrt(rest) * (1 + SLACK) + 1e-300, max(np.sqrt(square), NORM_EPS)
+
+
+@numba.njit(nogil=True, cache=True)
+def query_levels_rows(a, top):  # pragma: no cover - compiled
+    """``query_levels`` of each row of a (S, d) (float32 or float64): levels (S, d), steps, spreads, norms
+    (S,) each; one compiled call for every segment's head query."""
+    S, d = a.shape
+    levels, step = np.empty((S, d), np.int16), np.empty(S)
+    spread, norm = np.empty(S), np.empty(S)
+    for s in range(S):
+        levels[s], step[s], spread[s], norm[s] = query_levels(a[s], top)
+    return levels, step, spread, norm

@@ -54,9 +54,11 @@ class Snapshot:
             keep = np.ones(entry["count"], dtype=bool)
             keep[entry["removed"]] = False
             alive.append(keep)
-        self.bases = (np.stack([np.asarray(seg[BASIS]) for seg in self.segments]) if self.segments
-                      else np.zeros((0, 0, 0), np.float32))
-        self.grams = np.einsum("sih,sjh->sij", self.bases.astype(np.float64), self.bases.astype(np.float64))
+        # the segments' head bases (float64 of the stored float32, for the query's head coordinates) and
+        # their Gram matrices
+        self.bases = (np.stack([np.asarray(seg[BASIS]) for seg in self.segments]).astype(np.float64)
+                      if self.segments else np.zeros((0, 0, 0)))
+        self.grams = np.einsum("sih,sjh->sij", self.bases, self.bases)
         self.alive = np.concatenate(alive) if alive else np.zeros(0, dtype=bool)
         self.live = np.flatnonzero(self.alive)
         self.catalog = Catalog.of(self.videos, self.live)

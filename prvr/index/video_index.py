@@ -327,7 +327,9 @@ class VideoIndex(Gallery):
         def refine(positions: np.ndarray, tau: float) -> np.ndarray:
             clip, hi = clip_bounds(snap.stored, snap.seg_start, positions, bq, table, threads)
             total = w.clip * clip + w.frame
-            at = np.flatnonzero(total + BOUND_EPS * (1 + w.clip + w.frame) >= tau) if frame_bound else []
+            if not frame_bound or tau == -np.inf:  # (the frame bound helps only to get below a threshold)
+                return total
+            at = np.flatnonzero(total + BOUND_EPS * (1 + w.clip + w.frame) >= tau)
             if len(at):
                 enough = (tau - BOUND_EPS * (1 + w.clip + w.frame) - w.clip * clip[at]) / w.frame
                 frame = frame_bounds(snap.stored, snap.seg_start, positions[at], hi, at, bq, table, enough,
