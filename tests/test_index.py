@@ -18,8 +18,9 @@ import torch
 
 import prvr  # noqa: F401
 from prvr.index import GalleryError, GalleryVideo, IndexConfig, IndexMismatchError, VideoIndex, store
-from prvr.index.rank import Stored, clip_bounds, exact_rows, frame_bounds, top_k
-from prvr.index.sketch import BoundQuery, quantize, sketch, window_factors
+from prvr.index.ingest import frame_factors, unfactor
+from prvr.index.rank import HeadQuery, Page, Stored, clip_bounds, exact_rows, frame_bounds, head_bounds, top_k
+from prvr.index.sketch import BoundQuery, head_basis, quantize, sketch, window_factors
 from prvr.models.mssl import MSSL, MSSLConfig
 from prvr.models.preprocess import window_table
 
@@ -58,14 +59,41 @@ def ranked(index: VideoIndex, q: np.ndarray, k: int, **kw) -> tuple[np.ndarray, 
     return (np.array([index.position[h.id] for h in ev.hits], dtype=np.int64), ev.totals, ev.scored_exactly)
 
 
+def stored_arrays(units: np.ndarray, pnorm: np.ndarray, windows: np.ndarray, zhat: np.ndarray, n_balls: int,
+                  basis: np.ndarray | None = None, **extra: np.ndarray) -> dict:
+    """One segment's stored arrays of these videos, as the index writes them: the units, proposal norms,
+    factored frame-scale features (``frame_factors``), the head basis (the units' own unless given) and the
+    sketch."""
+    factors = [frame_factors(z) for z in zhat]
+    zbasis, zcoef = [f[0] for f in factors], [f[1] for f in factors]
+    basis = head_basis(units) if basis is None else basis
+    return {"units": units, "pnorm": pnorm, "zbasis": np.concatenate(zbasis), "zcoef": np.concatenate(zcoef),
+            "n_zrank": np.array([len(z) for z in zbasis]), "head_basis": basis, **extra,
+            **sketch(units, pnorm, windows, zbasis, zcoef, n_balls, basis)}
+
+
+def stored_zhat(arrays: dict) -> np.ndarray:
+    """(n, P, H) the frame-scale features the stored factors hold (what bounds and scores read)."""
+    off = np.concatenate([[0], np.cumsum(arrays["n_zrank"])])
+    return np.stack([unfactor(arrays["zbasis"][a:b], arrays["zcoef"][a:b])
+                     for a, b in zip(off[:-1], off[1:], strict=True)])
+
+
 def _one_segment(arrays: dict) -> tuple[Stored, np.ndarray]:
     """The typed Lists and seg_start of one segment's arrays."""
     return Stored.of([arrays]), np.array([0, len(arrays["units"])])
 
 
 def clip_upper(arrays: dict, rows: np.ndarray, q: BoundQuery, table: np.ndarray | None = None) -> tuple:
-    """rank.clip_bounds of one segment's arrays."""
-    return clip_bounds(arrays, rows, q, table, 1)
+    """rank.clip_bounds (the full codes) of one segment's arrays."""
+    return clip_bounds(*_one_segment(arrays), rows, q, table, 1)
+
+
+def head_upper(arrays: dict, rows: np.ndarray, q: BoundQuery, table: np.ndarray | None = None) -> np.ndarray:
+    """rank.head_bounds (the first pass) of one segment's arrays."""
+    basis = arrays["head_basis"].astype(np.float64)[None]
+    head = HeadQuery.of(q, basis, basis @ basis.transpose(0, 2, 1))
+    return head_bounds(arrays, np.array([0, len(arrays["units"])]), rows, head, table, 1)
 
 
 def frame_upper(arrays: dict, rows: np.ndarray, hi: np.ndarray, q: BoundQuery,
@@ -162,7 +190,7 @@ def test_compact_is_exact_for_msslpp(tmp_path: Path) -> None:
     videos = gallery(40, seed=3)
     index = VideoIndex.create(tmp_path / "ix", model, IndexConfig(mode="compact"))
     index.add(videos)
-    assert index.snapshot.segments[0]["zhat"].shape[1] == 32
+    assert index.snapshot.segments[0]["zcoef"].shape[1] == 32 and index.snapshot.windows is not None
     plus = small_model(clusters=32)  # same weights, MS-SL++ inference
     plus.load_state_dict(model.state_dict())
     assert_matches_model(index, plus, videos, queries(6, seed=4))
@@ -191,13 +219,34 @@ def _scan_data(n: int, rank: int, seed: int) -> tuple:
     return units, pnorm, windows, zhat, concepts[rng.integers(0, 50, 6)] + 0.1 * rng.standard_normal((6, H))
 
 
+def split(arrays: dict, first: int) -> list[dict]:
+    """One segment's arrays as two segments: the first ``first`` videos, then the rest (factor rows cut
+    where their videos are; the head basis shared)."""
+    cut = int(arrays["n_zrank"][:first].sum())
+    parts = []
+    for videos, rows in ((slice(first), slice(cut)), (slice(first, None), slice(cut, None))):
+        parts.append({f: a if f == "head_basis" else a[rows] if f in ("zbasis", "zcoef") else a[videos]
+                      for f, a in arrays.items()})
+    return parts
+
+
+def pages_of(rows: np.ndarray, bounds: np.ndarray, n: int) -> list[Page]:
+    """The candidates in n pages by decreasing bound, each page's rest the largest bound after it."""
+    order = np.argsort(-bounds, kind="stable")
+    parts = np.array_split(order, n)
+    return [Page(rows[p], bounds[p], float(bounds[parts[i + 1][0]]) if i + 1 < n else -np.inf)
+            for i, p in enumerate(parts)]
+
+
 @pytest.mark.parametrize("rank", [8, 48])
 def test_pruned_top_k_equals_full_scan_with_ties(rank: int) -> None:
     units, pnorm, windows, zhat, qs = _scan_data(400, rank, seed=rank)
-    arrays = {"units": units, "pnorm": pnorm, "zhat": zhat, **sketch(units, pnorm, windows, zhat, n_balls=16)}
+    arrays = stored_arrays(units, pnorm, windows, zhat, n_balls=16)
     n, rows = len(units), np.arange(len(units))
+    stored, seg_start = Stored.of(split(arrays, n // 2)), np.array([0, n // 2, n])  # two "segments"
     for q in qs[:3].astype(np.float32):
         qc = BoundQuery.of(q)
+        head = head_upper(arrays, rows, qc)
         clip, prefix = clip_upper(arrays, rows, qc)
         frame = frame_upper(arrays, rows, prefix, qc)
         for w in ((0.7, 0.3), (0.5, 0.5), (1.0, 0.0)):
@@ -205,22 +254,30 @@ def test_pruned_top_k_equals_full_scan_with_ties(rank: int) -> None:
                 return exact_scores(arrays, pos, q, w).total
 
             ex = exact_scores(arrays, rows, q, w)
-            assert (clip >= ex.clip - 1e-6).all() and (frame >= ex.frame - 1e-6).all()
-            # the bounds are tight: a few thousandths above the exact clip score
-            assert np.median(clip - ex.clip) < 0.02
+            assert (head >= ex.clip - 1e-6).all() and (clip >= ex.clip - 1e-6).all()
+            assert (frame >= ex.frame - 1e-6).all()
+            # the bounds are tight: a few thousandths above the exact clip score (the head: where the units'
+            # energy lies in the head's dimensions, here all of it)
+            assert np.median(clip - ex.clip) < 0.02 and np.median(head - ex.clip) < 0.02
             full = ex.total
             expected = np.lexsort((rows, -full))[:10]
-            runs = [top_k(clip, rows, w, 10, score, None)]
-            if w[1] > 0:  # with the frame bound (over two "segments" of the arrays)
-                halves = [{f: a[cut] for f, a in arrays.items()} for cut in (slice(n // 2), slice(n // 2, n))]
-                stored, seg_start = Stored.of(halves), np.array([0, n // 2, n])
+            eps = 1e-4 * (1 + w[0] + w[1])
 
-                def frame_bound(at: np.ndarray, enough: np.ndarray, qc: BoundQuery = qc,
-                                prefix: np.ndarray = prefix, stored: Stored = stored,
-                                seg_start: np.ndarray = seg_start) -> np.ndarray:
-                    return frame_bounds(stored, seg_start, rows[at], prefix, at, qc, None, enough, 2)
+            def refine(pos: np.ndarray, tau: float, qc: BoundQuery = qc, w: tuple = w,
+                       eps: float = eps) -> np.ndarray:
+                """The full codes' clip bound, then the frame bound (over the two segments)."""
+                c, hi = clip_bounds(stored, seg_start, pos, qc, None, 2)
+                total = w[0] * c + w[1]
+                if w[1] > 0 and tau > -np.inf:
+                    f = frame_bounds(stored, seg_start, pos, hi, np.arange(len(pos)), qc, None,
+                                     (tau - eps - w[0] * c) / w[1], 2)
+                    total = w[0] * c + w[1] * f
+                return total
 
-                runs.append(top_k(clip, rows, w, 10, score, frame_bound))
+            runs = [top_k([Page(rows, w[0] * clip + w[1], -np.inf)], 10, score, None, eps),
+                    top_k([Page(rows, w[0] * head + w[1], -np.inf)], 10, score, refine, eps),
+                    # the same candidates in three pages of decreasing bounds (Qdrant's way)
+                    top_k(pages_of(rows, w[0] * clip + w[1], 3), 10, score, None, eps)]
             for positions, totals, scored in runs:
                 assert positions.tolist() == expected.tolist()
                 np.testing.assert_array_equal(totals, full[expected])  # the same totals, to the last bit
@@ -242,8 +299,7 @@ def test_frame_bound_uses_only_key_clip_candidates(compact: bool) -> None:
         pnorm, windows, zhat = (np.take_along_axis(x, keep if x.ndim == 2 else keep[..., None], 1)
                                 for x in (pnorm, windows, zhat))
         table, pidx = window_table().numpy(), {"pidx": keep.astype(np.int16)}
-    arrays = {"units": units, "pnorm": pnorm, "zhat": zhat, **pidx,
-              **sketch(units, pnorm, windows, zhat, n_balls=16)}
+    arrays = stored_arrays(units, pnorm, windows, zhat, 16, **pidx)
     rows = np.arange(len(units))
     centres = arrays["ball_codes"] * arrays["ball_scale"][..., None].astype(np.float64)
     radius = np.full((len(units), 16), -np.inf)
@@ -251,9 +307,11 @@ def test_frame_bound_uses_only_key_clip_candidates(compact: bool) -> None:
     np.testing.assert_array_equal(arrays["ball_radius"], radius)
     assert np.isfinite(radius).any(1).all()
     assert (arrays["ball_norm"] >= np.linalg.norm(centres, axis=-1)).all()
-    dist = np.linalg.norm(zhat[:, :, None] - centres[:, None].astype(np.float32), axis=-1)  # (n, P, B)
-    np.testing.assert_array_equal(arrays["ball_of"], dist.argmin(-1))
-    assert (arrays["ball_dist"] >= dist.min(-1)).all()
+    rows_z = stored_zhat(arrays)  # the stored features, from their factors
+    dist = np.linalg.norm(rows_z[:, :, None] - centres[:, None], axis=-1)  # (n, P, B)
+    assigned = np.take_along_axis(dist, arrays["ball_of"][..., None].astype(np.int64), -1)[..., 0]
+    assert (assigned <= dist.min(-1) + 1e-9).all()  # each row in its nearest ball
+    assert (arrays["ball_dist"] >= assigned).all()
     for q in qs.astype(np.float32):
         qc = BoundQuery.of(q)
         ex = exact_scores(arrays, rows, q, (0.5, 0.5), table)
@@ -294,12 +352,11 @@ def test_quantized_bounds_hold_for_every_window(M: int) -> None:
     props = (csum[:, table[:, 1]] - csum[:, table[:, 0]]) / (table[:, 1] - table[:, 0])[:, None]
     pnorm = np.linalg.norm(props, axis=-1).astype(np.float32)
     zhat = (props / np.maximum(np.linalg.norm(props, axis=-1, keepdims=True), 1e-12)).astype(np.float32)
-    arrays = {"units": units, "pnorm": pnorm, "zhat": zhat, **sketch(units, pnorm, windows, zhat, n_balls=4)}
+    arrays = stored_arrays(units, pnorm, windows, zhat, 4)
     rows = np.arange(50)
     compact = np.sort(rng.permutation(len(table))[:min(32, len(table) - 1)])  # per-video windows (compact)
-    some = {"units": units, "pnorm": pnorm[:, compact], "zhat": zhat[:, compact],
-            **sketch(units, pnorm[:, compact], windows[:, compact], zhat[:, compact], n_balls=4),
-            "pidx": np.tile(compact, (50, 1)).astype(np.int16)}  # the compact index keeps these windows
+    some = stored_arrays(units, pnorm[:, compact], windows[:, compact], zhat[:, compact], 4,
+                         pidx=np.tile(compact, (50, 1)).astype(np.int16))  # the compact index's windows
     offset = units[1::2].mean((0, 1)) - units[0::2].mean((0, 1))
     queries = rng.standard_normal((5, 64)).astype(np.float32) * np.array([[1e-3], [1], [1], [50], [1]])
     for q, away in [*((q, False) for q in queries), (-offset.astype(np.float32), True)]:
@@ -307,7 +364,7 @@ def test_quantized_bounds_hold_for_every_window(M: int) -> None:
         for arr, tab in ((arrays, None), (some, table)):
             ex = exact_scores(arr, rows, q, (0.5, 0.5), tab)
             clip, prefix = clip_upper(arr, rows, qc, tab)
-            assert (clip >= ex.clip - 1e-6).all()
+            assert (clip >= ex.clip - 1e-6).all() and (head_upper(arr, rows, qc, tab) >= ex.clip - 1e-6).all()
             if away:  # every window's sum is negative: the factors' rounding works against the bound
                 assert (ex.clip[1::2] < 0).all() and (clip[1::2] < 0.05).all()
             assert (frame_upper(arr, rows, prefix, qc, tab) >= ex.frame - 1e-6).all()
@@ -336,13 +393,49 @@ def test_integer_unit_dots_are_exact(H: int) -> None:
     props = (csum[:, table[:, 1]] - csum[:, table[:, 0]]) / (table[:, 1] - table[:, 0])[:, None]
     pnorm = np.linalg.norm(props, axis=-1).astype(np.float32)
     zhat = (props / np.linalg.norm(props, axis=-1, keepdims=True)).astype(np.float32)
-    arrays = {"units": units, "pnorm": pnorm, "zhat": zhat, **sketch(units, pnorm, windows, zhat, n_balls=4)}
+    arrays = stored_arrays(units, pnorm, windows, zhat, 4)
     assert (arrays["err"] < 1e-20).all()
     rows = np.arange(len(units))
     clip = clip_upper(arrays, rows, bq)[0]
     exact = exact_scores(arrays, rows, q, (1.0, 0.0)).clip
     slack = bq.spread * np.linalg.norm(units, axis=-1).max() / bq.norm  # the query's rounding, per unit
     assert (clip >= exact - 1e-6).all() and (clip <= exact + 2 * slack + 1e-4).all()
+
+
+@pytest.mark.parametrize("dims", [8, 64, 200])
+def test_the_head_bound_holds_whatever_the_basis(dims: int) -> None:
+    """The first pass's bound (head codes of the units in a basis of ``dims`` directions, plus what the head
+    leaves out) is never below the exact clip score: for a random basis that misses most of the units'
+    energy, for the units' own principal directions (then it is tight when they hold the units), with zero
+    units and units far off the origin; and it prunes: where the units' energy lies in the head, it is within
+    a few thousandths of the exact score."""
+    rng = np.random.default_rng(dims)
+    H, M, n = 128, 16, 60
+    spread = np.zeros(H)
+    spread[: min(dims, H) // 2] = 1.0  # half the head's directions hold most of the energy
+    units = (rng.standard_normal((n, M, H)) * (spread + 0.02)).astype(np.float32)
+    units[0, 3] = 0.0
+    units[1::3] += 5.0 * rng.standard_normal(H).astype(np.float32)
+    table = window_table(M).numpy()
+    windows = np.broadcast_to(table, (n, len(table), 2))
+    csum = np.concatenate([np.zeros((n, 1, H)), units.astype(np.float64).cumsum(1)], 1)
+    props = (csum[:, table[:, 1]] - csum[:, table[:, 0]]) / (table[:, 1] - table[:, 0])[:, None]
+    pnorm = np.linalg.norm(props, axis=-1).astype(np.float32)
+    zhat = (props / np.maximum(np.linalg.norm(props, axis=-1, keepdims=True), 1e-12)).astype(np.float32)
+    own = head_basis(units, dims)
+    assert own.shape == (min(dims, H), H)
+    np.testing.assert_allclose(own @ own.T, np.eye(len(own)), atol=1e-5)
+    random = np.linalg.qr(rng.standard_normal((H, H)))[0][:, :min(dims, H)].T.astype(np.float32)
+    rows = np.arange(n)
+    for basis, tight in ((own, dims >= 64), (random, False)):
+        arrays = stored_arrays(units, pnorm, windows, zhat, 4, basis=basis)
+        for q in [*(units[i].mean(0) for i in (0, 1, 7)), rng.standard_normal(H).astype(np.float32)]:
+            qc = BoundQuery.of(q.astype(np.float32))
+            ex = exact_scores(arrays, rows, q.astype(np.float32), (1.0, 0.0))
+            head = head_upper(arrays, rows, qc)
+            assert (head >= ex.clip - 1e-6).all()
+            if tight:
+                assert np.median(head - ex.clip) < 0.03
 
 
 @pytest.mark.parametrize("M", [1, 2, 7, 16, 32, 40])
@@ -423,7 +516,7 @@ def test_a_reader_of_the_old_manifest_can_still_open_its_segments(tmp_path: Path
     index.compact()
     index.add(gallery(1, seed=25))
     for entry in old["segments"]:
-        arrays, videos = store.load_segment(tmp_path / "ix", entry, (), checksum=True)
+        arrays, videos = store.load_segment(tmp_path / "ix", entry, checksum=True)
         assert len(videos) == 3 and len(arrays["units"]) == 3
 
 

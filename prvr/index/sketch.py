@@ -149,8 +149,9 @@ def frame_balls(zbasis: list[np.ndarray], zcoef: list[np.ndarray], n_balls: int)
     r = max(z.shape[0] for z in zbasis)
     basis, coef = torch.zeros(n, r, H, dtype=torch.float64), torch.zeros(n, P, r, dtype=torch.float64)
     for i, (zb, zc) in enumerate(zip(zbasis, zcoef, strict=True)):
-        basis[i, :len(zb)] = torch.from_numpy(np.asarray(zb, np.float32)).double()
-        coef[i, :, :len(zc)] = torch.from_numpy(np.asarray(zc, np.float32)).double().T
+        # torch.tensor copies: the rows may be a read-only mapping
+        basis[i, :len(zb)] = torch.tensor(np.asarray(zb, np.float32), dtype=torch.float64)
+        coef[i, :, :len(zc)] = torch.tensor(np.asarray(zc, np.float32), dtype=torch.float64).T
     centres = torch.from_numpy(cover_balls(coef.float().numpy(), n_balls)).double() @ basis  # (n, B, H)
     ball_codes, ball_scale, _, _ = quantize(centres.numpy())
     c = torch.from_numpy(ball_codes * ball_scale[..., None].astype(np.float64))  # exactly what bounds use
