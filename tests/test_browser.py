@@ -12,7 +12,6 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from test_app import app_server
 
 REPO = Path(__file__).resolve().parents[1]
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
@@ -25,16 +24,17 @@ QUERIES = (CRYSTAL, "a small white rabbit figurine on a wooden table", CRYSTAL)
 
 
 @pytest.fixture(scope="module")
-def page(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:
-    """A Chromium page on the test session's app server (shared with test_app.py)."""
+def page(request: pytest.FixtureRequest) -> Iterator[object]:
+    """A Chromium page on the test session's app server (shared with test_app.py; started only when the
+    browser can run)."""
     if not Path(CHROMIUM).exists():
         pytest.skip("no chromium: install Debian's chromium package to run the browser test")
     sync_api = pytest.importorskip("playwright.sync_api", reason="the playwright package is not installed")
-    url = app_server(request, tmp_path_factory)
+    app_url = request.getfixturevalue("app_url")
     with sync_api.sync_playwright() as p:
         browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
         page = browser.new_page(viewport={"width": 1280, "height": 1400})
-        page.goto(url)
+        page.goto(app_url)
         yield page
         browser.close()
 
