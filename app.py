@@ -48,7 +48,7 @@ os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
 
 import gradio as gr
 
-from prvr.index.gallery import check_k
+from prvr.index import check_k
 from prvr.results.query import QueryError
 from prvr.results.response import SearchResponse
 from prvr.serve import mcp_tools

@@ -18,7 +18,15 @@ import numpy as np
 import pytest
 import torch
 
-from prvr.index import Gallery, GalleryError, GalleryVideo, IndexMismatchError, QueryError, VideoIndex
+from prvr.index import (
+    Gallery,
+    GalleryError,
+    GalleryVideo,
+    IndexMismatchError,
+    QueryError,
+    VideoIndex,
+    stored_media_paths,
+)
 from prvr.index.backends import gallery_dir, open_gallery
 from prvr.index.ingest import ReferenceQueries
 from prvr.index.qdrant import QdrantIndex
@@ -149,6 +157,23 @@ def test_add_and_the_catalogue(gallery: Gallery) -> None:
     assert gallery.describe()["videos"] == 6
     gallery.add([])  # nothing to add: nothing changes
     assert len(gallery) == 6
+
+
+def test_the_media_files_it_names(gallery: Gallery, place: Place) -> None:
+    """``media_paths``: the stored path of every live video (what a sweep of the media dir must keep), never
+    a path no video had; a built-in index directory answers the same without being opened
+    (``stored_media_paths``), for the data dir's indexes of other models."""
+    added = videos(4) + videos(2, seed=1)
+    assert gallery.media_paths() == {v.path for v in added}
+    gallery.remove([added[0].id])
+    assert {v.path for v in added[1:]} <= gallery.media_paths() <= {v.path for v in added}
+    if isinstance(gallery, VideoIndex):
+        assert stored_media_paths(gallery.root) == {v.path for v in added}  # removed ones kept: conservative
+        (gallery.root / "unknown.bin").write_bytes(b"?")
+        foreign = place.root / "not-an-index"
+        foreign.mkdir()
+        (foreign / "records.bin").write_bytes(b"?")
+        assert stored_media_paths(foreign) is None  # a layout it cannot list: nothing may be deleted
 
 
 def refused_batches() -> dict[str, list[GalleryVideo]]:

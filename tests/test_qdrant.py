@@ -1,6 +1,11 @@
-"""QdrantIndex (embedded mode) against the built-in exact index: same top-k, scores and result dicts on a
-1,000-video gallery with ties; compact and approximate modes; add / remove / reopen; refusals; URLs and
-connection failures."""
+"""QdrantIndex on the Qdrant engine itself, in-process (``qdrant+local://``, ``qdrant-edge-py``), against the
+built-in exact index: the same top-k, scores (to the last bit) and result dicts on a 1,000-video gallery with
+ties; the engine's bounds are upper bounds; compact and approximate modes; add / remove / reopen; refusals;
+the layout declared once for the engine and for a server; URLs and connection failures.
+
+No Qdrant server runs here: the server path (``qdrant://``, qdrant-client) is checked by building the same
+collection and points as the engine's, and its requests run once against qdrant-client's local mode (a Python
+re-implementation of the API, not the engine: it checks the requests, not Qdrant)."""
 
 from __future__ import annotations
 
@@ -13,8 +18,24 @@ import pytest
 
 from prvr.index import GalleryError, GalleryVideo, IndexConfig, IndexMismatchError, VideoIndex
 from prvr.index.ingest import ReferenceQueries, encode_for_index
-from prvr.index.qdrant import QdrantConfig, QdrantIndex
-from prvr.index.qdrant_store import QdrantConnectionError, QdrantTarget, pack, unpack
+from prvr.index.qdrant import META, QdrantConfig, QdrantIndex
+from prvr.index.qdrant_store import (
+    BOUNDS,
+    META_ID,
+    ClientStore,
+    EdgeStore,
+    QdrantConnectionError,
+    QdrantTarget,
+    bound_query,
+    client_vectors,
+    collection_spec,
+    edge_config,
+    engine_eps,
+    pack,
+    point,
+    unpack,
+)
+from prvr.index.schema import ENCODED, SCHEMA_VERSION
 from prvr.index.store import IndexStoreError
 from prvr.results.search import encode_query, search
 from prvr.serve.settings import AppSettings
@@ -50,10 +71,10 @@ def bank(model, n: int = 40) -> ReferenceQueries:
 
 
 def assert_same_evidence(a, b) -> None:
-    """Same ids in the same order, totals within 1e-5, same key clips, the same stored arrays for results
-    (fine rows and their seconds, segments, reference scores)."""
+    """Same ids in the same order, the same totals to the last bit, same key clips, the same stored arrays
+    for results (fine rows and their seconds, segments, reference scores)."""
     assert [h.id for h in a.hits] == [h.id for h in b.hits]
-    np.testing.assert_allclose(a.totals, b.totals, rtol=0, atol=1e-5)
+    np.testing.assert_array_equal(a.totals, b.totals)
     assert [h.key_window for h in a.hits] == [h.key_window for h in b.hits]
     for x, y in zip(a.hits, b.hits, strict=True):
         for name in ("fine", "fine_start", "fine_end", "segments", "ref_clip", "ref_frame"):
@@ -163,7 +184,7 @@ def test_a_failed_upload_leaves_the_collection_as_it_was() -> None:
     videos = gallery(6, max_rows=12)
     qdrant = QdrantIndex.create(MEMORY, model, QdrantConfig(upsert_bytes=1))  # one request per video
     qdrant.add(videos[:2])
-    upsert, calls = qdrant.client.upsert, []
+    upsert, calls = qdrant.store.upsert, []
 
     def flaky(*args, **kw):
         calls.append(1)
@@ -171,12 +192,12 @@ def test_a_failed_upload_leaves_the_collection_as_it_was() -> None:
             raise ConnectionError("the server went away")
         return upsert(*args, **kw)
 
-    qdrant.client.upsert = flaky
-    with pytest.raises(QdrantConnectionError, match="could not upsert videos.*the server went away"):
+    qdrant.store.upsert = flaky
+    with pytest.raises(ConnectionError, match="the server went away"):
         qdrant.add(videos[2:])
-    assert len(calls) == 3 and qdrant.client.count(qdrant.target.collection).count == 2
+    assert len(calls) == 3 and qdrant.store.count() == 2 + 1  # and the metadata point
     assert qdrant.ids == [v.id for v in videos[:2]] and qdrant.meta["next_seq"] == 2
-    qdrant.client.upsert = upsert
+    qdrant.store.upsert = upsert
     qdrant.add(videos[2:])
     assert qdrant.ids == [v.id for v in videos]
 
@@ -210,7 +231,8 @@ def test_payload_arrays_round_trip_exactly() -> None:
     rng = np.random.default_rng(0)
     arrays = {"units": rng.standard_normal((8, 4)).astype(np.float32),
               "pnorm": rng.random(36).astype(np.float32),
-              "pidx": np.arange(36, dtype=np.int16), "zhat": rng.standard_normal((36, 4)).astype(">f4"),
+              "pidx": np.arange(36, dtype=np.int16), "zbasis": rng.standard_normal((3, 4)).astype(">f4"),
+              "zcoef": rng.standard_normal((3, 36)).astype(np.float32),
               "frames": rng.standard_normal((5, 4)).astype(np.float32), "row_start": np.arange(5.0),
               "row_end": np.arange(5.0) + 1, "fine": rng.standard_normal((5, 4)).astype(np.float16),
               "fine_start": np.arange(5, dtype=np.float32), "fine_end": np.arange(1, 6, dtype=np.float32),
@@ -223,3 +245,148 @@ def test_payload_arrays_round_trip_exactly() -> None:
     back = unpack(pack(arrays))
     for name, a in arrays.items():
         assert back[name].dtype == a.dtype.newbyteorder("=") and np.array_equal(back[name], a)
+
+
+def test_the_engines_bounds_are_upper_bounds_of_every_total(tmp_path: Path) -> None:
+    """The ``bounds`` multivector's MAX_SIM at a query's weights, as the engine computes it (float16 rows,
+    float16 query) plus ``engine_eps``, is at least every video's exact total: what makes a page's last score
+    a bound of every video after it. For MS-SL's weights, clip only, frame only and a mix, on 200 videos."""
+    model = small_model(**TINY)
+    videos = gallery(200, seed=3, max_rows=24)
+    builtin, qdrant = both(model, videos, tmp_path / "builtin")
+    everything = np.arange(len(videos))
+    slack = []
+    for tokens in queries(6, seed=4):
+        q = encode_query(model, tokens)
+        unit = q / np.linalg.norm(q.astype(np.float64))
+        for w in ((0.7, 0.3), (1.0, 0.0), (0.0, 1.0), (0.3, 0.7)):
+            exact = builtin.exact(everything, q, w).total
+            hits = qdrant.store.query(BOUNDS, bound_query(unit.astype(np.float32), w, True), len(videos),
+                                      fields=["seq"])
+            bound = np.empty(len(videos))
+            bound[[h.payload["seq"] for h in hits]] = [h.score for h in hits]
+            assert len(hits) == len(videos) and (bound + engine_eps(w) >= exact).all(), w
+            slack.append(np.median(bound - exact))
+    assert 0 < np.median(slack) < 0.5  # and they bound something: not everything at the maximum
+
+
+def test_the_layout_is_declared_once_for_the_engine_and_a_server() -> None:
+    """The engine's shard and a server's collection are made from one ``collection_spec``: the same named
+    vectors, widths, float16 storage, DOT + MAX_SIM, graph (none for ``bounds``) and int8 quantization; a
+    point is the same id, vectors and payload whichever store writes it."""
+    from qdrant_client import models
+
+    spec = collection_spec(384)
+    edge, client = edge_config(spec).vectors, client_vectors(spec)
+    assert set(edge) == set(client) == {"bounds", "scenes"}
+    for name in edge:
+        e, c = edge[name], client[name]
+        assert e.size == c.size == spec[name]["size"]
+        assert "Float16" in str(e.datatype) and c.datatype == models.Datatype.FLOAT16
+        assert "Dot" in str(e.distance) and c.distance == models.Distance.DOT
+        assert "MaxSim" in str(e.multivector_config.comparator)
+        assert c.multivector_config.comparator == models.MultiVectorComparator.MAX_SIM
+        assert e.hnsw_config.m == c.hnsw_config.m == spec[name]["hnsw_m"]
+        assert (e.quantization_config is None) == (c.quantization_config is None)
+    assert edge["bounds"].hnsw_config.m == 0 and edge["scenes"].quantization_config is not None
+    rng = np.random.default_rng(0)
+    arrays = {"units": rng.random((4, 3), np.float32), "pnorm": rng.random(10, np.float32),
+              "pidx": np.arange(10, dtype=np.int16), "zbasis": rng.random((2, 3), np.float32),
+              "zcoef": rng.random((2, 10), np.float32), "ref_clip": np.zeros(0, np.float16),
+              "ref_frame": np.zeros(0, np.float16), **{k: np.zeros((1, 2), np.float32) for k in ENCODED[7:]}}
+    p = point({"id": "v1", "title": "t", "path": "p.mp4", "duration": 2.0, "sha256": "ab"}, 5, arrays,
+              rng.random((3, 6)).astype(np.float16), rng.random((2, 3)).astype(np.float16))
+    struct = models.PointStruct(id=p.id, vector=p.vectors, payload=p.payload)  # what ClientStore sends
+    import qdrant_edge
+
+    mine = qdrant_edge.Point(p.id, p.vectors, p.payload)  # what EdgeStore sends
+    assert str(struct.id) == str(mine.id) and struct.vector == mine.vector and struct.payload == mine.payload
+    assert p.payload["seq"] == 5 and (p.payload["id"], p.payload["path"]) == ("v1", "p.mp4")
+
+
+@pytest.mark.filterwarnings("ignore:Local mode performs exact")
+def test_the_server_path_requests_through_qdrant_client(tmp_path: Path) -> None:
+    """The server path's code (``ClientStore``: create the collection, upsert, the metadata point, paged
+    queries with offsets and id filters, retrieve, scroll, delete) run against qdrant-client's local mode, the
+    only Qdrant API that runs here without a server (a Python re-implementation, not the engine): it answers
+    as the built-in index does."""
+    from qdrant_client import QdrantClient
+
+    model = small_model(**TINY)
+    videos = gallery(80, seed=5, max_rows=20)
+    builtin, engine = both(model, videos, tmp_path / "builtin")
+    target = QdrantTarget.parse("qdrant://localhost:6333/videos")
+    store = ClientStore(target, 1.0, client=QdrantClient(location=":memory:"))
+    server = QdrantIndex.create(target, model, QdrantConfig(first_page=16), bank(model), store=store)
+    fixed, ragged = encode_for_index(model, videos, "exact", 64, bank(model))
+    server.add_encoded([v.record() for v in videos], fixed, ragged)
+    server.remove([videos[3].id])
+    builtin.remove([videos[3].id])
+    assert server.ids == builtin.ids and store.count() == len(videos)  # 79 videos and the metadata point
+    for tokens in queries(3, seed=6):
+        q = encode_query(model, tokens)
+        for w in (None, (0.2, 0.8)):
+            assert_same_evidence(builtin.rank(q, 5, w), server.rank(q, 5, w))
+    reopened = QdrantIndex.open(target, model, references=bank(model), store=store)
+    assert reopened.ids == builtin.ids and reopened.meta["next_seq"] == len(videos)
+
+
+def test_an_older_store_is_refused_with_a_rebuild_message(tmp_path: Path) -> None:
+    """A directory of qdrant-client's embedded store (what ``qdrant+local://`` was before schema 10), and a
+    gallery whose metadata has another schema, are refused, saying to rebuild; the store is released."""
+    old = tmp_path / "old"
+    (old / "collection" / "prvr").mkdir(parents=True)
+    (old / "meta.json").write_text('{"collections": {"prvr": {}}}')
+    with pytest.raises(IndexStoreError, match="older release.*rebuild the index"):
+        QdrantIndex.open_or_create(f"qdrant+local://{old}", small_model(**TINY))
+    model = small_model(**TINY)
+    spec = f"qdrant+local://{tmp_path / 'q'}"
+    qdrant = QdrantIndex.create(spec, model)
+    qdrant.add(gallery(2, max_rows=6))
+    qdrant.store.set_payload(META_ID, {META: {**qdrant.meta, "schema_version": SCHEMA_VERSION - 1}})
+    qdrant.close()
+    with pytest.raises(IndexMismatchError, match=f"schema {SCHEMA_VERSION - 1}.*reads {SCHEMA_VERSION}; "
+                                                 "rebuild the index"):
+        QdrantIndex.open(spec, model)
+    with pytest.raises(QdrantConnectionError, match="another process"):  # one process at a time
+        held = EdgeStore(QdrantTarget.parse(spec))
+        try:
+            EdgeStore(QdrantTarget.parse(spec))
+        finally:
+            held.close()
+
+
+def test_a_gallery_moves_to_qdrant_as_it_is(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    """``python -m prvr.index move``: a built-in index (with a removed video and two updates) into the Qdrant
+    engine, and that store on into another, without the model; each answers every query as the source does,
+    to the last bit, in the same insertion order; the source is unchanged; an existing target is refused.
+    (The server case, ``qdrant://``, runs the same code through ``ClientStore``; no server runs here.)"""
+    from prvr.index.__main__ import main
+
+    model = small_model(**TINY)
+    videos = gallery(60, seed=7, max_rows=20)
+    refs = bank(model)
+    builtin = VideoIndex.create(tmp_path / "builtin", model, IndexConfig(segment_videos=16), refs)
+    builtin.add(videos[:40])
+    builtin.add(videos[40:])
+    builtin.remove([videos[5].id])
+    before = sorted(p.stat().st_mtime_ns for p in (tmp_path / "builtin").rglob("*") if p.is_file())
+    first, second = f"qdrant+local://{tmp_path / 'q1'}", f"qdrant+local://{tmp_path / 'q2'}"
+    assert main(["move", str(tmp_path / "builtin"), first]) == 0
+    assert "moved 59 videos" in capsys.readouterr().out
+    assert main(["move", first, second]) == 0
+    assert before == sorted(p.stat().st_mtime_ns for p in (tmp_path / "builtin").rglob("*") if p.is_file())
+    for spec in (first, second):
+        moved = QdrantIndex.open(spec, model, references=refs)
+        try:
+            assert moved.ids == builtin.ids and moved.cfg.mode == "exact"
+            for tokens in queries(3, seed=8):
+                q = encode_query(model, tokens)
+                for w in (None, (0.2, 0.8)):
+                    assert_same_evidence(builtin.rank(q, 5, w), moved.rank(q, 5, w))
+            moved.add(gallery(1, seed=9, max_rows=5))  # and it takes new videos, after the moved ones
+            assert moved.ids[:-1] == builtin.ids
+        finally:
+            moved.close()
+    assert main(["move", str(tmp_path / "builtin"), first]) == 1
+    assert "already exists" in capsys.readouterr().err

@@ -131,7 +131,7 @@ class QdrantIndex(Gallery):
                  references: ReferenceQueries | None = None) -> None:
         self.target, self.store, self.model, self.cfg, self.meta = target, store, model, cfg, meta
         self.references = references
-        self._csa = is_csa(model)
+        self._csa = model is not None and is_csa(model)  # (no model: a gallery opened to be written, moved)
         self.table = window_table(int(meta["map_size"])).numpy()
         self._writing = threading.Lock()
         self._reading = threading.Lock()  # one engine call at a time (its shard is not shared across threads)

@@ -57,8 +57,7 @@ from pathlib import Path
 
 import numpy as np
 
-from prvr.index.evidence import Evidence
-from prvr.index.ingest import ReferenceQueries
+from prvr.index import Evidence, ReferenceQueries
 from prvr.results.response import Assessment
 
 log = logging.getLogger(__name__)

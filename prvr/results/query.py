@@ -12,7 +12,7 @@ import re
 import unicodedata
 from dataclasses import dataclass
 
-from prvr.index.gallery import QueryError
+from prvr.index import QueryError
 
 MAX_QUERY_CHARS = 500  # longer queries are cut (text backbones keep ~64 tokens anyway)
 _CONTROL = ("Cc", "Cf", "Cs", "Co")  # control, format, surrogate, private-use characters become spaces

@@ -18,8 +18,7 @@ from typing import Protocol
 
 import numpy as np
 
-from prvr.index.evidence import Evidence, VideoEvidence
-from prvr.index.scoring import query_vector
+from prvr.index import Evidence, VideoEvidence, query_vector
 from prvr.models.preprocess import clip_unit_rows
 from prvr.results.moments import find_moments
 

@@ -19,8 +19,7 @@ from collections.abc import Callable, Sequence
 import numpy as np
 import torch
 
-from prvr.index import Evidence, Gallery
-from prvr.index.gallery import QueryError, check_k, check_weights
+from prvr.index import Evidence, Gallery, QueryError, check_k, check_weights
 from prvr.models.branches import EncodedQueries
 from prvr.results.confidence import CalibratedConfidence
 from prvr.results.query import clean_query

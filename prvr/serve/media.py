@@ -7,7 +7,6 @@ interrupted uploads and stored files no index names.
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import shutil
@@ -16,6 +15,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from extract.transcode import EncodeSettings, transcode, unplayable_reason
+from prvr.index import stored_media_paths
 
 log = logging.getLogger(__name__)
 
@@ -69,25 +69,20 @@ class MediaStore:
         return stored, reason is not None
 
     def referenced(self, galleries: list, own_index_dir: Path | None) -> set[Path]:
-        """Every file in the media dir that a gallery names: the given galleries' live videos, and
+        """Every file in the media dir that a gallery names: the given galleries' videos, and
         (conservatively) any record of the other built-in indexes in the data dir, which may share it."""
-        paths = [r.get("path", "") for g in galleries for r in g.records()]
+        paths = {p for g in galleries for p in g.media_paths()}
         indexes = (self.data_dir / "indexes").glob("*")
         for other in [d for d in indexes if d.is_dir() and d != own_index_dir]:
             if (other / SHARED_MARKER).exists():
                 log.info("a Qdrant collection (%s) names files in %s; keeping all media", other.name,
                          self.dir)
                 return KEEP_ALL
-            files = list(other.glob("*/videos.json"))
-            if not files and any(p.is_dir() or p.suffix not in (".json", "") for p in other.iterdir()):
+            named = stored_media_paths(other)
+            if named is None:
                 log.info("index %s has a layout this release does not read; keeping all media", other)
                 return KEEP_ALL
-            for records in files:
-                try:
-                    paths += [v.get("path", "") for v in json.loads(records.read_text())]
-                except (OSError, ValueError):
-                    log.warning("cannot read %s; keeping all media", records)
-                    return KEEP_ALL
+            paths |= named
         return {self.locate(p).resolve() for p in paths if p}
 
     def sweep(self, keep: set[Path]) -> None:

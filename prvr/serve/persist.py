@@ -45,7 +45,7 @@ from pathlib import Path
 
 import numpy as np
 
-from prvr.index.ingest import GalleryVideo
+from prvr.index import GalleryVideo
 
 log = logging.getLogger(__name__)
 

@@ -28,9 +28,7 @@ from extract.pipeline import TextEncoder
 from extract.profiles import ProfileMismatch, check_identity, get_profile
 from extract.transcode import ensure_browser_playable
 from prvr.demo.gallery import build_demo_gallery, interleaved
-from prvr.index import GalleryVideo, VideoIndex
-from prvr.index.backends import open_gallery
-from prvr.index.gallery import QueryError, Weights
+from prvr.index import GalleryVideo, QueryError, VideoIndex, Weights, open_gallery
 from prvr.results.confidence import Calibrator
 from prvr.results.response import SearchResponse
 from prvr.results.search import search_text

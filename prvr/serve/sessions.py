@@ -8,8 +8,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from prvr.index import IndexConfig, VideoIndex
-from prvr.index.ingest import ReferenceQueries
+from prvr.index import IndexConfig, ReferenceQueries, VideoIndex
 
 log = logging.getLogger(__name__)
 

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 
 from extract.pipeline import parse_weights
-from prvr.index.qdrant_store import QdrantTarget
+from prvr.index import QdrantTarget
 from prvr.paths import default_data_dir
 
 UPLOAD_MODES = ("session", "shared")
