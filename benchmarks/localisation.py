@@ -46,7 +46,7 @@ from prvr.evaluate.annotated import (
     load_moments_file,
     span_iou,
 )
-from prvr.index.ingest import bank_vectors, localisation_arrays
+from prvr.index import bank_vectors, localisation_arrays
 from prvr.results.moments import MomentConfig, find_moments
 from prvr.temporal.segments import segment_video
 

@@ -25,8 +25,7 @@ import torch
 import prvr  # noqa: F401  - applies the torchvision CPU fix before anything else
 from extract.pipeline import TextEncoder
 from extract.profiles import get_profile
-from prvr.index import GalleryVideo
-from prvr.index.backends import open_gallery
+from prvr.index import GalleryVideo, open_gallery
 from prvr.models.bridge import BridgeModel
 from prvr.results.confidence import Calibrator
 from prvr.serve.persist import PersistentStore

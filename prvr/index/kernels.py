@@ -312,8 +312,10 @@ def _frame_pass(err, norm, pinv, pinv_scale, ball_codes, ball_scale, ball_norm, 
         out[i] = min(every, key)
         if out[i] < enough[i] or enough[i] == -np.inf:
             continue
-        tight = -np.inf  # the candidates' z rows
         first, rank = zoff[v], zoff[v + 1] - zoff[v]
+        if rank == 0:  # the factors were not read (a backend refining from the sketch alone): tier 2 it is
+            continue
+        tight = -np.inf  # the candidates' z rows
         projected = False
         for c in range(n):
             p = cand[c]

@@ -15,13 +15,14 @@ reference bank or schema is refused.
 
 Exact ranking is the built-in index's rank tail (``rank.top_k``) fed by the engine: pages of the points with
 the best ``bounds`` scores (exhaustive scans: the score of a video's balls at the query's weights is an upper
-bound of its total; a page's last score bounds every point after it), exact scores of the candidates that can
-still reach the k-th best (their exact-score arrays fetched by id, scored by the built-in index's own code:
-the same bits), the next page only while its bound can. Equal totals are broken by insertion order, as the
-built-in index breaks them by position. ``approximate=True`` takes the ``candidate_videos`` best videos of the
-HNSW graph over ``scenes`` as the one page, bounded by the same balls and scored exactly. CSA models are
-supported: their frame score comes from the stored frames and the query's tokens, so the frame balls do not
-bound it and the bound takes frame <= 1.
+bound of its total; a page's last score bounds every point it does not hold), refined by the sketch in the
+payloads of the candidates that can still reach the k-th best (the built-in index's own kernels), exact
+scores of those the sketch leaves (their exact-score arrays fetched by id, scored by the built-in index's
+own code: the same bits), the next page (twice as many) only while its bound can. Equal totals are broken by
+insertion order, as the built-in index breaks them by position. ``approximate=True`` takes the
+``candidate_videos`` best videos of the HNSW graph over ``scenes`` as the one page, bounded by the same balls
+and scored exactly. CSA models are supported: their frame score comes from the stored frames and the query's
+tokens, so the frame balls do not bound it and the bound takes frame <= 1.
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
+import torch
 
 from prvr.index import approximate as scenes_of
 from prvr.index.evidence import VideoEvidence
@@ -50,6 +52,7 @@ from prvr.index.qdrant_store import (
     BOUNDS,
     META_ID,
     SCENES,
+    SKETCH,
     PointData,
     PointStore,
     QdrantTarget,
@@ -64,8 +67,8 @@ from prvr.index.qdrant_store import (
 )
 from prvr.index.rank import BOUND_EPS, FIRST_CHUNK, Page, Stored, top_k
 from prvr.index.schema import EVIDENCE, EXACT, FIXED, RAGGED, RECORD, SCHEMA_VERSION
-from prvr.index.scoring import evidence_of, exact_of, is_csa, query_vector
-from prvr.index.sketch import BoundQuery
+from prvr.index.scoring import evidence_of, exact_of, is_csa, query_vector, refined_bounds
+from prvr.index.sketch import BoundQuery, frame_balls, quantize, window_factors
 from prvr.index.store import IndexStoreError
 from prvr.models.branches import EncodedQueries
 from prvr.models.preprocess import window_table
@@ -93,13 +96,13 @@ class Fetched:
     """Points fetched for one query, as one segment: ``scoring.VideoArrays`` over them, so that the built-in
     index's exact scores and evidence run on them unchanged. Positions are indices into ``videos``."""
 
-    def __init__(self, records: list[dict], arrays: list[Mapping[str, np.ndarray]],
-                 table: np.ndarray) -> None:
-        self.videos, self.table, self.per_video = records, table, arrays
+    def __init__(self, records: list[dict], arrays: list[Mapping[str, np.ndarray]], table: np.ndarray,
+                 compact: bool) -> None:
+        self.videos, self.table, self.per_video, self.compact = records, table, arrays, compact
         self.seg_start = np.array([0, len(records)], dtype=np.int64)
         segment: dict[str, np.ndarray] = {}
         for name in arrays[0]:
-            if name in FIXED:
+            if name not in RAGGED:  # one row per video: the schema's fixed arrays and the sketch
                 segment[name] = np.stack([a[name] for a in arrays])
         if "zbasis" in arrays[0]:
             for name in ("zbasis", "zcoef"):
@@ -111,7 +114,7 @@ class Fetched:
     @property
     def windows(self) -> np.ndarray | None:
         """None when the videos store all windows in window_table order, else the table for ``pidx``."""
-        return None if self.segment["pnorm"].shape[1] == len(self.table) else self.table
+        return self.table if self.compact else None
 
     def gather(self, key: str, positions: np.ndarray) -> np.ndarray:
         """Rows of the one-row-per-video array ``key``."""
@@ -260,11 +263,16 @@ class QdrantIndex(Gallery):
             part = slice(a, a + 64)
             units, pnorm = fixed["units"][part], fixed["pnorm"][part]
             spans = self.table[fixed["pidx"][part].astype(np.int64)]
-            bounds = bound_rows(units, pnorm, spans, ragged["zbasis"][part], ragged["zcoef"][part],
-                                self.cfg.frame_balls)
+            balls = frame_balls(ragged["zbasis"][part], ragged["zcoef"][part], self.cfg.frame_balls)
+            codes, scale, err, norm = quantize(units)
+            pinv, pinv_scale = window_factors(pnorm, spans, units.shape[1])
+            sketch = {"codes": codes, "scale": scale, "err": err, "norm": norm, "pinv": pinv,
+                      "pinv_scale": pinv_scale, **balls}
+            bounds = bound_rows(units, pnorm, spans, balls)
             scenes = scenes_of.scene_centres(units)
             for i in range(len(units)):
-                video = {**{k: fixed[k][a + i] for k in FIXED}, **{k: ragged[k][a + i] for k in RAGGED}}
+                video = {**{k: fixed[k][a + i] for k in FIXED}, **{k: ragged[k][a + i] for k in RAGGED},
+                         **{k: sketch[k][i] for k in SKETCH}}
                 yield point(records[a + i], seq0 + a + i, video, bounds[i], scenes[i])
 
     def _upload(self, records: list[dict], fixed: dict[str, np.ndarray],
@@ -360,15 +368,18 @@ class QdrantIndex(Gallery):
                                         fields=["seq"]) if near else []
             yield page(hits, -np.inf)
             return
-        offset, limit = 0, max(FIRST_CHUNK, 2 * k, self.cfg.first_page)
+        # each page asks for the best ``limit`` again, not for the next ones (an offset): the engine may order
+        # equal scores differently in two scans, and a point tied at a page's edge would be skipped
+        limit = max(FIRST_CHUNK, 2 * k, self.cfg.first_page)
         while True:
             with self._reading:
-                hits = self.store.query(BOUNDS, rows, limit, offset=offset, fields=["seq"])
+                hits = self.store.query(BOUNDS, rows, limit, fields=["seq"])
             full = len(hits) == limit
-            yield page(hits, hits[-1].score + extra + eps if full else -np.inf)
+            new = [h for h in hits if int(h.payload["seq"]) not in ids]
+            yield page(new, hits[-1].score + extra + eps if full else -np.inf)
             if not full:
                 return
-            offset, limit = offset + limit, 2 * limit
+            limit *= 2
 
     def _top(self, q: np.ndarray | EncodedQueries, k: int, w: Weights,
              approximate: bool) -> tuple[list[VideoEvidence], int, int]:
@@ -382,25 +393,34 @@ class QdrantIndex(Gallery):
         unit = (v / max(float(np.linalg.norm(v.astype(np.float64))), 1e-12)).astype(np.float32)
         ids: dict[int, str] = {}
         names = [n for n in EXACT if n != "frames" or self._csa]
-        fetched: dict[int, dict] = {}
+        fetched: dict[int, dict] = {}  # the exact-score arrays of the videos scored
+        sketched: dict[int, dict] = {}  # the sketch of the videos refined
+        compact = self.cfg.mode == "compact"
+
+        def points(seqs: np.ndarray, cache: dict[int, dict], arrays: Sequence[str]) -> Fetched:
+            """The points of these seqs with these arrays (fetched once per query)."""
+            missing = [int(s) for s in seqs if int(s) not in cache]
+            for p in self._fetch([ids[s] for s in missing], arrays) if missing else []:
+                cache[p["seq"]] = p
+            found = [cache[int(s)] for s in seqs]
+            return Fetched([p["record"] for p in found], [p["arrays"] for p in found], self.table, compact)
+
+        def refine(seqs: np.ndarray, tau: float) -> np.ndarray:
+            return refined_bounds(self.model, points(seqs, sketched, (*SKETCH, "pidx")), np.arange(len(seqs)),
+                                  bq, w, tau, torch.get_num_threads())
 
         def score(seqs: np.ndarray) -> np.ndarray:
-            missing = [int(s) for s in seqs if int(s) not in fetched]
-            for p in self._fetch([ids[s] for s in missing], names) if missing else []:
-                fetched[p["seq"]] = p
-            found = [fetched[int(s)] for s in seqs]
-            reader = Fetched([p["record"] for p in found], [p["arrays"] for p in found], self.table)
-            return exact_of(self.model, reader, np.arange(len(found)), q, w, bq).total
+            return exact_of(self.model, points(seqs, fetched, names), np.arange(len(seqs)), q, w, bq).total
 
-        seqs, _, n = top_k(self._pages(unit, k, w, approximate, ids), k, score, None,
-                           BOUND_EPS * (1 + w.clip + w.frame))
+        seqs, _, n = top_k(self._pages(unit, k, w, approximate, ids), k, score, refine,
+                           BOUND_EPS * (1 + w.clip + w.frame), shortlist=4 * max(FIRST_CHUNK, 2 * k))
         if not len(seqs):
             return [], n, live
         rest = [p for p in EVIDENCE if p not in names]
         extra = {p["seq"]: p["arrays"] for p in self._fetch([ids[int(s)] for s in seqs], rest)}
         found = [fetched[int(s)] for s in seqs]
         reader = Fetched([p["record"] for p in found], [{**p["arrays"], **extra[p["seq"]]} for p in found],
-                         self.table)
+                         self.table, compact)
         return list(evidence_of(self.model, reader, np.arange(len(found)), q, w)), n, live
 
 

@@ -23,10 +23,12 @@ id, with two named multivectors, neither in full precision:
   search asks the graph for;
 
 and a payload of its record (``schema.RECORD``), ``seq`` (insertion order: the built-in index's position,
-which breaks equal totals) and each per-video array of ``schema.ENCODED`` under ``arr_<name>`` as
-``{"dtype", "shape", "b64"}`` (raw little-endian bytes, base64): a query fetches only the exact-score arrays
-of the videos it scores and the rest for the k it returns. One more point, with no vectors, holds the
-gallery's metadata (``META_ID``). The collection is made with the first videos (its vector width is theirs).
+which breaks equal totals) and each per-video array of ``schema.ENCODED`` and of the sketch (``SKETCH``: the
+full 8-bit codes, window factors and frame balls) under ``arr_<name>`` as ``{"dtype", "shape", "b64"}`` (raw
+little-endian bytes, base64): a query fetches the sketch of the candidates its bounds leave, the exact-score
+arrays of those the sketch leaves, and the rest for the k it returns. One more point, with no vectors, holds
+the gallery's metadata (``META_ID``). The collection is made with the first videos (its vector width is
+theirs).
 """
 
 from __future__ import annotations
@@ -47,7 +49,7 @@ from typing import NamedTuple, Protocol, TypeVar
 import numpy as np
 
 from prvr.index.schema import ENCODED, RECORD, SCHEMA_VERSION
-from prvr.index.sketch import NORM_EPS, cover_balls, frame_balls
+from prvr.index.sketch import BALLS, CLIP, NORM_EPS, cover_balls
 from prvr.index.store import IndexStoreError
 
 BOUNDS = "bounds"  # the named multivector of clip and frame balls (an upper bound of the total: MAX_SIM)
@@ -92,10 +94,11 @@ def _f16_up(x: np.ndarray) -> np.ndarray:
     return np.where(h.astype(np.float64) < x, np.nextafter(h, np.float16(np.inf)), h)
 
 
-def bound_rows(units: np.ndarray, pnorm: np.ndarray, spans: np.ndarray, zbasis: Sequence[np.ndarray],
-               zcoef: Sequence[np.ndarray], frame_balls_n: int) -> list[np.ndarray]:
+def bound_rows(units: np.ndarray, pnorm: np.ndarray, spans: np.ndarray, frames: Mapping[str, np.ndarray]
+               ) -> list[np.ndarray]:
     """The ``bounds`` multivector (B, H + 3) float16 of each of a batch of videos: units (n, M, H), proposal
-    norms (n, P), their unit spans (n, P, 2), factored frame-scale features; see the module docstring."""
+    norms (n, P), their unit spans (n, P, 2), the frame balls of their frame-scale features
+    (``sketch.frame_balls``); see the module docstring."""
     n, M, H = units.shape
     csum = np.concatenate([np.zeros((n, 1, H)), np.cumsum(units.astype(np.float64), axis=1)], axis=1)
     s, e = spans[..., 0], spans[..., 1]
@@ -103,7 +106,6 @@ def bound_rows(units: np.ndarray, pnorm: np.ndarray, spans: np.ndarray, zbasis: 
     mean = (csum[idx, e] - csum[idx, s]) / (e - s)[..., None]
     directions = mean / np.maximum(pnorm.astype(np.float64), NORM_EPS)[..., None]  # what clip cosines dot
     windows = _balls(directions, cover_balls(directions.astype(np.float32), WINDOW_BALLS))
-    frames = frame_balls(list(zbasis), list(zcoef), frame_balls_n)
     out = []
     for i in range(n):
         kept = np.isfinite(frames["ball_radius"][i])
@@ -155,10 +157,15 @@ def engine_eps(weights: tuple[float, float]) -> float:
     return 2.0**-11 * np.sqrt(2.0) * 4.0 * (weights[0] + weights[1]) * 1.01 + 1e-6
 
 
+SKETCH = (*CLIP, "pinv", "pinv_scale", *BALLS)  # the sketch a point's payload holds (what ``refine`` reads)
+STORED = (*ENCODED, *SKETCH)  # every array of a point's payload
+
+
 def pack(arrays: Mapping[str, np.ndarray]) -> dict[str, dict]:
-    """Per-video arrays -> payload entries ``arr_<name>`` (dtype, shape and base64 of the raw bytes)."""
+    """Per-video arrays -> payload entries ``arr_<name>`` (dtype, shape and base64 of the raw bytes), every
+    one given."""
     out = {}
-    for name in ENCODED:
+    for name in arrays:
         a = np.asarray(arrays[name])
         a = a if a.flags.c_contiguous else a.copy(order="C")  # (ascontiguousarray makes a scalar 1-d)
         a = a.astype(a.dtype.newbyteorder("<"), copy=False)

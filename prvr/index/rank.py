@@ -109,10 +109,18 @@ class Stored:
 
     @staticmethod
     def _array(seg: Mapping[str, np.ndarray], name: str) -> np.ndarray:
+        """One segment's array ``name``, or where the kernels will not read it, a placeholder: ``pidx`` where
+        every window is stored; the frame-scale factors where only the sketch was read (no rows: the frame
+        bound stops at its second tier)."""
+        videos = len(next(seg[k] for k in ("pinv", "units", "pnorm") if k in seg))
         if name == "pidx" and name not in seg:
-            return np.zeros((len(seg["units"]), 1), dtype=np.int16)
+            return np.zeros((videos, 1), dtype=np.int16)
+        if name == "zoff" and "n_zrank" not in seg and "n_zrank_offset" not in seg:
+            return np.zeros(videos + 1, np.int64)
         if name == "zoff":
             return zoff(seg)
+        if name in ("zbasis", "zcoef") and name not in seg:
+            return np.zeros((0, 1), np.float32)
         return seg[name]
 
 
@@ -263,14 +271,15 @@ class Page(NamedTuple):
 
 
 def top_k(pages: Iterable[Page], k: int, score: Callable[[np.ndarray], np.ndarray],
-          refine: Callable[[np.ndarray, float], np.ndarray] | None = None,
-          eps: float = BOUND_EPS) -> tuple[np.ndarray, np.ndarray, int]:
+          refine: Callable[[np.ndarray, float], np.ndarray] | None = None, eps: float = BOUND_EPS,
+          shortlist: int = SHORTLIST) -> tuple[np.ndarray, np.ndarray, int]:
     """The exact top-k of the candidates the pages give (see the module docstring): (positions, totals) best
     first, ties broken by position, and how many were scored exactly.
 
     ``score(sorted positions) -> exact totals``; ``refine(sorted positions, tau) -> tighter upper bounds of
     their totals`` (None: the pages' bounds are all there is). ``eps`` is added to every bound: the float
-    rounding of the exact scores (and of the backend's bounds)."""
+    rounding of the exact scores (and of the backend's bounds); ``shortlist``: how many of the best-bounded
+    candidates ``refine`` orders before the first are scored (where refining costs a fetch, fewer)."""
     positions, totals = [np.zeros(0, dtype=np.int64)], [np.zeros(0)]
     tau = -np.inf
     for page in pages:
@@ -280,7 +289,7 @@ def top_k(pages: Iterable[Page], k: int, score: Callable[[np.ndarray], np.ndarra
         if sum(len(p) for p in positions) < k and len(pos):  # no tau yet: the best-bounded videos first
             first = top_n(bound, max(FIRST_CHUNK, 2 * k))
             if refine is not None:  # their order by the tighter bounds of a shortlist
-                short = top_n(bound, max(SHORTLIST, 2 * len(first)))
+                short = top_n(bound, max(shortlist, len(first)))
                 first = short[top_n(refine(pos[short], -np.inf), len(first))]
             positions.append(pos[first])
             totals.append(score(pos[first]))

@@ -13,7 +13,7 @@ import torch
 
 from prvr.index.evidence import VideoEvidence
 from prvr.index.gallery import QueryError
-from prvr.index.rank import Exact, Stored, exact_rows
+from prvr.index.rank import BOUND_EPS, Exact, Stored, clip_bounds, exact_rows, frame_bounds
 from prvr.index.schema import FINE
 from prvr.index.sketch import BoundQuery
 from prvr.models import ral
@@ -71,6 +71,26 @@ def exact_of(model, snap: VideoArrays, positions: np.ndarray, q: np.ndarray | En
         return ex
     frame = csa_frame(model, snap, positions, q)
     return dataclasses.replace(ex, frame=frame, total=w[0] * ex.clip + w[1] * frame)
+
+
+def refined_bounds(model, snap: VideoArrays, positions: np.ndarray, bq: BoundQuery, w: tuple[float, float],
+                   tau: float, threads: int) -> np.ndarray:
+    """Upper bounds of the totals of sorted positions from the sketch (``rank.top_k``'s ``refine``): the full
+    8-bit codes' clip bound, then, for those it leaves at or above tau, the frame balls' bound (not for a CSA
+    model, whose frame score the stored features do not bound; not before a tau exists: it only helps to get
+    below one)."""
+    clip, hi = clip_bounds(snap.stored, snap.seg_start, positions, bq, snap.windows, threads)
+    total = w[0] * clip + w[1]
+    if w[1] <= 0 or is_csa(model) or tau == -np.inf:
+        return total
+    eps = BOUND_EPS * (1 + w[0] + w[1])
+    at = np.flatnonzero(total + eps >= tau)
+    if len(at):
+        enough = (tau - eps - w[0] * clip[at]) / w[1]
+        frame = frame_bounds(snap.stored, snap.seg_start, positions[at], hi, at, bq, snap.windows, enough,
+                             threads)
+        total[at] = w[0] * clip[at] + w[1] * frame
+    return total
 
 
 def csa_frame(model, snap: VideoArrays, positions: np.ndarray, q: np.ndarray | EncodedQueries) -> np.ndarray:

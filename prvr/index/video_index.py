@@ -48,9 +48,9 @@ from prvr.index.ingest import (
     encode_for_index,
     segment_arrays,
 )
-from prvr.index.rank import BOUND_EPS, Exact, HeadQuery, Page, clip_bounds, frame_bounds, head_bounds, top_k
+from prvr.index.rank import BOUND_EPS, Exact, HeadQuery, Page, head_bounds, top_k
 from prvr.index.schema import FIXED, RAGGED, SCHEMA_VERSION
-from prvr.index.scoring import evidence_of, exact_of, is_csa, query_vector
+from prvr.index.scoring import evidence_of, exact_of, is_csa, query_vector, refined_bounds
 from prvr.index.sketch import BoundQuery, head_basis, sketch
 from prvr.index.snapshot import BASIS, Snapshot
 from prvr.models.branches import EncodedQueries
@@ -321,21 +321,9 @@ class VideoIndex(Gallery):
                                                 cfg.candidate_units, cfg.candidate_videos)
         head = HeadQuery.of(bq, snap.bases, snap.grams)
         first = w.clip * head_bounds(snap.first, snap.seg_start, candidates, head, table, threads) + w.frame
-        # a CSA model scores frames its own way (at most 1): the stored z do not bound it
-        frame_bound = w.frame > 0 and not self._csa
 
         def refine(positions: np.ndarray, tau: float) -> np.ndarray:
-            clip, hi = clip_bounds(snap.stored, snap.seg_start, positions, bq, table, threads)
-            total = w.clip * clip + w.frame
-            if not frame_bound or tau == -np.inf:  # (the frame bound helps only to get below a threshold)
-                return total
-            at = np.flatnonzero(total + BOUND_EPS * (1 + w.clip + w.frame) >= tau)
-            if len(at):
-                enough = (tau - BOUND_EPS * (1 + w.clip + w.frame) - w.clip * clip[at]) / w.frame
-                frame = frame_bounds(snap.stored, snap.seg_start, positions[at], hi, at, bq, table, enough,
-                                     threads)
-                total[at] = w.clip * clip[at] + w.frame * frame
-            return total
+            return refined_bounds(self.model, snap, positions, bq, w, tau, threads)
 
         scored: list[tuple[np.ndarray, Exact]] = []  # what top_k scored: evidence reuses the winners' rows
 
