@@ -17,7 +17,8 @@ and searched with queries that describe one scene of one video. One JSON line pe
   (the built-in index: the first pass's arrays and the records; Qdrant: the engine's shard opened), and
   ``resident_after_queries_bytes_per_video`` once the queries ran (pages of mapped files they touched);
 - ``disk_bytes_per_video``: every file of the gallery, per video;
-- ``peak_rss_bytes``: the largest resident size of this process and of the build's.
+- ``peak_rss_bytes``: the largest resident size of this process (which opens and searches the gallery) and
+  of the build's (children: the exact check's full scans are not counted, they map every file).
 
 Qdrant runs the engine in-process (``qdrant+local://``); its line also gives ``first_pass_bytes_per_video``
 (the ``bounds`` and ``scenes`` vectors every exact or approximate query reads) and, when a built-in run of the
@@ -65,10 +66,9 @@ def rss_bytes() -> int:
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
 
-def peak_rss() -> int:
-    """The largest resident size of this process and of its waited-for children (bytes)."""
-    return 1024 * max(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss,
-                      resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss)
+def peak_rss(build: int) -> int:
+    """The largest resident size of this process and of the build's (bytes)."""
+    return max(1024 * resource.getrusage(resource.RUSAGE_SELF).ru_maxrss, build)
 
 
 def disk_bytes(root: Path) -> int:
@@ -92,12 +92,13 @@ def _build(backend: str, root: str, n: int) -> None:
     np.save(Path(root).parent / f"{Path(root).name}.concepts.npy", np.concatenate(concepts))
 
 
-def build(backend: str, root: Path, n: int) -> float:
-    """Build the gallery at root in a child process unless it is there with n videos; its wall seconds."""
+def build(backend: str, root: Path, n: int) -> tuple[float, int]:
+    """Build the gallery at root in a child process unless it is there with n videos: (its wall seconds, the
+    largest resident size of the build's processes)."""
     concepts = root.parent / f"{root.name}.concepts.npy"
     built = (root / "manifest.json").exists() or (root / "shard").exists()
     if built and concepts.exists() and len(np.load(concepts)) == n:
-        return 0.0
+        return 0.0, 0
     shutil.rmtree(root, ignore_errors=True)
     t0 = time.perf_counter()
     child = multiprocessing.get_context("spawn").Process(target=_build, args=(backend, str(root), n))
@@ -105,7 +106,7 @@ def build(backend: str, root: Path, n: int) -> float:
     child.join()
     if child.exitcode != 0:
         raise SystemExit(f"building {root} failed (exit code {child.exitcode})")
-    return round(time.perf_counter() - t0, 1)
+    return round(time.perf_counter() - t0, 1), 1024 * resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
 
 
 def open_gallery(backend: str, root: Path, model) -> Gallery:
@@ -115,12 +116,27 @@ def open_gallery(backend: str, root: Path, model) -> Gallery:
     return QdrantIndex.open(f"qdrant+local://{root}", model, QdrantConfig(), reference_bank(model))
 
 
-def full_scan_top10(index: VideoIndex, q: np.ndarray, chunk: int = 4096) -> list[str]:
-    """The exact top 10 by scoring every live video with the index's exact kernels, in chunks, no bounds."""
-    live = index.snapshot.live
-    totals = np.concatenate([index.exact(live[a:a + chunk], q).total for a in range(0, len(live), chunk)])
-    best = np.lexsort((live, -totals))[:10]
-    return [index.snapshot.videos[live[i]]["id"] for i in best]
+def _full_scans(root: str, qs: list[np.ndarray], out: str, chunk: int = 4096) -> None:
+    """The exact top 10 of each query by scoring every live video of the built-in index with its exact
+    kernels, in chunks, no bounds (in a child process: it maps every file, which would count in this one's
+    resident memory)."""
+    torch.set_num_threads(2)
+    model = identity_attention_model()
+    index = VideoIndex.open(root, model, IndexConfig(verify_checksums=False), reference_bank(model))
+    live, tops = index.snapshot.live, []
+    for q in qs:
+        totals = np.concatenate([index.exact(live[a:a + chunk], q).total for a in range(0, len(live), chunk)])
+        tops.append([index.snapshot.videos[live[i]]["id"] for i in np.lexsort((live, -totals))[:10]])
+    Path(out).write_text(json.dumps(tops))
+
+
+def full_scan_top10(root: Path, qs: list[np.ndarray]) -> list[list[str]]:
+    """``_full_scans`` in a child process."""
+    out = root.parent / f"{root.name}.full-scan.json"
+    child = multiprocessing.get_context("spawn").Process(target=_full_scans, args=(str(root), qs, str(out)))
+    child.start()
+    child.join()
+    return json.loads(out.read_text())
 
 
 def timed(fn, items: list) -> tuple[list[float], list]:
@@ -155,7 +171,7 @@ def first_pass_bytes(root: Path) -> int:
 def run(backend: str, n: int, workdir: Path, queries: int, check: int) -> list[dict]:
     """Build (or reuse), open, search; one dict per mode."""
     root = workdir / f"{backend}-{n}"
-    build_s = build(backend, root, n)
+    build_s, build_rss = build(backend, root, n)
     model, sm = identity_attention_model(), SceneModel()
     concepts = torch.from_numpy(np.load(workdir / f"{root.name}.concepts.npy"))
     tokens = make_queries(sm, concepts, queries, torch.Generator().manual_seed(7))
@@ -185,8 +201,8 @@ def run(backend: str, n: int, workdir: Path, queries: int, check: int) -> list[d
             search_ms, 95)), 2), "rank_p50_ms": p50(rank_ms),
             "scored_exactly_mean": round(float(np.mean([ev.scored_exactly for ev in evidence])), 1),
             "resident_after_queries_bytes_per_video": round((rss_bytes() - before) / n)}
-        if not approx and backend == "builtin":  # (the full scans map every file: after the line above)
-            truth = [full_scan_top10(gallery, q) for q in qs[:check]]
+        if not approx and backend == "builtin":
+            truth = full_scan_top10(root, qs[:check])
             line["recall_at_10"] = recall(truth, tops)
             line["recall_checked_queries"] = len(truth)
         elif not approx:
@@ -199,7 +215,7 @@ def run(backend: str, n: int, workdir: Path, queries: int, check: int) -> list[d
                 theirs = json.loads(kept.read_text())["exact"]
                 line["equal_to_builtin"] = float(np.mean([a == b for a, b in zip(answers["exact"], theirs,
                                                                                    strict=True)]))
-        line["peak_rss_bytes"] = peak_rss()
+        line["peak_rss_bytes"] = peak_rss(build_rss)
         line["machine"] = machine
         lines.append(line)
     (workdir / f"{backend}-{n}.answers.json").write_text(json.dumps(answers))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -711,3 +712,61 @@ def test_exact_with_the_training_free_bridge(tmp_path: Path) -> None:
     index = VideoIndex.create(tmp_path / "ix", model)
     index.add(videos)
     assert_matches_model(VideoIndex.open(tmp_path / "ix", model), model, videos, queries(4, seed=12))
+
+
+def write_schema_9(index: VideoIndex, root: Path) -> None:
+    """The live videos of ``index`` written as the previous release wrote an index (schema 9: the
+    frame-scale features whole, ``zhat``; the sketch left out, which an upgrade does not read)."""
+    from prvr.index.schema import FIXED, RAGGED
+
+    snap, live = index.snapshot, index.snapshot.live
+    fixed = {k: snap.gather(k, live) for k in FIXED}
+    fixed["zhat"] = np.stack([unfactor(snap.ragged("zbasis", p), snap.ragged("zcoef", p)).astype(np.float32)
+                              for p in live])
+    ragged = {k: [snap.ragged(k, p) for p in live] for k in RAGGED if k not in ("zbasis", "zcoef")}
+    arrays = dict(fixed)
+    for key, count in RAGGED.items():
+        if key not in ("zbasis", "zcoef"):
+            arrays[key] = np.concatenate(ragged[key])
+            arrays[count] = np.array([len(x) for x in ragged[key]], dtype=np.int64)
+    root.mkdir(parents=True)
+    manifest = {**{k: v for k, v in index.manifest.items() if k not in ("segments", "retired")},
+                "schema_version": 9, "generation": 1,
+                "segments": [store.write_segment(root, arrays, [snap.videos[p] for p in live])]}
+    store.commit_manifest(root, manifest)
+
+
+def test_an_index_of_the_previous_schema_is_upgraded_when_the_app_opens_it(tmp_path: Path) -> None:
+    """A data dir with the previous release's index (schema 9) of the model in use: ``open_gallery`` brings
+    every live video over (records, order, stored arrays; the frame-scale features factored), ranking as
+    before, without encoding anything; the old directory is left as it was. Another model's old index is
+    not brought over (its gallery starts empty), and one of an older schema is never read."""
+    from prvr.index import gallery_dir, open_gallery
+    from prvr.index.ingest import ReferenceQueries
+
+    model = small_model()
+    refs = ReferenceQueries(model.encode_queries(queries(6, seed=31)), "bank")
+    data = tmp_path / "data"
+    first = open_gallery(model, refs, data_dir=data, profile="p")
+    videos = gallery(30, seed=32)
+    first.add(videos[:20])
+    first.add(videos[20:])
+    first.remove([videos[4].id])
+    qs = model.encode_queries(queries(3, seed=33)).numpy()
+    before = [first.rank(q, 29) for q in qs]
+    old = gallery_dir(data, "p", model, schema=9)
+    write_schema_9(first, old)
+    shutil.rmtree(first.root)
+    old_files = {p: p.read_bytes() for p in old.rglob("*") if p.is_file()}
+    encodes = []
+    model.encode_videos = lambda *a, **kw: encodes.append(a)  # nothing may be encoded again
+    upgraded = open_gallery(model, refs, data_dir=data, profile="p")
+    assert upgraded.root == gallery_dir(data, "p", model) and upgraded.ids == first.ids and not encodes
+    for q, ev in zip(qs, before, strict=True):
+        again = upgraded.rank(q, 29)
+        assert [h.id for h in again.hits] == [h.id for h in ev.hits]
+        np.testing.assert_allclose(again.totals, ev.totals, rtol=0, atol=1e-6)
+    assert {p: p.read_bytes() for p in old.rglob("*") if p.is_file()} == old_files
+    other = small_model(seed=5)
+    shutil.copytree(old, gallery_dir(data, "p", other, schema=9))  # made for another model: left alone
+    assert len(open_gallery(other, refs, data_dir=data, profile="p")) == 0

@@ -1,21 +1,24 @@
-"""Opening a gallery: the one place that chooses a backend for ``--index`` or a data directory."""
+"""Opening a gallery: the one place that chooses a backend for ``--index`` or a data directory (where the
+built-in index of the previous schema is upgraded on first open: ``prvr.index.upgrade``)."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from prvr.index.gallery import Gallery
+from prvr.index import store
+from prvr.index.gallery import Gallery, bank_identity, model_identity
 from prvr.index.ingest import ReferenceQueries
 from prvr.index.qdrant import QdrantIndex
 from prvr.index.qdrant_store import QdrantTarget
 from prvr.index.schema import SCHEMA_VERSION
+from prvr.index.upgrade import PREVIOUS, upgraded_into
 from prvr.index.video_index import IndexConfig, VideoIndex
 
 
-def gallery_dir(data_dir: Path, profile: str, model) -> Path:
+def gallery_dir(data_dir: Path, profile: str, model, schema: int = SCHEMA_VERSION) -> Path:
     """The built-in index's directory for this model in a data dir: one per model and index schema, so an
     index written by an older release (or for another model) is left alone."""
-    return Path(data_dir) / "indexes" / f"{profile}-{model.fingerprint()[:12]}-v{SCHEMA_VERSION}"
+    return Path(data_dir) / "indexes" / f"{profile}-{model.fingerprint()[:12]}-v{schema}"
 
 
 def open_gallery(model, references: ReferenceQueries | None, *, url: str | None = None,
@@ -27,4 +30,9 @@ def open_gallery(model, references: ReferenceQueries | None, *, url: str | None 
         return QdrantIndex.open_or_create(QdrantTarget.parse(url), model, references=references)
     if data_dir is None:
         raise ValueError("open_gallery needs a Qdrant url or a data directory")
-    return VideoIndex.open_or_create(gallery_dir(data_dir, profile, model), model, IndexConfig(), references)
+    root, cfg = gallery_dir(data_dir, profile, model), IndexConfig()
+    if not (root / store.MANIFEST).exists():  # the previous release's index of this model: brought over
+        identity = {**model_identity(model), "references": bank_identity(references), "mode": cfg.mode}
+        upgraded_into(gallery_dir(data_dir, profile, model, PREVIOUS), root,
+                      lambda aside: VideoIndex.create(aside, model, cfg, references), identity)
+    return VideoIndex.open_or_create(root, model, cfg, references)

@@ -173,8 +173,11 @@ def frame_factors(zhat: np.ndarray | torch.Tensor,
     few proposals attend to, faintly, still moves them by more than the tolerance); the check is what makes
     the stored features the ones bounds and scores use (``docs/design.md``). In torch (float64): numpy's
     BLAS threads, woken right after the model's torch ops, would wait ~20 ms for the cores."""
-    z = torch.as_tensor(zhat).double()
-    sketches = [z] if alpha is None else [torch.as_tensor(alpha).double().T @ z, z]
+    def tensor(x: np.ndarray | torch.Tensor) -> torch.Tensor:  # (a copy of numpy rows: they may be mapped)
+        return x.double() if isinstance(x, torch.Tensor) else torch.tensor(np.asarray(x), dtype=torch.float64)
+
+    z = tensor(zhat)
+    sketches = [z] if alpha is None else [tensor(alpha).T @ z, z]
     for sketch in sketches:
         _, s, vt = torch.linalg.svd(sketch, full_matrices=False)
         rank = max(1, int((s > s[0] * 1e-10).sum())) if s[0] > 0 else 1
