@@ -22,18 +22,21 @@ from prvr.index.qdrant import META, QdrantConfig, QdrantIndex
 from prvr.index.qdrant_store import (
     BOUNDS,
     META_ID,
+    SKETCH,
     ClientStore,
-    EdgeStore,
+    EdgeDirectory,
     QdrantConnectionError,
     QdrantTarget,
+    Stores,
+    array_points,
     bound_query,
     client_vectors,
     collection_spec,
     edge_config,
     engine_eps,
     pack,
-    point,
     unpack,
+    video_point,
 )
 from prvr.index.schema import ENCODED, SCHEMA_VERSION
 from prvr.index.store import IndexStoreError
@@ -261,10 +264,9 @@ def test_the_engines_bounds_are_upper_bounds_of_every_total(tmp_path: Path) -> N
         unit = q / np.linalg.norm(q.astype(np.float64))
         for w in ((0.7, 0.3), (1.0, 0.0), (0.0, 1.0), (0.3, 0.7)):
             exact = builtin.exact(everything, q, w).total
-            hits = qdrant.store.query(BOUNDS, bound_query(unit.astype(np.float32), w, True), len(videos),
-                                      fields=["seq"])
+            hits = qdrant.store.query(BOUNDS, bound_query(unit.astype(np.float32), w, True), len(videos))
             bound = np.empty(len(videos))
-            bound[[h.payload["seq"] for h in hits]] = [h.score for h in hits]
+            bound[[h.id for h in hits]] = [h.score for h in hits]  # a video point's id: its insertion number
             assert len(hits) == len(videos) and (bound + engine_eps(w) >= exact).all(), w
             slack.append(np.median(bound - exact))
     assert 0 < np.median(slack) < 0.5  # and they bound something: not everything at the maximum
@@ -293,15 +295,22 @@ def test_the_layout_is_declared_once_for_the_engine_and_a_server() -> None:
     arrays = {"units": rng.random((4, 3), np.float32), "pnorm": rng.random(10, np.float32),
               "pidx": np.arange(10, dtype=np.int16), "zbasis": rng.random((2, 3), np.float32),
               "zcoef": rng.random((2, 10), np.float32), "ref_clip": np.zeros(0, np.float16),
-              "ref_frame": np.zeros(0, np.float16), **{k: np.zeros((1, 2), np.float32) for k in ENCODED[7:]}}
-    p = point({"id": "v1", "title": "t", "path": "p.mp4", "duration": 2.0, "sha256": "ab"}, 5, arrays,
-              rng.random((3, 6)).astype(np.float16), rng.random((2, 3)).astype(np.float16))
-    struct = models.PointStruct(id=p.id, vector=p.vectors, payload=p.payload)  # what ClientStore sends
+              "ref_frame": np.zeros(0, np.float16), **{k: np.zeros((1, 2), np.float32) for k in ENCODED[7:]},
+              **{k: np.zeros(3, np.float32) for k in SKETCH}}
     import qdrant_edge
 
-    mine = qdrant_edge.Point(p.id, p.vectors, p.payload)  # what EdgeStore sends
-    assert str(struct.id) == str(mine.id) and struct.vector == mine.vector and struct.payload == mine.payload
-    assert p.payload["seq"] == 5 and (p.payload["id"], p.payload["path"]) == ("v1", "p.mp4")
+    video = video_point({"id": "v1", "title": "t", "path": "p.mp4", "duration": 2.0, "sha256": "ab"}, 5,
+                        rng.random((3, 6)).astype(np.float16), rng.random((2, 3)).astype(np.float16))
+    for p in (video, *array_points(5, arrays)):
+        struct = models.PointStruct(id=p.id, vector=p.vectors, payload=p.payload)  # what ClientStore sends
+        mine = qdrant_edge.Point(p.id, p.vectors, p.payload)  # what EdgeStore sends
+        assert struct.id == mine.id and struct.vector == mine.vector and struct.payload == mine.payload
+    assert video.id == video.payload["seq"] == 5 and (video.payload["id"], video.payload["path"]) == ("v1",
+                                                                                                      "p.mp4")
+    groups = array_points(5, arrays)
+    assert [p.id for p in groups] == [15, 16, 17]  # 3 seq + group
+    keys = [k for p in groups for k in p.payload]  # every array once, pidx in the sketch and the exact group
+    assert sorted(keys) == sorted(f"arr_{n}" for n in (*ENCODED, *SKETCH, "pidx"))
 
 
 @pytest.mark.filterwarnings("ignore:Local mode performs exact")
@@ -316,18 +325,21 @@ def test_the_server_path_requests_through_qdrant_client(tmp_path: Path) -> None:
     videos = gallery(80, seed=5, max_rows=20)
     builtin, engine = both(model, videos, tmp_path / "builtin")
     target = QdrantTarget.parse("qdrant://localhost:6333/videos")
-    store = ClientStore(target, 1.0, client=QdrantClient(location=":memory:"))
-    server = QdrantIndex.create(target, model, QdrantConfig(first_page=16), bank(model), store=store)
+    client = QdrantClient(location=":memory:")
+    stores = Stores(ClientStore(target, client, "videos"), ClientStore(target, client, "videos-arrays"),
+                    client.close)
+    server = QdrantIndex.create(target, model, QdrantConfig(first_page=16), bank(model), stores=stores)
     fixed, ragged = encode_for_index(model, videos, "exact", 64, bank(model))
     server.add_encoded([v.record() for v in videos], fixed, ragged)
     server.remove([videos[3].id])
     builtin.remove([videos[3].id])
-    assert server.ids == builtin.ids and store.count() == len(videos)  # 79 videos and the metadata point
+    assert server.ids == builtin.ids and stores.videos.count() == len(videos)  # 79 and the metadata point
+    assert stores.arrays.count() == 3 * (len(videos) - 1)  # three points of arrays per video
     for tokens in queries(3, seed=6):
         q = encode_query(model, tokens)
         for w in (None, (0.2, 0.8)):
             assert_same_evidence(builtin.rank(q, 5, w), server.rank(q, 5, w))
-    reopened = QdrantIndex.open(target, model, references=bank(model), store=store)
+    reopened = QdrantIndex.open(target, model, references=bank(model), stores=stores)
     assert reopened.ids == builtin.ids and reopened.meta["next_seq"] == len(videos)
 
 
@@ -349,9 +361,9 @@ def test_an_older_store_is_refused_with_a_rebuild_message(tmp_path: Path) -> Non
                                                  "rebuild the index"):
         QdrantIndex.open(spec, model)
     with pytest.raises(QdrantConnectionError, match="another process"):  # one process at a time
-        held = EdgeStore(QdrantTarget.parse(spec))
+        held = EdgeDirectory(QdrantTarget.parse(spec))
         try:
-            EdgeStore(QdrantTarget.parse(spec))
+            EdgeDirectory(QdrantTarget.parse(spec))
         finally:
             held.close()
 

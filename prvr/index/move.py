@@ -25,7 +25,7 @@ import numpy as np
 
 from prvr.index import store
 from prvr.index.qdrant import QdrantConfig, QdrantIndex, read_meta
-from prvr.index.qdrant_store import ARRAY, META_ID, QdrantTarget, unpack
+from prvr.index.qdrant_store import ARRAY, GROUPS, META_ID, QdrantTarget, array_id, unpack
 from prvr.index.schema import ENCODED, FIXED, RAGGED, RECORD
 from prvr.index.snapshot import Snapshot
 from prvr.models.preprocess import window_table
@@ -55,22 +55,28 @@ def _qdrant(target: QdrantTarget, batch: int) -> tuple[dict, int, Iterator[Batch
     """(metadata, video count, batches in insertion order, close) of a Qdrant gallery."""
     source = target.connect(QdrantConfig().timeout)
     try:
-        meta = read_meta(source)
-        order = sorted((p["seq"], i) for i, p in source.scroll(["seq"]) if i != META_ID)
+        meta = read_meta(source.videos)
+        records = sorted((p for i, p in source.videos.scroll([*RECORD, "seq"]) if i != META_ID),
+                         key=lambda p: p["seq"])
     except BaseException:
         source.close()
         raise
 
     def batches() -> Iterator[Batch]:
-        for a in range(0, len(order), batch):
-            ids = [i for _, i in order[a:a + batch]]
-            got = source.retrieve(ids, [*RECORD, *(ARRAY + n for n in ENCODED)])
-            arrays = [unpack(got[i]) for i in ids]
-            yield ([{k: got[i][k] for k in RECORD} for i in ids],
+        for a in range(0, len(records), batch):
+            part = records[a:a + batch]
+            arrays = [{} for _ in part]
+            for group in ("exact", "evidence"):
+                names = [n for n in GROUPS[group] if n in ENCODED]
+                ids = [array_id(p["seq"], group) for p in part]
+                got = source.arrays.retrieve(ids, [ARRAY + n for n in names])
+                for x, i in zip(arrays, ids, strict=True):
+                    x.update(unpack(got[i], names))
+            yield ([{k: p[k] for k in RECORD} for p in part],
                    {k: np.stack([x[k] for x in arrays]) for k in FIXED},
                    {k: [x[k] for x in arrays] for k in RAGGED})
 
-    return meta, len(order), batches(), source.close
+    return meta, len(records), batches(), source.close
 
 
 def _nothing() -> None:
@@ -91,7 +97,7 @@ def move(source: str, target: str, batch: int = 256, report: Callable[[str], Non
         cfg = QdrantConfig(mode=meta["mode"], frame_balls=int(meta.get("frame_balls", 16)))
         dest = QdrantTarget.parse(target)
         out = dest.connect(cfg.timeout)
-        if out.exists():
+        if out.videos.exists() or out.arrays.exists():
             out.close()
             raise store.IndexStoreError(f"{dest.where} already exists: move into a new collection (delete a "
                                         "partial one left by an interrupted move first)")

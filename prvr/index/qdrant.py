@@ -7,10 +7,11 @@ evidence = index.rank(q, k=10, weights=None)     # the same Evidence as VideoInd
 ```
 
 ``qdrant+local://DIR`` runs the Qdrant engine itself in this process (``qdrant-edge-py``), ``qdrant://`` a
-server through qdrant-client; both hold the layout of ``prvr.index.qdrant_store``: a point per video with a
-float16 ``bounds`` multivector (an upper bound of its total, no graph), a float16 ``scenes`` multivector
-(HNSW, int8-quantized) and the per-video arrays in its payload. The gallery's metadata (the model's identity,
-the mode, the insertion counter) is one more point; opening the collection for another model, profile,
+server through qdrant-client; both hold the layout of ``prvr.index.qdrant_store``: a point per video (its id
+its insertion number) with a float16 ``bounds`` multivector (an upper bound of its total, no graph) and a
+float16 ``scenes`` multivector (HNSW, int8-quantized), and beside them, in a second collection, its arrays in
+three points by what reads them (sketch, exact scores, evidence). The gallery's metadata (the model's
+identity, the mode, the insertion counter) is one more point; opening it for another model, profile,
 reference bank or schema is refused.
 
 Exact ranking is the built-in index's rank tail (``rank.top_k``) fed by the engine: pages of the points with
@@ -49,24 +50,29 @@ from prvr.index.ingest import (
     encode_for_index,
 )
 from prvr.index.qdrant_store import (
+    ARRAY,
+    ARRAYS_SPEC,
     BOUNDS,
+    GROUPS,
     META_ID,
     SCENES,
     SKETCH,
     PointData,
     PointStore,
     QdrantTarget,
+    Stores,
+    array_id,
+    array_points,
     bound_query,
     bound_rows,
     collection_spec,
     engine_eps,
     payload_bytes,
-    point,
-    point_id,
     unpack,
+    video_point,
 )
 from prvr.index.rank import BOUND_EPS, FIRST_CHUNK, Page, Stored, top_k
-from prvr.index.schema import EVIDENCE, EXACT, FIXED, RAGGED, RECORD, SCHEMA_VERSION
+from prvr.index.schema import FIXED, RAGGED, RECORD, SCHEMA_VERSION
 from prvr.index.scoring import evidence_of, exact_of, is_csa, query_vector, refined_bounds
 from prvr.index.sketch import BoundQuery, frame_balls, quantize, window_factors
 from prvr.index.store import IndexStoreError
@@ -130,15 +136,20 @@ class Fetched:
 class QdrantIndex(Gallery):
     """A Qdrant collection opened for one model; see the module docstring."""
 
-    def __init__(self, target: QdrantTarget, store: PointStore, model, cfg: QdrantConfig, meta: dict,
+    def __init__(self, target: QdrantTarget, stores: Stores, model, cfg: QdrantConfig, meta: dict,
                  references: ReferenceQueries | None = None) -> None:
-        self.target, self.store, self.model, self.cfg, self.meta = target, store, model, cfg, meta
+        self.target, self.stores, self.model, self.cfg, self.meta = target, stores, model, cfg, meta
         self.references = references
         self._csa = model is not None and is_csa(model)  # (no model: a gallery opened to be written, moved)
         self.table = window_table(int(meta["map_size"])).numpy()
         self._writing = threading.Lock()
         self._reading = threading.Lock()  # one engine call at a time (its shard is not shared across threads)
         self._catalog, self._seqs = self._load_catalog()
+
+    @property
+    def store(self):
+        """The collection of the videos' points (``NAME``)."""
+        return self.stores.videos
 
     # ------------------------------------------------------------------ opening
     @staticmethod
@@ -154,54 +165,55 @@ class QdrantIndex(Gallery):
 
     @classmethod
     def create(cls, spec: str | QdrantTarget, model, cfg: QdrantConfig | None = None,
-               references: ReferenceQueries | None = None, store: PointStore | None = None) -> QdrantIndex:
+               references: ReferenceQueries | None = None, stores: Stores | None = None) -> QdrantIndex:
         """A new, empty gallery for this model (refuses an existing one); ``references`` as for
-        ``VideoIndex.create``. The collection itself is made with the first videos."""
+        ``VideoIndex.create``. The collections themselves are made with the first videos."""
         cfg, target = cfg or QdrantConfig(), cls._target(spec)
         if cfg.mode not in ("exact", "compact"):
             raise ValueError(f"index mode must be 'exact' or 'compact', got {cfg.mode!r}")
-        store = store or target.connect(cfg.timeout)
-        if store.exists():
-            store.close()
+        stores = stores or target.connect(cfg.timeout)
+        if stores.videos.exists() or stores.arrays.exists():
+            stores.close()
             raise IndexStoreError(f"{target.where} already exists; open it instead")
         meta = cls.new_meta(cfg, model_identity(model), bank_identity(references))
-        return cls(target, store, model, cfg, meta, references)
+        return cls(target, stores, model, cfg, meta, references)
 
     @classmethod
     def open(cls, spec: str | QdrantTarget, model, cfg: QdrantConfig | None = None,
-             references: ReferenceQueries | None = None, store: PointStore | None = None) -> QdrantIndex:
+             references: ReferenceQueries | None = None, stores: Stores | None = None) -> QdrantIndex:
         """Open an existing gallery; refuses one made for another model, profile, reference bank or schema,
         or not by prvr."""
         target = cls._target(spec)
-        store = store or target.connect((cfg or QdrantConfig()).timeout)
+        stores = stores or target.connect((cfg or QdrantConfig()).timeout)
         try:
-            meta = read_meta(store)
+            meta = read_meta(stores.videos)
             check_meta(target, meta, model_identity(model))
             if references is not None and meta.get("references") != bank_identity(references):
                 raise IndexMismatchError(f"{target.where} stores the scores of reference bank "
                                          f"{meta.get('references')}, not of the one in use; rebuild it")
         except BaseException:
-            store.close()  # the engine's directory stays locked while it is open
+            stores.close()  # the engine's directory stays locked while it is open
             raise
         cfg = dataclasses.replace(cfg or QdrantConfig(), mode=meta["mode"], frame_balls=meta["frame_balls"])
-        return cls(target, store, model, cfg, meta, references)
+        return cls(target, stores, model, cfg, meta, references)
 
     @classmethod
     def open_or_create(cls, spec: str | QdrantTarget, model, cfg: QdrantConfig | None = None,
                        references: ReferenceQueries | None = None) -> QdrantIndex:
         """Open the gallery, or create it when there is none."""
         target = cls._target(spec)
-        store = target.connect((cfg or QdrantConfig()).timeout)
-        if store.exists():
-            return cls.open(target, model, cfg, references, store)
-        return cls.create(target, model, cfg, references, store)
+        stores = target.connect((cfg or QdrantConfig()).timeout)
+        if stores.videos.exists():
+            return cls.open(target, model, cfg, references, stores)
+        return cls.create(target, model, cfg, references, stores)
 
     def close(self) -> None:
-        """Release the store (the engine's directory lock, a client)."""
-        self.store.close()
+        """Release the collections (the engine's directory lock, a client)."""
+        self.stores.close()
 
     def _load_catalog(self) -> tuple[Catalog, list[int]]:
-        """Every video's record and insertion number, read from the collection (no vectors, no arrays)."""
+        """Every video's record and insertion number, read from the videos' points (no vectors, no
+        arrays)."""
         with self._reading:
             found = [p for i, p in self.store.scroll([*RECORD, "seq"]) if i != META_ID]
         found.sort(key=lambda p: p["seq"])
@@ -257,8 +269,8 @@ class QdrantIndex(Gallery):
             self._upload(records, fixed, ragged)
 
     def points(self, records: list[dict], fixed: dict[str, np.ndarray], ragged: dict[str, list[np.ndarray]],
-               seq0: int) -> Iterator[PointData]:
-        """The points of these videos (insertion numbers from seq0), made 64 at a time (memory)."""
+               seq0: int) -> Iterator[tuple[PointData, list[PointData]]]:
+        """The points of these videos (insertion numbers from seq0) and of their arrays, made 64 at a time."""
         for a in range(0, len(records), 64):
             part = slice(a, a + 64)
             units, pnorm = fixed["units"][part], fixed["pnorm"][part]
@@ -273,7 +285,8 @@ class QdrantIndex(Gallery):
             for i in range(len(units)):
                 video = {**{k: fixed[k][a + i] for k in FIXED}, **{k: ragged[k][a + i] for k in RAGGED},
                          **{k: sketch[k][i] for k in SKETCH}}
-                yield point(records[a + i], seq0 + a + i, video, bounds[i], scenes[i])
+                seq = seq0 + a + i
+                yield video_point(records[a + i], seq, bounds[i], scenes[i]), array_points(seq, video)
 
     def _upload(self, records: list[dict], fixed: dict[str, np.ndarray],
                 ragged: dict[str, list[np.ndarray]]) -> None:
@@ -285,12 +298,13 @@ class QdrantIndex(Gallery):
         try:
             with self._reading:
                 if not self.store.exists():
+                    self.stores.arrays.create(ARRAYS_SPEC)
                     self.store.create(collection_spec(int(fixed["units"].shape[-1]), self.cfg.hnsw_m))
                     self.store.upsert([PointData(META_ID, {}, {META: self.meta})])
             part, size = [], 0
-            for p in self.points(records, fixed, ragged, seq0):
-                part.append(p)
-                size += payload_bytes(p)
+            for video, arrays in self.points(records, fixed, ragged, seq0):
+                part.append((video, arrays))
+                size += sum(payload_bytes(p) for p in (video, *arrays))
                 if size >= self.cfg.upsert_bytes:
                     self._write(part, written)
                     part, size = [], 0
@@ -298,21 +312,29 @@ class QdrantIndex(Gallery):
                 self._write(part, written)
             self._set_meta(next_seq=seq0 + len(records))
             with self._reading:
+                self.stores.arrays.settle()
                 self.store.settle()
         except BaseException:
             if written:
                 with self._reading:
-                    self.store.delete(written)
+                    self._delete(written)
             raise
         added = [{k: r[k] for k in RECORD} for r in records]
         self._catalog = Catalog.of(self._catalog.videos + added)
         self._seqs = self._seqs + list(range(seq0, seq0 + len(records)))
 
-    def _write(self, part: list[PointData], written: list[str]) -> None:
-        """Upsert one request's points, noting them as written."""
+    def _write(self, part: list[tuple[PointData, list[PointData]]], written: list[int]) -> None:
+        """Upsert one request's videos (their arrays first, so that a video point always has them), noting
+        them as written."""
         with self._reading:
-            self.store.upsert(part)
-        written.extend(p.id for p in part)
+            self.stores.arrays.upsert([a for _, arrays in part for a in arrays])
+            self.store.upsert([video for video, _ in part])
+        written.extend(video.id for video, _ in part)
+
+    def _delete(self, seqs: Sequence[int]) -> None:
+        """Delete videos' points and their arrays' points (under ``_reading``)."""
+        self.store.delete(list(seqs))
+        self.stores.arrays.delete([array_id(s, g) for s in seqs for g in GROUPS])
 
     def _set_meta(self, **change: object) -> None:
         """Update the gallery's metadata point."""
@@ -330,8 +352,10 @@ class QdrantIndex(Gallery):
             if unknown:
                 raise GalleryError(f"no video with id {unknown[:5]} in {self.target.where}")
             if ids:
+                seq = dict(zip((v["id"] for v in self._catalog.videos), self._seqs, strict=True))
                 with self._reading:
-                    self.store.delete([point_id(i) for i in ids])
+                    self._delete([seq[i] for i in ids])
+                    self.stores.arrays.settle()
                     self.store.settle()
             gone = set(ids)
             keep = [i for i, v in enumerate(self._catalog.videos) if v["id"] not in gone]
@@ -339,89 +363,83 @@ class QdrantIndex(Gallery):
             self._seqs = [self._seqs[i] for i in keep]
 
     # ------------------------------------------------------------------ ranking
-    def _fetch(self, ids: list[str], names: Sequence[str]) -> list[dict]:
-        """Records and these arrays of points by id, in the order asked."""
-        fields = [*RECORD, "seq", *(f"arr_{n}" for n in names)]
+    def _fetch(self, seqs: Sequence[int], group: str) -> dict[int, dict[str, np.ndarray]]:
+        """One group of arrays (``qdrant_store.GROUPS``) of videos by insertion number."""
+        names = GROUPS[group]
         with self._reading:
-            got = self.store.retrieve(ids, fields)
-        return [{"record": {k: got[i][k] for k in RECORD}, "seq": int(got[i]["seq"]),
-                 "arrays": unpack(got[i], names)} for i in ids]
+            got = self.stores.arrays.retrieve([array_id(s, group) for s in seqs], [ARRAY + n for n in names])
+        return {int(s): unpack(got[array_id(s, group)], names) for s in seqs}
 
-    def _pages(self, unit: np.ndarray, k: int, w: Weights, approximate: bool,
-               ids: dict[int, str]) -> Iterator[Page]:
-        """The candidates of a rank, by the engine (see the module docstring); notes each seq's point id."""
+    def _pages(self, unit: np.ndarray, k: int, w: Weights, approximate: bool) -> Iterator[Page]:
+        """The candidates of a rank, by the engine (see the module docstring)."""
         frame = w.frame > 0 and not self._csa
         rows, extra = bound_query(unit, w, frame), (0.0 if frame else w.frame)
         eps = engine_eps(w)
 
         def page(hits: list, rest: float) -> Page:
-            for h in hits:
-                ids[int(h.payload["seq"])] = h.id
-            seqs = np.array([int(h.payload["seq"]) for h in hits], dtype=np.int64)
-            return Page(seqs, np.array([h.score for h in hits]) + extra + eps, rest)
+            return Page(np.array([h.id for h in hits], dtype=np.int64),
+                        np.array([h.score for h in hits]) + extra + eps, rest)
 
         if approximate:
             with self._reading:
                 near = self.store.query(SCENES, [unit.tolist()], self.cfg.candidate_videos, exact=False,
                                         hnsw_ef=max(self.cfg.hnsw_ef, self.cfg.candidate_videos))
-                hits = self.store.query(BOUNDS, rows, len(near), ids=[h.id for h in near],
-                                        fields=["seq"]) if near else []
+                hits = self.store.query(BOUNDS, rows, len(near), ids=[h.id for h in near]) if near else []
             yield page(hits, -np.inf)
             return
         # each page asks for the best ``limit`` again, not for the next ones (an offset): the engine may order
         # equal scores differently in two scans, and a point tied at a page's edge would be skipped
+        seen: set[int] = set()
         limit = max(FIRST_CHUNK, 2 * k, self.cfg.first_page)
         while True:
             with self._reading:
-                hits = self.store.query(BOUNDS, rows, limit, fields=["seq"])
+                hits = self.store.query(BOUNDS, rows, limit)
             full = len(hits) == limit
-            new = [h for h in hits if int(h.payload["seq"]) not in ids]
-            yield page(new, hits[-1].score + extra + eps if full else -np.inf)
+            rest = hits[-1].score + extra + eps if full else -np.inf
+            yield page([h for h in hits if h.id not in seen], rest)
+            seen.update(h.id for h in hits)
             if not full:
                 return
             limit *= 2
 
     def _top(self, q: np.ndarray | EncodedQueries, k: int, w: Weights,
              approximate: bool) -> tuple[list[VideoEvidence], int, int]:
-        """The k best videos' evidence (``rank.top_k`` over the engine's pages), how many were scored
-        exactly, how many live."""
+        """The k best videos' evidence (``rank.top_k`` over the engine's pages, refined by the videos'
+        sketches), how many were scored exactly, how many live."""
         live = len(self)
         if not live:
             return [], 0, 0
         v = query_vector(q)
         bq = BoundQuery.of(v)
         unit = (v / max(float(np.linalg.norm(v.astype(np.float64))), 1e-12)).astype(np.float32)
-        ids: dict[int, str] = {}
-        names = [n for n in EXACT if n != "frames" or self._csa]
-        fetched: dict[int, dict] = {}  # the exact-score arrays of the videos scored
-        sketched: dict[int, dict] = {}  # the sketch of the videos refined
+        record = dict(zip(self._seqs, self._catalog.videos, strict=True))
         compact = self.cfg.mode == "compact"
+        cache: dict[str, dict[int, dict[str, np.ndarray]]] = {g: {} for g in GROUPS}  # fetched once a query
 
-        def points(seqs: np.ndarray, cache: dict[int, dict], arrays: Sequence[str]) -> Fetched:
-            """The points of these seqs with these arrays (fetched once per query)."""
-            missing = [int(s) for s in seqs if int(s) not in cache]
-            for p in self._fetch([ids[s] for s in missing], arrays) if missing else []:
-                cache[p["seq"]] = p
-            found = [cache[int(s)] for s in seqs]
-            return Fetched([p["record"] for p in found], [p["arrays"] for p in found], self.table, compact)
+        def arrays(seqs: np.ndarray, *groups: str) -> Fetched:
+            """These videos with these groups of arrays."""
+            for g in groups:
+                missing = [int(s) for s in seqs if int(s) not in cache[g]]
+                if missing:
+                    cache[g].update(self._fetch(missing, g))
+            return Fetched([record[int(s)] for s in seqs],
+                           [{n: a for g in groups for n, a in cache[g][int(s)].items()} for s in seqs],
+                           self.table, compact)
 
         def refine(seqs: np.ndarray, tau: float) -> np.ndarray:
-            return refined_bounds(self.model, points(seqs, sketched, (*SKETCH, "pidx")), np.arange(len(seqs)),
-                                  bq, w, tau, torch.get_num_threads())
+            return refined_bounds(self.model, arrays(seqs, "sketch"), np.arange(len(seqs)), bq, w, tau,
+                                  torch.get_num_threads())
 
         def score(seqs: np.ndarray) -> np.ndarray:
-            return exact_of(self.model, points(seqs, fetched, names), np.arange(len(seqs)), q, w, bq).total
+            groups = ("exact", "evidence") if self._csa else ("exact",)  # (CSA scores frames)
+            return exact_of(self.model, arrays(seqs, *groups), np.arange(len(seqs)), q, w, bq).total
 
-        seqs, _, n = top_k(self._pages(unit, k, w, approximate, ids), k, score, refine,
+        seqs, _, n = top_k(self._pages(unit, k, w, approximate), k, score, refine,
                            BOUND_EPS * (1 + w.clip + w.frame), shortlist=4 * max(FIRST_CHUNK, 2 * k))
         if not len(seqs):
             return [], n, live
-        rest = [p for p in EVIDENCE if p not in names]
-        extra = {p["seq"]: p["arrays"] for p in self._fetch([ids[int(s)] for s in seqs], rest)}
-        found = [fetched[int(s)] for s in seqs]
-        reader = Fetched([p["record"] for p in found], [{**p["arrays"], **extra[p["seq"]]} for p in found],
-                         self.table, compact)
-        return list(evidence_of(self.model, reader, np.arange(len(found)), q, w)), n, live
+        hits = arrays(seqs, "exact", "evidence")
+        return list(evidence_of(self.model, hits, np.arange(len(seqs)), q, w)), n, live
 
 
 def read_meta(store: PointStore) -> dict:

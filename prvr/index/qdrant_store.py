@@ -1,15 +1,18 @@
 """Where a Qdrant gallery lives and how its points are laid out: the URL, the layout (declared once), and the
-two stores that hold it: the Qdrant engine in-process (``qdrant-edge-py``) and a Qdrant server
+two stores that hold it: the Qdrant engine in this process (``qdrant-edge-py``) and a Qdrant server
 (``qdrant-client``).
 
 ```python
 target = QdrantTarget.parse("qdrant://localhost:6333/prvr")   # a server (qdrants:// for https)
 target = QdrantTarget.parse("qdrant+local://runs/qdrant")     # the engine in this process, in a directory
-store = target.connect(timeout=5.0)                           # QdrantConnectionError names URL and cause
+stores = target.connect(timeout=5.0)                          # QdrantConnectionError names URL and cause
 ```
 
-The layout (``collection_spec``, ``point``), the same on both: a video is one point, id uuid5 of its video
-id, with two named multivectors, neither in full precision:
+The layout, the same on both (``collection_spec``, ``video_point``, ``array_points``), in two collections:
+
+``NAME`` (the engine: ``DIR/shard``): a point per video, its id the video's insertion number ``seq`` (which
+breaks equal totals, as the built-in index's position does), its payload the record (``schema.RECORD``) and
+``seq``, and two named multivectors, neither in full precision:
 
 - ``bounds`` (float16, DOT + MAX_SIM, no HNSW graph: read by exhaustive scans): ``WINDOW_BALLS`` rows
   [c, r, 1, 0] of balls covering the directions of the video's proposals and ``frame_balls`` rows
@@ -20,15 +23,16 @@ id, with two named multivectors, neither in full precision:
   measured from the float16 centres, and ``engine_eps`` covers the float16 query and the sums' rounding;
 - ``scenes`` (float16, DOT + MAX_SIM, HNSW with int8 scalar quantization kept in RAM): ``SCENES`` unit
   centres of the directions of the video's clip units (``approximate.scene_centres``): what approximate
-  search asks the graph for;
+  search asks the graph for.
 
-and a payload of its record (``schema.RECORD``), ``seq`` (insertion order: the built-in index's position,
-which breaks equal totals) and each per-video array of ``schema.ENCODED`` and of the sketch (``SKETCH``: the
-full 8-bit codes, window factors and frame balls) under ``arr_<name>`` as ``{"dtype", "shape", "b64"}`` (raw
-little-endian bytes, base64): a query fetches the sketch of the candidates its bounds leave, the exact-score
-arrays of those the sketch leaves, and the rest for the k it returns. One more point, with no vectors, holds
-the gallery's metadata (``META_ID``). The collection is made with the first videos (its vector width is
-theirs).
+One more point of ``NAME``, with no vectors, holds the gallery's metadata (``META_ID``).
+
+``NAME-arrays`` (the engine: ``DIR/arrays``): the per-video arrays, no vectors, three points per video by
+what reads them (``GROUPS``; id ``3 seq + group``): the sketch (the full 8-bit codes, window factors and
+frame balls: what ``refine`` reads of a candidate), the exact-score arrays (of a candidate the sketch leaves)
+and the evidence arrays (of a hit), each array under ``arr_<name>`` as ``{"dtype", "shape", "b64"}`` (raw
+little-endian bytes, base64). A query reads of each video only what its step needs, and listing the gallery
+reads no array at all. The collections are made with the first videos (their vector width is theirs).
 """
 
 from __future__ import annotations
@@ -40,7 +44,6 @@ import os
 import re
 import shutil
 import tempfile
-import uuid
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -62,19 +65,14 @@ LOCAL = "qdrant+local://"
 DEFAULT_PORT = 6333
 DEFAULT_COLLECTION = "prvr"  # the collection of an embedded store (a directory holds one gallery)
 _NAME = re.compile(r"^[A-Za-z0-9_-]{1,255}$")
-_ID_SPACE = uuid.UUID("6f1d0c1e-5b3a-4f7e-9d1c-2a8e4b7c9f30")  # video id -> point id (uuid5 in this space)
-META_ID = str(uuid.uuid5(_ID_SPACE, "\0prvr gallery metadata"))  # no video id is this (ids are printable)
+META_ID = 2**53 - 1  # the metadata point's id (no seq reaches it; ids stay exact in JSON numbers)
+ARRAYS_SUFFIX = "-arrays"  # the arrays' collection is NAME-arrays (the engine: DIR/arrays)
 
 T = TypeVar("T")
 
 
 class QdrantConnectionError(IndexStoreError):
     """Qdrant could not be reached or refused a request; the message names the URL and the cause."""
-
-
-def point_id(video_id: str) -> str:
-    """The point id of a video id (Qdrant ids are integers or UUIDs)."""
-    return str(uuid.uuid5(_ID_SPACE, video_id))
 
 
 # ---------------------------------------------------------------------------------------------- the layout
@@ -86,6 +84,9 @@ def collection_spec(width: int, hnsw_m: int = 16, ef_construct: int = 100) -> di
             SCENES: {"size": width, "datatype": "float16", "distance": "dot", "multivector": "max_sim",
                      "hnsw_m": hnsw_m, "quantization": "int8"},
             "hnsw": {"m": hnsw_m, "ef_construct": ef_construct, "full_scan_threshold": 10000}}
+
+
+ARRAYS_SPEC = {"hnsw": {"m": 0, "ef_construct": 100, "full_scan_threshold": 10000}}  # payload only
 
 
 def _f16_up(x: np.ndarray) -> np.ndarray:
@@ -157,8 +158,10 @@ def engine_eps(weights: tuple[float, float]) -> float:
     return 2.0**-11 * np.sqrt(2.0) * 4.0 * (weights[0] + weights[1]) * 1.01 + 1e-6
 
 
-SKETCH = (*CLIP, "pinv", "pinv_scale", *BALLS)  # the sketch a point's payload holds (what ``refine`` reads)
-STORED = (*ENCODED, *SKETCH)  # every array of a point's payload
+SKETCH = (*CLIP, "pinv", "pinv_scale", *BALLS)  # the sketch of a video (what ``refine`` reads)
+GROUPS = {"sketch": (*SKETCH, "pidx"),  # the arrays' points of a video, by what reads them (id 3 seq + group)
+          "exact": ("units", "pnorm", "pidx", "zbasis", "zcoef"),
+          "evidence": tuple(n for n in ENCODED if n not in ("units", "pnorm", "pidx", "zbasis", "zcoef"))}
 
 
 def pack(arrays: Mapping[str, np.ndarray]) -> dict[str, dict]:
@@ -187,24 +190,33 @@ def unpack(payload: Mapping[str, Mapping], names: Sequence[str] = ENCODED) -> di
 class PointData(NamedTuple):
     """One point as both stores write it."""
 
-    id: str
+    id: int
     vectors: dict[str, list[list[float]]]
     payload: dict
 
 
-def point(record: Mapping, seq: int, arrays: Mapping[str, np.ndarray], bounds: np.ndarray,
-          scenes: np.ndarray) -> PointData:
-    """The point of one video (see the module docstring)."""
+def video_point(record: Mapping, seq: int, bounds: np.ndarray, scenes: np.ndarray) -> PointData:
+    """The point of one video in ``NAME`` (see the module docstring)."""
     vectors = {BOUNDS: np.asarray(bounds, np.float32).tolist(),
                SCENES: np.asarray(scenes, np.float32).tolist()}
-    return PointData(point_id(record["id"]), vectors,
-                     {**{k: record[k] for k in RECORD}, "seq": int(seq), **pack(arrays)})
+    return PointData(int(seq), vectors, {**{k: record[k] for k in RECORD}, "seq": int(seq)})
+
+
+def array_id(seq: int, group: str) -> int:
+    """The id of a video's point of one group of arrays in ``NAME-arrays``."""
+    return 3 * int(seq) + list(GROUPS).index(group)
+
+
+def array_points(seq: int, arrays: Mapping[str, np.ndarray]) -> list[PointData]:
+    """The points of one video's arrays in ``NAME-arrays``, one per group."""
+    return [PointData(array_id(seq, g), {}, pack({n: arrays[n] for n in names}))
+            for g, names in GROUPS.items()]
 
 
 def payload_bytes(p: PointData) -> int:
     """About how many bytes a point's request carries (its payload's base64 and its vectors as floats)."""
     arrays = sum(len(v["b64"]) for k, v in p.payload.items() if k.startswith(ARRAY))
-    return arrays + 12 * sum(len(r) * len(r[0]) for r in p.vectors.values() if r)
+    return arrays + 12 * sum(len(r) * len(r[0]) for r in p.vectors.values() if r) + 200
 
 
 # ------------------------------------------------------------------------------------------------ targets
@@ -244,13 +256,16 @@ class QdrantTarget:
         """The store in words, for messages: the server URL with the collection, or the directory."""
         return f"{self.url}/collections/{self.collection}" if self.url else f"qdrant+local://{self.path}"
 
-    def connect(self, timeout: float) -> PointStore:
-        """The store of this target: the engine over the directory (locked for this process), or a client of
-        the server, asked for its collections once so that an unreachable one fails here (within
+    def connect(self, timeout: float) -> Stores:
+        """The stores of this target: the engine's two shards in the directory (locked for this process), or
+        a client of the server, asked for its collections once so that an unreachable one fails here (within
         ``timeout`` seconds) with its URL and the cause."""
         if self.path is not None:
-            return EdgeStore(self)
-        return ClientStore(self, timeout)
+            directory = EdgeDirectory(self)
+            return Stores(EdgeStore(directory, "shard"), EdgeStore(directory, "arrays"), directory.close)
+        client = connect_client(self, timeout)
+        return Stores(ClientStore(self, client, self.collection),
+                      ClientStore(self, client, self.collection + ARRAYS_SUFFIX), client.close)
 
 
 def guarded(target: QdrantTarget, what: str, call: Callable[..., T], *args: object, **kw: object) -> T:
@@ -268,13 +283,13 @@ def guarded(target: QdrantTarget, what: str, call: Callable[..., T], *args: obje
 class Hit(NamedTuple):
     """A point a query found: its id, its score and the payload fields asked for."""
 
-    id: str
+    id: int
     score: float
     payload: dict
 
 
 class PointStore(Protocol):
-    """What ``QdrantIndex`` asks of where its points live; ``EdgeStore`` and ``ClientStore`` answer alike."""
+    """What ``QdrantIndex`` asks of a collection; ``EdgeStore`` and ``ClientStore`` answer alike."""
 
     target: QdrantTarget
 
@@ -287,22 +302,21 @@ class PointStore(Protocol):
     def upsert(self, points: Sequence[PointData]) -> None:
         """Write points (waits until applied)."""
 
-    def set_payload(self, point: str, payload: dict) -> None:
+    def set_payload(self, point: int, payload: dict) -> None:
         """Set payload fields of one point (waits until applied)."""
 
-    def delete(self, ids: Sequence[str]) -> None:
+    def delete(self, ids: Sequence[int]) -> None:
         """Delete points (waits until applied)."""
 
-    def query(self, using: str, rows: list[list[float]], limit: int, offset: int = 0, exact: bool = True,
-              hnsw_ef: int | None = None, ids: Sequence[str] | None = None,
-              fields: Sequence[str] = ()) -> list[Hit]:
-        """The best points by MAX_SIM of ``rows`` over the named multivector (exhaustive, or the HNSW graph),
-        among ``ids`` if given, with these payload fields."""
+    def query(self, using: str, rows: list[list[float]], limit: int, exact: bool = True,
+              hnsw_ef: int | None = None, ids: Sequence[int] | None = None) -> list[Hit]:
+        """The best points (ids and scores) by MAX_SIM of ``rows`` over the named multivector (exhaustive, or
+        the HNSW graph), among ``ids`` if given."""
 
-    def retrieve(self, ids: Sequence[str], fields: Sequence[str] | None) -> dict[str, dict]:
+    def retrieve(self, ids: Sequence[int], fields: Sequence[str] | None) -> dict[int, dict]:
         """Payloads (these fields; None: all) of points by id."""
 
-    def scroll(self, fields: Sequence[str], page: int = 1024) -> Iterator[tuple[str, dict]]:
+    def scroll(self, fields: Sequence[str], page: int = 1024) -> Iterator[tuple[int, dict]]:
         """Every point's id and payload fields, in pages."""
 
     def count(self) -> int:
@@ -312,7 +326,21 @@ class PointStore(Protocol):
         """After a write: durable, segments merged, graph built."""
 
     def close(self) -> None:
-        """Release the store (the engine's directory, a client)."""
+        """Release the collection (the engine's shard; a client is released by ``Stores.close``)."""
+
+
+class Stores(NamedTuple):
+    """A gallery's two collections (``NAME``, ``NAME-arrays``) and what releases them both."""
+
+    videos: PointStore
+    arrays: PointStore
+    release: Callable[[], None]
+
+    def close(self) -> None:
+        """Release both collections, then the engine's directory or the client."""
+        self.videos.close()
+        self.arrays.close()
+        self.release()
 
 
 def _spec_vectors(spec: dict) -> dict:
@@ -320,9 +348,9 @@ def _spec_vectors(spec: dict) -> dict:
     return {k: v for k, v in spec.items() if k != "hnsw"}
 
 
-class EdgeStore:
-    """The Qdrant engine in this process (``qdrant_edge.EdgeShard``) over a directory: ``DIR/shard`` holds
-    the shard; ``DIR/lock`` is held (flock) while it is open, so that one process at a time uses it."""
+class EdgeDirectory:
+    """A directory of the engine's shards, held by this process: ``DIR/lock`` is flocked while it is open,
+    so that one process at a time uses it (":memory:": a temporary directory, removed on close)."""
 
     def __init__(self, target: QdrantTarget) -> None:
         self.target = target
@@ -330,7 +358,7 @@ class EdgeStore:
         self.root = Path(tempfile.mkdtemp(prefix="qdrant-edge-")) if self._temp else Path(target.path)
         try:
             self.root.mkdir(parents=True, exist_ok=True)
-            self._lock = os.open(self.root / "lock", os.O_RDWR | os.O_CREAT, 0o644)
+            self._lock: int | None = os.open(self.root / "lock", os.O_RDWR | os.O_CREAT, 0o644)
         except OSError as err:
             raise QdrantConnectionError(f"cannot open the embedded Qdrant store {target.where}: "
                                         f"{err}") from None
@@ -340,17 +368,32 @@ class EdgeStore:
             os.close(self._lock)
             raise QdrantConnectionError(f"cannot open the embedded Qdrant store {target.where}: another "
                                         "process has it open (one process at a time)") from None
-        self.shard = None
         if (self.root / "meta.json").is_file() or (self.root / "collection").is_dir():  # qdrant-client's
             self.close()
             raise IndexStoreError(f"{target.where} holds a gallery of an older release (qdrant-client's "
                                   f"embedded store, schema 5 or older); this release runs the Qdrant engine "
                                   f"itself and reads schema {SCHEMA_VERSION}: rebuild the index (in another "
                                   "directory, or delete this one)")
-        if (self.root / "shard").is_dir() and any((self.root / "shard").iterdir()):
+
+    def close(self) -> None:
+        """Release the directory (its shards closed first, by ``Stores.close``)."""
+        if self._lock is not None:
+            os.close(self._lock)  # releases the flock
+            self._lock = None
+        if self._temp:
+            shutil.rmtree(self.root, ignore_errors=True)
+
+
+class EdgeStore:
+    """A shard of the Qdrant engine in this process (``qdrant_edge.EdgeShard``) in ``DIR/<name>``."""
+
+    def __init__(self, directory: EdgeDirectory, name: str) -> None:
+        self.target, self.path = directory.target, directory.root / name
+        self.shard = None
+        if self.path.is_dir() and any(self.path.iterdir()):
             import qdrant_edge
 
-            self.shard = self._call("open the shard", qdrant_edge.EdgeShard.load, str(self.root / "shard"))
+            self.shard = self._call("open the shard", qdrant_edge.EdgeShard.load, str(self.path))
 
     def _call(self, what: str, call: Callable[..., T], *args: object, **kw: object) -> T:
         return guarded(self.target, what, call, *args, **kw)
@@ -359,8 +402,10 @@ class EdgeStore:
         return self.shard is not None
 
     def create(self, spec: dict) -> None:
-        self.shard = self._call("create the shard", __import__("qdrant_edge").EdgeShard.create,
-                                str(self.root / "shard"), edge_config(spec))
+        import qdrant_edge
+
+        self.shard = self._call("create the shard", qdrant_edge.EdgeShard.create, str(self.path),
+                                edge_config(spec))
 
     def upsert(self, points: Sequence[PointData]) -> None:
         import qdrant_edge as qe
@@ -368,37 +413,33 @@ class EdgeStore:
         ops = qe.UpdateOperation.upsert_points([qe.Point(p.id, p.vectors, p.payload) for p in points])
         self._call("upsert videos", self.shard.update, ops)
 
-    def set_payload(self, point: str, payload: dict) -> None:
+    def set_payload(self, point: int, payload: dict) -> None:
         import qdrant_edge as qe
 
         self._call("update the metadata", self.shard.update, qe.UpdateOperation.set_payload([point], payload))
 
-    def delete(self, ids: Sequence[str]) -> None:
+    def delete(self, ids: Sequence[int]) -> None:
         import qdrant_edge as qe
 
         self._call("delete videos", self.shard.update, qe.UpdateOperation.delete_points(list(ids)))
 
-    def query(self, using: str, rows: list[list[float]], limit: int, offset: int = 0, exact: bool = True,
-              hnsw_ef: int | None = None, ids: Sequence[str] | None = None,
-              fields: Sequence[str] = ()) -> list[Hit]:
+    def query(self, using: str, rows: list[list[float]], limit: int, exact: bool = True,
+              hnsw_ef: int | None = None, ids: Sequence[int] | None = None) -> list[Hit]:
         import qdrant_edge as qe
 
         flt = qe.Filter(must=[qe.HasIdCondition(set(ids))]) if ids is not None else None
-        payload = qe.PayloadSelector.Include(list(fields)) if fields else False
-        request = qe.QueryRequest(limit=limit, offset=offset or None,
-                                  query=qe.Query.Nearest(rows, using=using), filter=flt, with_payload=payload,
-                                  params=qe.SearchParams(hnsw_ef=hnsw_ef, exact=exact))
-        found = self._call("search", self.shard.query, request)
-        return [Hit(str(p.id), float(p.score), dict(p.payload or {})) for p in found]
+        request = qe.QueryRequest(limit=limit, query=qe.Query.Nearest(rows, using=using), filter=flt,
+                                  with_payload=False, params=qe.SearchParams(hnsw_ef=hnsw_ef, exact=exact))
+        return [Hit(int(p.id), float(p.score), {}) for p in self._call("search", self.shard.query, request)]
 
-    def retrieve(self, ids: Sequence[str], fields: Sequence[str] | None) -> dict[str, dict]:
+    def retrieve(self, ids: Sequence[int], fields: Sequence[str] | None) -> dict[int, dict]:
         import qdrant_edge as qe
 
         selector = True if fields is None else qe.PayloadSelector.Include(list(fields))
         got = self._call("read videos", self.shard.retrieve, list(ids), selector, False)
-        return {str(r.id): dict(r.payload or {}) for r in got}
+        return {int(r.id): dict(r.payload or {}) for r in got}
 
-    def scroll(self, fields: Sequence[str], page: int = 1024) -> Iterator[tuple[str, dict]]:
+    def scroll(self, fields: Sequence[str], page: int = 1024) -> Iterator[tuple[int, dict]]:
         import qdrant_edge as qe
 
         offset = None
@@ -406,7 +447,7 @@ class EdgeStore:
             payload = qe.PayloadSelector.Include(list(fields))
             request = qe.ScrollRequest(offset=offset, limit=page, with_payload=payload, with_vector=False)
             records, offset = self._call("list the videos", self.shard.scroll, request)
-            yield from ((str(r.id), dict(r.payload or {})) for r in records)
+            yield from ((int(r.id), dict(r.payload or {})) for r in records)
             if offset is None:
                 break
 
@@ -426,7 +467,7 @@ class EdgeStore:
 
     def disk_bytes(self) -> int:
         """Bytes of every file of the shard."""
-        return sum(f.stat().st_size for f in (self.root / "shard").rglob("*") if f.is_file())
+        return sum(f.stat().st_size for f in self.path.rglob("*") if f.is_file())
 
     def close(self) -> None:
         if self.shard is not None:
@@ -434,11 +475,6 @@ class EdgeStore:
                 self.shard.flush()
             self.shard.close()
             self.shard = None
-        if self._lock is not None:
-            os.close(self._lock)  # releases the flock
-            self._lock = None
-        if self._temp:
-            shutil.rmtree(self.root, ignore_errors=True)
 
 
 def edge_config(spec: dict):
@@ -458,6 +494,8 @@ def edge_config(spec: dict):
                                            full_scan_threshold=hnsw["full_scan_threshold"]))
     # no write-ahead log: an add flushes when done (``EdgeStore.settle``), and the log would hold a second
     # copy of every payload until then
+    if not vectors:  # a payload-only collection: the engine wants a vector, which no point has
+        vectors = {"none": qe.EdgeVectorParams(size=1, distance=qe.Distance.Dot)}
     return qe.EdgeConfig(vectors=vectors, hnsw_config=qe.HnswIndexConfig(
         m=hnsw["m"], ef_construct=hnsw["ef_construct"], full_scan_threshold=hnsw["full_scan_threshold"]),
         wal_enabled=False)
@@ -481,17 +519,20 @@ def client_vectors(spec: dict) -> dict:
     return vectors
 
 
+def connect_client(target: QdrantTarget, timeout: float):  # a QdrantClient
+    """A client of the server, asked for its collections once (an unreachable one fails here)."""
+    from qdrant_client import QdrantClient
+
+    client = QdrantClient(url=target.url, timeout=max(1, int(timeout)), check_compatibility=False)
+    guarded(target, "list the collections", client.get_collections)
+    return client
+
+
 class ClientStore:
     """A collection on a Qdrant server, through qdrant-client (the layout and requests of ``EdgeStore``)."""
 
-    def __init__(self, target: QdrantTarget, timeout: float, client=None) -> None:
-        self.target, self.name = target, target.collection
-        if client is None:
-            from qdrant_client import QdrantClient
-
-            client = QdrantClient(url=target.url, timeout=max(1, int(timeout)), check_compatibility=False)
-            guarded(target, "list the collections", client.get_collections)
-        self.client = client
+    def __init__(self, target: QdrantTarget, client, name: str) -> None:
+        self.target, self.client, self.name = target, client, name
 
     def _call(self, what: str, method: str, *args: object, **kw: object):
         return guarded(self.target, what, getattr(self.client, method), self.name, *args, **kw)
@@ -508,38 +549,36 @@ class ClientStore:
         structs = [models.PointStruct(id=p.id, vector=p.vectors, payload=p.payload) for p in points]
         self._call("upsert videos", "upsert", points=structs, wait=True)
 
-    def set_payload(self, point: str, payload: dict) -> None:
+    def set_payload(self, point: int, payload: dict) -> None:
         self._call("update the metadata", "set_payload", payload=payload, points=[point], wait=True)
 
-    def delete(self, ids: Sequence[str]) -> None:
+    def delete(self, ids: Sequence[int]) -> None:
         from qdrant_client import models
 
         selector = models.PointIdsList(points=list(ids))
         self._call("delete videos", "delete", points_selector=selector, wait=True)
 
-    def query(self, using: str, rows: list[list[float]], limit: int, offset: int = 0, exact: bool = True,
-              hnsw_ef: int | None = None, ids: Sequence[str] | None = None,
-              fields: Sequence[str] = ()) -> list[Hit]:
+    def query(self, using: str, rows: list[list[float]], limit: int, exact: bool = True,
+              hnsw_ef: int | None = None, ids: Sequence[int] | None = None) -> list[Hit]:
         from qdrant_client import models
 
         flt = models.Filter(must=[models.HasIdCondition(has_id=list(ids))]) if ids is not None else None
         params = models.SearchParams(exact=exact, hnsw_ef=hnsw_ef)
-        found = self._call("search", "query_points", query=rows, using=using, limit=limit,
-                           offset=offset or None, query_filter=flt, search_params=params,
-                           with_payload=list(fields) if fields else False, with_vectors=False).points
-        return [Hit(str(p.id), float(p.score), dict(p.payload or {})) for p in found]
+        found = self._call("search", "query_points", query=rows, using=using, limit=limit, query_filter=flt,
+                           search_params=params, with_payload=False, with_vectors=False).points
+        return [Hit(int(p.id), float(p.score), {}) for p in found]
 
-    def retrieve(self, ids: Sequence[str], fields: Sequence[str] | None) -> dict[str, dict]:
+    def retrieve(self, ids: Sequence[int], fields: Sequence[str] | None) -> dict[int, dict]:
         got = self._call("read videos", "retrieve", ids=list(ids),
                          with_payload=True if fields is None else list(fields), with_vectors=False)
-        return {str(p.id): dict(p.payload or {}) for p in got}
+        return {int(p.id): dict(p.payload or {}) for p in got}
 
-    def scroll(self, fields: Sequence[str], page: int = 1024) -> Iterator[tuple[str, dict]]:
+    def scroll(self, fields: Sequence[str], page: int = 1024) -> Iterator[tuple[int, dict]]:
         offset = None
         while self.exists():
             points, offset = self._call("list the videos", "scroll", limit=page, offset=offset,
                                         with_payload=list(fields), with_vectors=False)
-            yield from ((str(p.id), dict(p.payload or {})) for p in points)
+            yield from ((int(p.id), dict(p.payload or {})) for p in points)
             if offset is None:
                 break
 
@@ -550,4 +589,4 @@ class ClientStore:
         """A server makes its writes durable (``wait=True``) and optimizes its segments itself."""
 
     def close(self) -> None:
-        self.client.close()
+        """The client is released by ``Stores.close``."""
