@@ -309,8 +309,10 @@ def test_the_layout_is_declared_once_for_the_engine_and_a_server() -> None:
                                                                                                       "p.mp4")
     groups = array_points(5, arrays)
     assert [p.id for p in groups] == [15, 16, 17]  # 3 seq + group
-    keys = [k for p in groups for k in p.payload]  # every array once, pidx in the sketch and the exact group
-    assert sorted(keys) == sorted(f"arr_{n}" for n in (*ENCODED, *SKETCH, "pidx"))
+    names = [n for p in groups for n, _, _ in p.payload["layout"]]  # all, pidx in the sketch and the exact
+    assert sorted(names) == sorted((*ENCODED, *SKETCH, "pidx"))
+    assert {n: a.tolist() for p in groups for n, a in unpack(p.payload).items()} == {
+        n: np.asarray(a).tolist() for n, a in arrays.items()}
 
 
 @pytest.mark.filterwarnings("ignore:Local mode performs exact")

@@ -25,8 +25,8 @@ import numpy as np
 
 from prvr.index import store
 from prvr.index.qdrant import QdrantConfig, QdrantIndex, read_meta
-from prvr.index.qdrant_store import ARRAY, GROUPS, META_ID, QdrantTarget, array_id, unpack
-from prvr.index.schema import ENCODED, FIXED, RAGGED, RECORD
+from prvr.index.qdrant_store import ARRAYS, META_ID, QdrantTarget, array_id, unpack
+from prvr.index.schema import FIXED, RAGGED, RECORD
 from prvr.index.snapshot import Snapshot
 from prvr.models.preprocess import window_table
 
@@ -67,11 +67,10 @@ def _qdrant(target: QdrantTarget, batch: int) -> tuple[dict, int, Iterator[Batch
             part = records[a:a + batch]
             arrays = [{} for _ in part]
             for group in ("exact", "evidence"):
-                names = [n for n in GROUPS[group] if n in ENCODED]
                 ids = [array_id(p["seq"], group) for p in part]
-                got = source.arrays.retrieve(ids, [ARRAY + n for n in names])
+                got = source.arrays.retrieve(ids, list(ARRAYS))
                 for x, i in zip(arrays, ids, strict=True):
-                    x.update(unpack(got[i], names))
+                    x.update(unpack(got[i]))
             yield ([{k: p[k] for k in RECORD} for p in part],
                    {k: np.stack([x[k] for x in arrays]) for k in FIXED},
                    {k: [x[k] for x in arrays] for k in RAGGED})

@@ -50,7 +50,7 @@ from prvr.index.ingest import (
     encode_for_index,
 )
 from prvr.index.qdrant_store import (
-    ARRAY,
+    ARRAYS,
     ARRAYS_SPEC,
     BOUNDS,
     GROUPS,
@@ -365,10 +365,9 @@ class QdrantIndex(Gallery):
     # ------------------------------------------------------------------ ranking
     def _fetch(self, seqs: Sequence[int], group: str) -> dict[int, dict[str, np.ndarray]]:
         """One group of arrays (``qdrant_store.GROUPS``) of videos by insertion number."""
-        names = GROUPS[group]
         with self._reading:
-            got = self.stores.arrays.retrieve([array_id(s, group) for s in seqs], [ARRAY + n for n in names])
-        return {int(s): unpack(got[array_id(s, group)], names) for s in seqs}
+            got = self.stores.arrays.retrieve([array_id(s, group) for s in seqs], list(ARRAYS))
+        return {int(s): unpack(got[array_id(s, group)]) for s in seqs}
 
     def _pages(self, unit: np.ndarray, k: int, w: Weights, approximate: bool) -> Iterator[Page]:
         """The candidates of a rank, by the engine (see the module docstring)."""

@@ -30,9 +30,10 @@ One more point of ``NAME``, with no vectors, holds the gallery's metadata (``MET
 ``NAME-arrays`` (the engine: ``DIR/arrays``): the per-video arrays, no vectors, three points per video by
 what reads them (``GROUPS``; id ``3 seq + group``): the sketch (the full 8-bit codes, window factors and
 frame balls: what ``refine`` reads of a candidate), the exact-score arrays (of a candidate the sketch leaves)
-and the evidence arrays (of a hit), each array under ``arr_<name>`` as ``{"dtype", "shape", "b64"}`` (raw
-little-endian bytes, base64). A query reads of each video only what its step needs, and listing the gallery
-reads no array at all. The collections are made with the first videos (their vector width is theirs).
+and the evidence arrays (of a hit), as one string: the arrays' raw little-endian bytes one after another,
+base64 (``data``), with each one's name, dtype and shape (``layout``). A query reads of each video only what
+its step needs, and listing the gallery reads no array at all. The collections are made with the first videos
+(their vector width is theirs).
 """
 
 from __future__ import annotations
@@ -59,7 +60,7 @@ BOUNDS = "bounds"  # the named multivector of clip and frame balls (an upper bou
 SCENES = "scenes"  # the named multivector of scene centres (approximate candidates: HNSW)
 WINDOW_BALLS = 16  # balls over each video's proposal directions
 BIG = 16.0  # a query row's weight against the other kind of ball rows: never their max (exact in float16)
-ARRAY = "arr_"  # payload key prefix of a per-video array
+ARRAYS = ("layout", "data")  # the payload fields of a point of arrays (``pack``)
 SCHEMES = {"qdrant": "http", "qdrants": "https"}
 LOCAL = "qdrant+local://"
 DEFAULT_PORT = 6333
@@ -164,26 +165,28 @@ GROUPS = {"sketch": (*SKETCH, "pidx"),  # the arrays' points of a video, by what
           "evidence": tuple(n for n in ENCODED if n not in ("units", "pnorm", "pidx", "zbasis", "zcoef"))}
 
 
-def pack(arrays: Mapping[str, np.ndarray]) -> dict[str, dict]:
-    """Per-video arrays -> payload entries ``arr_<name>`` (dtype, shape and base64 of the raw bytes), every
-    one given."""
-    out = {}
+def pack(arrays: Mapping[str, np.ndarray]) -> dict:
+    """Per-video arrays -> a payload of their raw little-endian bytes one after another, base64 (``data``),
+    and each one's name, dtype and shape (``layout``): one string to decode per point."""
+    layout, parts = [], []
     for name in arrays:
         a = np.asarray(arrays[name])
         a = a if a.flags.c_contiguous else a.copy(order="C")  # (ascontiguousarray makes a scalar 1-d)
         a = a.astype(a.dtype.newbyteorder("<"), copy=False)
-        data = base64.b64encode(a.tobytes()).decode()
-        out[ARRAY + name] = {"dtype": a.dtype.str, "shape": list(a.shape), "b64": data}
-    return out
+        layout.append([name, a.dtype.str, list(a.shape)])
+        parts.append(a.tobytes())
+    return {"layout": layout, "data": base64.b64encode(b"".join(parts)).decode()}
 
 
-def unpack(payload: Mapping[str, Mapping], names: Sequence[str] = ENCODED) -> dict[str, np.ndarray]:
-    """The payload's ``arr_<name>`` entries of these names -> per-video arrays (native byte order)."""
-    out = {}
-    for name in names:
-        entry = payload[ARRAY + name]
-        a = np.frombuffer(base64.b64decode(entry["b64"]), dtype=np.dtype(entry["dtype"]))
-        out[name] = a.reshape(entry["shape"]).astype(a.dtype.newbyteorder("="))
+def unpack(payload: Mapping) -> dict[str, np.ndarray]:
+    """A payload of ``pack`` -> its arrays (native byte order)."""
+    data, out, at = base64.b64decode(payload["data"]), {}, 0
+    for name, dtype, shape in payload["layout"]:
+        dt = np.dtype(dtype)
+        size = dt.itemsize * int(np.prod(shape, dtype=np.int64))
+        a = np.frombuffer(data, dtype=dt, count=size // dt.itemsize, offset=at)
+        out[name] = a.reshape(shape).astype(dt.newbyteorder("="))
+        at += size
     return out
 
 
@@ -215,8 +218,8 @@ def array_points(seq: int, arrays: Mapping[str, np.ndarray]) -> list[PointData]:
 
 def payload_bytes(p: PointData) -> int:
     """About how many bytes a point's request carries (its payload's base64 and its vectors as floats)."""
-    arrays = sum(len(v["b64"]) for k, v in p.payload.items() if k.startswith(ARRAY))
-    return arrays + 12 * sum(len(r) * len(r[0]) for r in p.vectors.values() if r) + 200
+    floats = sum(len(r) * len(r[0]) for r in p.vectors.values() if r)
+    return len(p.payload.get("data", "")) + 12 * floats + 200
 
 
 # ------------------------------------------------------------------------------------------------ targets
