@@ -27,13 +27,19 @@ BASIS = "head_basis"  # a segment's (d, H) head basis (one per segment, not per 
 class Snapshot:
     """One generation of an index, read-only once built: its segments' arrays, records and liveness."""
 
-    def __init__(self, root: Path, manifest: dict, verify: bool, table: np.ndarray) -> None:
+    def __init__(self, root: Path, manifest: dict, verify: bool, table: np.ndarray,
+                 previous: Snapshot | None = None) -> None:
+        """The snapshot of one manifest; ``previous``: an earlier snapshot of the same index, whose segments
+        (immutable: a name is never reused) are not opened again."""
         self.manifest, self.table = manifest, table
         self.segments: list[dict[str, np.ndarray]] = []
         self.videos: list[dict] = []
         self.seg_start = np.cumsum([0] + [e["count"] for e in manifest["segments"]]).astype(np.int64)
         self._starts = self.seg_start.tolist()
-        loaded = [store.load_segment(root, entry, verify) for entry in manifest["segments"]]
+        known = previous.opened if previous is not None else {}
+        self.opened = {e["name"]: known.get(e["name"]) or store.load_segment(root, e, verify)
+                       for e in manifest["segments"]}  # each segment's mapped arrays and records, as loaded
+        loaded = [(dict(self.opened[e["name"]][0]), self.opened[e["name"]][1]) for e in manifest["segments"]]
         self.compact = bool(loaded) and loaded[0][0]["pnorm"].shape[1] != len(table)
         resident = (*FIRST_PASS, "pidx") if self.compact else FIRST_PASS
         # the first pass's arrays of all segments, each in one array (the segments hold views into it): a

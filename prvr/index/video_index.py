@@ -139,8 +139,8 @@ class VideoIndex(Gallery):
         return cls.create(root, model, cfg, references)
 
     def _snapshot(self, manifest: dict, verify: bool) -> Snapshot:
-        """The snapshot of one manifest."""
-        return Snapshot(self.root, manifest, verify, self.table)
+        """The snapshot of one manifest (the segments the current one opened are not opened again)."""
+        return Snapshot(self.root, manifest, verify, self.table, getattr(self, "snapshot", None))
 
     def refresh(self) -> None:
         """Re-read the manifest if another writer changed it."""
