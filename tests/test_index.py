@@ -43,15 +43,17 @@ def stored_arrays(units: np.ndarray, pnorm: np.ndarray, windows: np.ndarray, zha
     zbasis, zcoef = [f[0] for f in factors], [f[1] for f in factors]
     basis = head_basis(units) if basis is None else basis
     return {"units": units, "pnorm": pnorm, "zbasis": np.concatenate(zbasis), "zcoef": np.concatenate(zcoef),
-            "n_zrank": np.array([len(z) for z in zbasis]), "head_basis": basis, **extra,
+            "n_zrank": np.array([len(z) for z in zbasis]), "n_zcoef": np.array([len(z) for z in zcoef]),
+            "head_basis": basis, **extra,
             **sketch(units, pnorm, windows, zbasis, zcoef, n_balls, basis)}
 
 
 def stored_zhat(arrays: dict) -> np.ndarray:
     """(n, P, H) the frame-scale features the stored factors hold (what bounds and scores read)."""
-    off = np.concatenate([[0], np.cumsum(arrays["n_zrank"])])
-    return np.stack([unfactor(arrays["zbasis"][a:b], arrays["zcoef"][a:b])
-                     for a, b in zip(off[:-1], off[1:], strict=True)])
+    rows = np.concatenate([[0], np.cumsum(arrays["n_zrank"])])
+    coefs = np.concatenate([[0], np.cumsum(arrays["n_zcoef"])])
+    return np.stack([unfactor(arrays["zbasis"][a:b], arrays["zcoef"][c:d])
+                     for a, b, c, d in zip(rows[:-1], rows[1:], coefs[:-1], coefs[1:], strict=True)])
 
 
 def _one_segment(arrays: dict) -> tuple[Stored, np.ndarray]:
@@ -165,7 +167,8 @@ def test_compact_is_exact_for_msslpp(tmp_path: Path) -> None:
     videos = gallery(40, seed=3)
     index = VideoIndex.create(tmp_path / "ix", model, IndexConfig(mode="compact"))
     index.add(videos)
-    assert index.snapshot.segments[0]["zcoef"].shape[1] == 32 and index.snapshot.windows is not None
+    assert (index.snapshot.segments[0]["n_zcoef"] == 32 * index.snapshot.segments[0]["n_zrank"]).all()
+    assert index.snapshot.windows is not None
     plus = small_model(clusters=32)  # same weights, MS-SL++ inference
     plus.load_state_dict(model.state_dict())
     assert_matches_model(index, plus, videos, queries(6, seed=4))
@@ -197,10 +200,11 @@ def _scan_data(n: int, rank: int, seed: int) -> tuple:
 def split(arrays: dict, first: int) -> list[dict]:
     """One segment's arrays as two segments: the first ``first`` videos, then the rest (factor rows cut
     where their videos are; the head basis shared)."""
-    cut = int(arrays["n_zrank"][:first].sum())
+    cut = {"zbasis": int(arrays["n_zrank"][:first].sum()), "zcoef": int(arrays["n_zcoef"][:first].sum())}
     parts = []
-    for videos, rows in ((slice(first), slice(cut)), (slice(first, None), slice(cut, None))):
-        parts.append({f: a if f == "head_basis" else a[rows] if f in ("zbasis", "zcoef") else a[videos]
+    for videos, second in ((slice(first), False), (slice(first, None), True)):
+        parts.append({f: a if f == "head_basis" else
+                      (a[cut[f]:] if second else a[:cut[f]]) if f in cut else a[videos]
                       for f, a in arrays.items()})
     return parts
 
@@ -491,7 +495,7 @@ def test_a_reader_of_the_old_manifest_can_still_open_its_segments(tmp_path: Path
     index.compact()
     index.add(gallery(1, seed=25))
     for entry in old["segments"]:
-        arrays, videos = store.load_segment(tmp_path / "ix", entry, checksum=True)
+        arrays, videos, _ = store.load_segment(tmp_path / "ix", entry, checksum=True)
         assert len(videos) == 3 and len(arrays["units"]) == 3
 
 

@@ -29,6 +29,7 @@ from prvr.index.qdrant_store import (
     QdrantTarget,
     Stores,
     array_points,
+    arrays_spec,
     bound_query,
     client_vectors,
     collection_spec,
@@ -291,6 +292,8 @@ def test_the_layout_is_declared_once_for_the_engine_and_a_server() -> None:
         assert e.hnsw_config.m == c.hnsw_config.m == spec[name]["hnsw_m"]
         assert (e.quantization_config is None) == (c.quantization_config is None)
     assert edge["bounds"].hnsw_config.m == 0 and edge["scenes"].quantization_config is not None
+    sharded = collection_spec(384, shards=6, replicas=2)  # what a server's collections are made with
+    assert sharded["cluster"] == arrays_spec(6, 2)["cluster"] == {"shard_number": 6, "replication_factor": 2}
     rng = np.random.default_rng(0)
     arrays = {"units": rng.random((4, 3), np.float32), "pnorm": rng.random(10, np.float32),
               "pidx": np.arange(10, dtype=np.int16), "zbasis": rng.random((2, 3), np.float32),
@@ -330,7 +333,8 @@ def test_the_server_path_requests_through_qdrant_client(tmp_path: Path) -> None:
     client = QdrantClient(location=":memory:")
     stores = Stores(ClientStore(target, client, "videos"), ClientStore(target, client, "videos-arrays"),
                     client.close)
-    server = QdrantIndex.create(target, model, QdrantConfig(first_page=16), bank(model), stores=stores)
+    server = QdrantIndex.create(target, model, QdrantConfig(first_page=16, shards=2), bank(model),
+                                stores=stores)
     fixed, ragged = encode_for_index(model, videos, "exact", 64, bank(model))
     server.add_encoded([v.record() for v in videos], fixed, ragged)
     server.remove([videos[3].id])

@@ -20,10 +20,12 @@ def main(argv: list[str] | None = None) -> int:
     moving.add_argument("source", help="a built-in index directory, or qdrant+local://DIR")
     moving.add_argument("target", help="qdrant://HOST:PORT/COLLECTION (or qdrant+local://DIR)")
     moving.add_argument("--batch", type=int, default=256, help="videos per request")
+    moving.add_argument("--shards", type=int, default=1, help="a server's shards per collection")
+    moving.add_argument("--replicas", type=int, default=1, help="a server's copies of each shard")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING)
     try:
-        move(args.source, args.target, args.batch, report=print)
+        move(args.source, args.target, args.batch, report=print, shards=args.shards, replicas=args.replicas)
     except (IndexStoreError, ValueError, OSError) as err:
         print(f"move: {err}", file=sys.stderr)
         return 1

@@ -163,8 +163,9 @@ def localisation_arrays(vectors: np.ndarray, start: np.ndarray, end: np.ndarray,
 
 def frame_factors(zhat: np.ndarray | torch.Tensor,
                   alpha: np.ndarray | torch.Tensor | None = None) -> tuple[np.ndarray, np.ndarray]:
-    """One video's unit frame-scale features (P, H) -> (zbasis (r, H), zcoef (r, P)) float32, zbasis's rows
-    orthonormal, with every ``zcoef[:, j] @ zbasis`` within ``FACTOR_TOL`` of ``zhat[j]``.
+    """One video's unit frame-scale features (P, H) -> (zbasis (r, H), zcoef (P r,)) float32, zbasis's rows
+    orthonormal, zcoef the (P, r) coefficients row by row, every ``zcoef.reshape(P, r)[j] @ zbasis`` within
+    ``FACTOR_TOL`` of ``zhat[j]``.
 
     ``alpha`` (P, L): the attention weights the features were made with (``model.attend``); each feature is
     a mix of L value rows, so ``alpha.T @ zhat`` spans the same space in L rows and its SVD finds the basis
@@ -185,13 +186,14 @@ def frame_factors(zhat: np.ndarray | torch.Tensor,
         coef = (z @ basis.double().T).float()  # (P, r)
         error = torch.linalg.vector_norm(coef.double() @ basis.double() - z, dim=1).max()
         if float(error) <= FACTOR_TOL:
-            return basis.numpy(), np.ascontiguousarray(coef.T.numpy())
+            return basis.numpy(), np.ascontiguousarray(coef.numpy()).reshape(-1)
     raise GalleryError(f"frame-scale features of rank {rank} cannot be stored within {FACTOR_TOL}")
 
 
 def unfactor(zbasis: np.ndarray, zcoef: np.ndarray) -> np.ndarray:
     """The (P, H) frame-scale features of one video's stored factors (float64: what bounds are made from)."""
-    return np.asarray(zcoef, np.float64).T @ np.asarray(zbasis, np.float64)
+    basis = np.asarray(zbasis, np.float64)
+    return np.asarray(zcoef, np.float64).reshape(-1, len(basis)) @ basis
 
 
 def encode_for_index(model, videos: Sequence[GalleryVideo], mode: str, batch: int,

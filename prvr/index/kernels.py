@@ -5,8 +5,8 @@ u_t = q.C_t the clip-scale cosine of window (k, s) is (u_s + ... + u_{s+k-1}) / 
 products, prefix sums and the stored proposal norms give every proposal's cosine, hence S_clip and the key
 clip j*. The frame-scale feature z_j (key-clip-guided attention with proposal j as the key) does not depend
 on the query, so it is computed once per proposal at indexing time and stored normalised, factored
-(``schema``: zcoef[:, j] @ zbasis): S_frame is q^ . z_j* = zcoef[:, j*] . (zbasis q^). ``_exact`` does
-exactly this.
+(``schema``: row j of zcoef as (P, r), times zbasis): S_frame is q^ . z_j* = zcoef_j* . (zbasis q^).
+``_exact`` does exactly this.
 
 Why it is fast. Scoring is memory-bound (a full scan reads every video's float32 units), so each query first
 reads the head of the 8-bit sketch (``prvr.index.sketch``), a sixth of the full codes' bytes, and computes an
@@ -220,7 +220,7 @@ def _clip_pass(codes, scale, err, norm, tail, pinv, pinv_scale, pidx, table, row
 
 @numba.njit(**KERNEL)
 def _frame_pass(err, norm, pinv, pinv_scale, ball_codes, ball_scale, ball_norm, ball_radius, ball_of,
-                ball_dist, zbasis, zcoef, zoff, pidx, table, rows, hi, at, levels, step, q, qn, spread,
+                ball_dist, zbasis, zcoef, zoff, zcoff, pidx, table, rows, hi, at, levels, step, q, qn, spread,
                 key_eps, enough, out):  # pragma: no cover - compiled
     """out[i] >= q^.z_j* for video v = rows[i], j* its key clip, given hi[at[i]], the prefix sums of its unit
     upper bounds; below ``enough[i]`` where these bounds can show it, in three tiers, each only where the
@@ -236,7 +236,7 @@ def _frame_pass(err, norm, pinv, pinv_scale, ball_codes, ball_scale, ball_norm, 
        less); a window whose sum is negative is compared with the cut lowered by the most its rounded-up
        factor can have lowered it.
     3. The stored z rows of the candidates whose own ball bound q^.c~_ball(j) + d_j is not below
-       ``enough[i]``: q^.z_j itself (float64 sums of the float32 factors: zcoef[:, j] . (zbasis q^)), until
+       ``enough[i]``: q^.z_j itself (float64 sums of the float32 factors: zcoef_j . (zbasis q^)), until
        one reaches ``enough[i]`` (then the video keeps its tier-2 bound: it must be scored anyway). Not
        without a threshold.
     """
@@ -312,7 +312,7 @@ def _frame_pass(err, norm, pinv, pinv_scale, ball_codes, ball_scale, ball_norm, 
         out[i] = min(every, key)
         if out[i] < enough[i] or enough[i] == -np.inf:
             continue
-        first, rank = zoff[v], zoff[v + 1] - zoff[v]
+        first, rank, coefs = zoff[v], zoff[v + 1] - zoff[v], zcoff[v]
         if rank == 0:  # the factors were not read (a backend refining from the sketch alone): tier 2 it is
             continue
         tight = -np.inf  # the candidates' z rows
@@ -330,7 +330,7 @@ def _frame_pass(err, norm, pinv, pinv_scale, ball_codes, ball_scale, ball_norm, 
                     projected = True
                 dot = 0.0
                 for r in range(rank):
-                    dot += np.float64(zcoef[first + r, p]) * y[r]
+                    dot += np.float64(zcoef[coefs + p * rank + r]) * y[r]
                 near = dot / qn
             tight = max(tight, near)
             if tight >= enough[i]:
@@ -340,11 +340,11 @@ def _frame_pass(err, norm, pinv, pinv_scale, ball_codes, ball_scale, ball_norm, 
 
 
 @numba.njit(**KERNEL)
-def _exact(units, pnorm, zbasis, zcoef, zoff, pidx, table, rows, q, qn, u_out, cos_out,  # pragma: no cover
-           key_out, frame_out):
+def _exact(units, pnorm, zbasis, zcoef, zoff, zcoff, pidx, table, rows, q, qn, u_out,  # pragma: no cover
+           cos_out, key_out, frame_out):
     """Exact scores of videos rows[i]: u_out[i] = q.C_t, cos_out[i] = every stored proposal's clip-scale
-    cosine, key_out[i] = its first argmax, frame_out[i] = q.z_key = zcoef[:, key] . (zbasis q) (float32, one
-    video at a time)."""
+    cosine, key_out[i] = its first argmax, frame_out[i] = q.z_key = zcoef_key . (zbasis q) (float32, one video
+    at a time)."""
     M, P = units.shape[1], pnorm.shape[1]
     csum = np.empty(M + 1, dtype=np.float32)
     y = np.empty(zbasis.shape[1], dtype=np.float32)
@@ -376,11 +376,11 @@ def _exact(units, pnorm, zbasis, zcoef, zoff, pidx, table, rows, q, qn, u_out, c
             if cos_out[i, j] > best:
                 best, key = cos_out[i, j], j
         key_out[i] = key
-        first, rank = zoff[v], zoff[v + 1] - zoff[v]
+        first, rank, coefs = zoff[v], zoff[v + 1] - zoff[v], zcoff[v] + key * (zoff[v + 1] - zoff[v])
         _row_dots(zbasis[first:first + rank], q, y[:rank])
         f = np.float32(0.0)
         for r in range(rank):
-            f += zcoef[first + r, key] * y[r]
+            f += zcoef[coefs + r] * y[r]
         frame_out[i] = f
 
 
@@ -451,48 +451,48 @@ def _clip_scan(codes, scale, err, norm, pinv, pinv_scale, pidx, table, seg_start
 
 @numba.njit(**KERNEL)
 def _frame_runs(err, norm, pinv, pinv_scale, ball_codes, ball_scale, ball_norm, ball_radius, ball_of,
-                ball_dist, zbasis, zcoef, zoff, pidx, table, seg_start, positions, hi, at, levels, step, q,
-                qn, spread, key_eps, enough, out):  # pragma: no cover - compiled
+                ball_dist, zbasis, zcoef, zoff, zcoff, pidx, table, seg_start, positions, hi, at, levels,
+                step, q, qn, spread, key_eps, enough, out):  # pragma: no cover - compiled
     """``_frame_pass`` of sorted global positions, the arrays typed Lists over segments (as ``Stored``):
     one call per segment."""
     a = 0
     while a < positions.shape[0]:
         s, b = _segment_run(seg_start, positions, a)
         _frame_pass(err[s], norm[s], pinv[s], pinv_scale[s], ball_codes[s], ball_scale[s], ball_norm[s],
-                    ball_radius[s], ball_of[s], ball_dist[s], zbasis[s], zcoef[s], zoff[s], pidx[s], table,
-                    positions[a:b] - seg_start[s], hi, at[a:b], levels, step, q, qn, spread, key_eps,
-                    enough[a:b], out[a:b])
+                    ball_radius[s], ball_of[s], ball_dist[s], zbasis[s], zcoef[s], zoff[s], zcoff[s],
+                    pidx[s], table, positions[a:b] - seg_start[s], hi, at[a:b], levels, step, q, qn, spread,
+                    key_eps, enough[a:b], out[a:b])
         a = b
 
 
 @numba.njit(**KERNEL)
-def _exact_runs(units, pnorm, zbasis, zcoef, zoff, pidx, table, seg_start, positions, q, qn, u_out, cos_out,
-                key_out, frame_out):  # pragma: no cover - compiled
+def _exact_runs(units, pnorm, zbasis, zcoef, zoff, zcoff, pidx, table, seg_start, positions, q, qn, u_out,
+                cos_out, key_out, frame_out):  # pragma: no cover - compiled
     """``_exact`` of sorted global positions, the arrays typed Lists over segments (as ``Stored``): one
     call per segment."""
     a = 0
     while a < positions.shape[0]:
         s, b = _segment_run(seg_start, positions, a)
-        _exact(units[s], pnorm[s], zbasis[s], zcoef[s], zoff[s], pidx[s], table,
+        _exact(units[s], pnorm[s], zbasis[s], zcoef[s], zoff[s], zcoff[s], pidx[s], table,
                positions[a:b] - seg_start[s], q, qn, u_out[a:b], cos_out[a:b], key_out[a:b], frame_out[a:b])
         a = b
 
 
 @numba.njit(**PARALLEL)
 def _frame_scan(err, norm, pinv, pinv_scale, ball_codes, ball_scale, ball_norm, ball_radius, ball_of,
-                ball_dist, zbasis, zcoef, zoff, pidx, table, seg_start, positions, hi, at, levels, step, q,
-                qn, spread, key_eps, enough, out, tasks):  # pragma: no cover - compiled
+                ball_dist, zbasis, zcoef, zoff, zcoff, pidx, table, seg_start, positions, hi, at, levels,
+                step, q, qn, spread, key_eps, enough, out, tasks):  # pragma: no cover - compiled
     """``_frame_runs`` in parts."""
     n = positions.shape[0]
     for c in numba.prange(tasks):
         a, b = c * n // tasks, (c + 1) * n // tasks
         _frame_runs(err, norm, pinv, pinv_scale, ball_codes, ball_scale, ball_norm, ball_radius, ball_of,
-                    ball_dist, zbasis, zcoef, zoff, pidx, table, seg_start, positions[a:b], hi, at[a:b],
-                    levels, step, q, qn, spread, key_eps, enough[a:b], out[a:b])
+                    ball_dist, zbasis, zcoef, zoff, zcoff, pidx, table, seg_start, positions[a:b], hi,
+                    at[a:b], levels, step, q, qn, spread, key_eps, enough[a:b], out[a:b])
 
 
 @numba.njit(**PARALLEL)
-def _exact_scan(units, pnorm, zbasis, zcoef, zoff, pidx, table, seg_start, positions, q, qn,
+def _exact_scan(units, pnorm, zbasis, zcoef, zoff, zcoff, pidx, table, seg_start, positions, q, qn,
                 tasks):  # pragma: no cover - compiled
     """``_exact_runs`` in parts: (u, cos, key, frame) as ``_exact`` writes them."""
     n, M, P = positions.shape[0], units[0].shape[1], pnorm[0].shape[1]
@@ -500,7 +500,7 @@ def _exact_scan(units, pnorm, zbasis, zcoef, zoff, pidx, table, seg_start, posit
     key_out, frame_out = np.empty(n, np.int64), np.empty(n, np.float32)
     for c in numba.prange(tasks):
         a, b = c * n // tasks, (c + 1) * n // tasks
-        _exact_runs(units, pnorm, zbasis, zcoef, zoff, pidx, table, seg_start, positions[a:b], q, qn,
+        _exact_runs(units, pnorm, zbasis, zcoef, zoff, zcoff, pidx, table, seg_start, positions[a:b], q, qn,
                     u_out[a:b], cos_out[a:b], key_out[a:b], frame_out[a:b])
     return u_out, cos_out, key_out, frame_out
 

@@ -82,10 +82,12 @@ def _nothing() -> None:
     """What a built-in source releases."""
 
 
-def move(source: str, target: str, batch: int = 256, report: Callable[[str], None] = log.info) -> int:
+def move(source: str, target: str, batch: int = 256, report: Callable[[str], None] = log.info,
+         shards: int = 1, replicas: int = 1) -> int:
     """Copy every video of ``source`` (a built-in index directory or ``qdrant+local://DIR``) into the new
-    Qdrant gallery ``target`` (``qdrant://HOST:PORT/NAME`` or ``qdrant+local://DIR``); returns how many.
-    Raises IndexStoreError when the target exists or the source is not a gallery of this schema."""
+    Qdrant gallery ``target`` (``qdrant://HOST:PORT/NAME`` or ``qdrant+local://DIR``), its collections made
+    with ``shards`` shards of ``replicas`` copies on a server; returns how many. Raises IndexStoreError when
+    the target exists or the source is not a gallery of this schema."""
     t0 = time.perf_counter()
     if str(source).startswith(("qdrant://", "qdrants://", "qdrant+local://")):
         meta, total, batches, close = _qdrant(QdrantTarget.parse(source), batch)
@@ -93,7 +95,8 @@ def move(source: str, target: str, batch: int = 256, report: Callable[[str], Non
         meta, total, batches = _builtin(Path(source).expanduser(), batch)
         close = _nothing
     try:
-        cfg = QdrantConfig(mode=meta["mode"], frame_balls=int(meta.get("frame_balls", 16)))
+        cfg = QdrantConfig(mode=meta["mode"], frame_balls=int(meta.get("frame_balls", 16)), shards=shards,
+                           replicas=replicas)
         dest = QdrantTarget.parse(target)
         out = dest.connect(cfg.timeout)
         if out.videos.exists() or out.arrays.exists():

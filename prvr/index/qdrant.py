@@ -51,7 +51,6 @@ from prvr.index.ingest import (
 )
 from prvr.index.qdrant_store import (
     ARRAYS,
-    ARRAYS_SPEC,
     BOUNDS,
     GROUPS,
     META_ID,
@@ -63,6 +62,7 @@ from prvr.index.qdrant_store import (
     Stores,
     array_id,
     array_points,
+    arrays_spec,
     bound_query,
     bound_rows,
     collection_spec,
@@ -96,6 +96,8 @@ class QdrantConfig:
     hnsw_m: int = 16  # edges per node of the scenes' graph
     frame_balls: int = 16  # balls over each video's frame-scale features in the bounds multivector
     first_page: int = 64  # points of the first page of an exact rank (then doubling)
+    shards: int = 1  # a server's shards per collection (docs/scale.md); the engine in-process has one
+    replicas: int = 1  # a server's copies of each shard
 
 
 class Fetched:
@@ -114,6 +116,7 @@ class Fetched:
             for name in ("zbasis", "zcoef"):
                 segment[name] = np.concatenate([a[name] for a in arrays])
             segment["n_zrank"] = np.array([len(a["zbasis"]) for a in arrays], dtype=np.int64)
+            segment["n_zcoef"] = np.array([len(a["zcoef"]) for a in arrays], dtype=np.int64)
         self.segment = segment
         self.stored = Stored.of([segment])
 
@@ -298,8 +301,10 @@ class QdrantIndex(Gallery):
         try:
             with self._reading:
                 if not self.store.exists():
-                    self.stores.arrays.create(ARRAYS_SPEC)
-                    self.store.create(collection_spec(int(fixed["units"].shape[-1]), self.cfg.hnsw_m))
+                    cfg = self.cfg
+                    self.stores.arrays.create(arrays_spec(cfg.shards, cfg.replicas))
+                    self.store.create(collection_spec(int(fixed["units"].shape[-1]), cfg.hnsw_m,
+                                                      shards=cfg.shards, replicas=cfg.replicas))
                     self.store.upsert([PointData(META_ID, {}, {META: self.meta})])
             part, size = [], 0
             for video, arrays in self.points(records, fixed, ragged, seq0):

@@ -77,17 +77,23 @@ class QdrantConnectionError(IndexStoreError):
 
 
 # ---------------------------------------------------------------------------------------------- the layout
-def collection_spec(width: int, hnsw_m: int = 16, ef_construct: int = 100) -> dict:
-    """The collection both stores make, declared once: per named vector its row width, storage type,
-    comparison, HNSW graph (m = 0: none) and quantization."""
+def collection_spec(width: int, hnsw_m: int = 16, ef_construct: int = 100, shards: int = 1,
+                    replicas: int = 1) -> dict:
+    """The videos' collection both stores make, declared once: per named vector its row width, storage type,
+    comparison, HNSW graph (m = 0: none) and quantization; on a server, its shards and their replicas (the
+    engine in-process is one shard)."""
     return {BOUNDS: {"size": width + 3, "datatype": "float16", "distance": "dot", "multivector": "max_sim",
                      "hnsw_m": 0, "quantization": None},
             SCENES: {"size": width, "datatype": "float16", "distance": "dot", "multivector": "max_sim",
                      "hnsw_m": hnsw_m, "quantization": "int8"},
-            "hnsw": {"m": hnsw_m, "ef_construct": ef_construct, "full_scan_threshold": 10000}}
+            "hnsw": {"m": hnsw_m, "ef_construct": ef_construct, "full_scan_threshold": 10000},
+            "cluster": {"shard_number": shards, "replication_factor": replicas}}
 
 
-ARRAYS_SPEC = {"hnsw": {"m": 0, "ef_construct": 100, "full_scan_threshold": 10000}}  # payload only
+def arrays_spec(shards: int = 1, replicas: int = 1) -> dict:
+    """The arrays' collection: payload only, sharded as the videos' collection."""
+    return {"hnsw": {"m": 0, "ef_construct": 100, "full_scan_threshold": 10000},
+            "cluster": {"shard_number": shards, "replication_factor": replicas}}
 
 
 def _f16_up(x: np.ndarray) -> np.ndarray:
@@ -348,7 +354,7 @@ class Stores(NamedTuple):
 
 def _spec_vectors(spec: dict) -> dict:
     """The named vectors of a ``collection_spec``."""
-    return {k: v for k, v in spec.items() if k != "hnsw"}
+    return {k: v for k, v in spec.items() if k not in ("hnsw", "cluster")}
 
 
 class EdgeDirectory:
@@ -544,7 +550,8 @@ class ClientStore:
         return bool(self._call("check the collection", "collection_exists"))
 
     def create(self, spec: dict) -> None:
-        self._call("create the collection", "create_collection", vectors_config=client_vectors(spec))
+        self._call("create the collection", "create_collection", vectors_config=client_vectors(spec),
+                   **spec["cluster"])
 
     def upsert(self, points: Sequence[PointData]) -> None:
         from qdrant_client import models

@@ -87,7 +87,8 @@ class Stored:
     typed List with one entry per segment (video (s, v) is row v of segment s), built on first use. The
     kernels take the Lists one by one (``FRAME``, ``EXACT``): numba types a tuple of them far slower than each
     alone. A segment storing every window in window_table order may lack ``pidx`` (a placeholder stands in:
-    the kernels do not read it then); ``zoff`` is where each video's zbasis / zcoef rows start."""
+    the kernels do not read it then); ``zoff`` / ``zcoff`` are where each video's zbasis rows / zcoef
+    elements start."""
 
     def __init__(self, segments: Sequence[Mapping[str, np.ndarray]]) -> None:
         self.segments = segments
@@ -115,26 +116,29 @@ class Stored:
         videos = len(next(seg[k] for k in ("pinv", "units", "pnorm") if k in seg))
         if name == "pidx" and name not in seg:
             return np.zeros((videos, 1), dtype=np.int16)
-        if name == "zoff" and "n_zrank" not in seg and "n_zrank_offset" not in seg:
-            return np.zeros(videos + 1, np.int64)
-        if name == "zoff":
-            return zoff(seg)
-        if name in ("zbasis", "zcoef") and name not in seg:
+        if name in ("zoff", "zcoff"):
+            count = "n_zrank" if name == "zoff" else "n_zcoef"
+            if count not in seg and f"{count}_offset" not in seg:
+                return np.zeros(videos + 1, np.int64)
+            return offsets(seg, count)
+        if name == "zbasis" and name not in seg:
             return np.zeros((0, 1), np.float32)
+        if name == "zcoef" and name not in seg:
+            return np.zeros(0, np.float32)
         return seg[name]
 
 
-def zoff(seg: Mapping[str, np.ndarray]) -> np.ndarray:
-    """(V + 1,) int64: where each video's zbasis / zcoef rows start in a segment's arrays."""
-    if "n_zrank_offset" in seg:
-        return seg["n_zrank_offset"]
-    return np.concatenate([[0], np.cumsum(seg["n_zrank"])]).astype(np.int64)
+def offsets(seg: Mapping[str, np.ndarray], count: str) -> np.ndarray:
+    """(V + 1,) int64: where each video's rows of the ragged arrays counted by ``count`` start."""
+    if f"{count}_offset" in seg:
+        return seg[f"{count}_offset"]
+    return np.concatenate([[0], np.cumsum(seg[count])]).astype(np.int64)
 
 
 CLIP_LISTS = (*CLIP, "pinv", "pinv_scale", "pidx")  # the Lists ``_clip_runs`` takes, in order
 FRAME = ("err", "norm", "pinv", "pinv_scale", "ball_codes", "ball_scale", "ball_norm", "ball_radius",
-         "ball_of", "ball_dist", "zbasis", "zcoef", "zoff", "pidx")  # the Lists ``_frame_runs`` takes
-EXACT = ("units", "pnorm", "zbasis", "zcoef", "zoff", "pidx")  # the Lists ``_exact_runs`` takes, in order
+         "ball_of", "ball_dist", "zbasis", "zcoef", "zoff", "zcoff", "pidx")  # what ``_frame_runs`` takes
+EXACT = ("units", "pnorm", "zbasis", "zcoef", "zoff", "zcoff", "pidx")  # the Lists ``_exact_runs`` takes
 
 
 NO_PIDX = np.zeros((1, 1), dtype=np.int16)  # the kernels do not read per-video windows without a table

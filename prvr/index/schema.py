@@ -36,10 +36,11 @@ ARRAYS = (
     Array("units"),  # (M, H) float32 the clip units the proposals are pooled from
     Array("pnorm"),  # (P,) float32 the norm of each stored proposal
     Array("pidx"),  # (P,) int16 window number of each stored proposal
-    # the unit key-clip-attended frame feature of proposal j is zcoef[:, j] @ zbasis: an attended feature is
-    # a mix of the video's L frames, so all P of them lie in an r <= L dimensional space (prvr.index.ingest)
+    # the unit key-clip-attended frame feature of proposal j is zcoef[j r:(j + 1) r] @ zbasis: an attended
+    # feature is a mix of the video's L frames, so all P of them lie in an r <= L dimensional space
+    # (prvr.index.ingest.frame_factors); a proposal's r coefficients are contiguous (one read per score)
     Array("zbasis", "n_zrank"),  # (r, H) float32 orthonormal rows spanning the frame-scale features
-    Array("zcoef", "n_zrank"),  # (r, P) float32 each proposal's frame-scale feature in that basis
+    Array("zcoef", "n_zcoef"),  # (P r,) float32 each proposal's feature in that basis: (P, r), row by row
     Array("ref_clip"),  # (R,) float16 clip scores of the reference bank's queries (confidence)
     Array("ref_frame"),  # (R,) float16 frame scores of the reference bank's queries
     Array("frames", "n_frames"),  # (L, H) float32 encoded frames (the key clip's attention; CSA)

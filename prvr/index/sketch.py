@@ -136,8 +136,8 @@ def window_factors(pnorm: np.ndarray, windows: np.ndarray, M: int) -> tuple[np.n
 
 def frame_balls(zbasis: list[np.ndarray], zcoef: list[np.ndarray], n_balls: int) -> dict[str, np.ndarray]:
     """The ``BALLS`` arrays of a batch of videos from their factored frame-scale features (``schema``: zbasis
-    (r, H), zcoef (r, P) each): balls with 8-bit centres c~ covering each video's P rows z_j = zcoef[:, j] @
-    zbasis, each row's ball and its distance from the centre (rounded up), each ball's radius.
+    (r, H), zcoef (P r,) each): balls with 8-bit centres c~ covering each video's P rows z_j = (zcoef as
+    (P, r))[j] @ zbasis, each row's ball and its distance from the centre (rounded up), each ball's radius.
 
     The rows lie in the r-dimensional span of zbasis, so the balls are clustered there (coefficients padded
     with zeros to the batch's largest r) and the distances come from the coefficients too, exactly:
@@ -145,13 +145,14 @@ def frame_balls(zbasis: list[np.ndarray], zcoef: list[np.ndarray], n_balls: int)
     whether or not the float32 rows of zbasis are exactly orthonormal."""
     if not 1 <= n_balls <= MAX_BALLS:
         raise ValueError(f"frame_balls must be in 1..{MAX_BALLS}, got {n_balls}")
-    n, P, H = len(zcoef), zcoef[0].shape[1], zbasis[0].shape[1]
+    n, H = len(zcoef), zbasis[0].shape[1]
+    P = len(zcoef[0]) // len(zbasis[0])
     r = max(z.shape[0] for z in zbasis)
     basis, coef = torch.zeros(n, r, H, dtype=torch.float64), torch.zeros(n, P, r, dtype=torch.float64)
     for i, (zb, zc) in enumerate(zip(zbasis, zcoef, strict=True)):
         # torch.tensor copies: the rows may be a read-only mapping
         basis[i, :len(zb)] = torch.tensor(np.asarray(zb, np.float32), dtype=torch.float64)
-        coef[i, :, :len(zc)] = torch.tensor(np.asarray(zc, np.float32), dtype=torch.float64).T
+        coef[i, :, :len(zb)] = torch.tensor(np.asarray(zc, np.float32), dtype=torch.float64).reshape(P, -1)
     centres = torch.from_numpy(cover_balls(coef.float().numpy(), n_balls)).double() @ basis  # (n, B, H)
     ball_codes, ball_scale, _, _ = quantize(centres.numpy())
     c = torch.from_numpy(ball_codes * ball_scale[..., None].astype(np.float64))  # exactly what bounds use

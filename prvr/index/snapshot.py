@@ -1,15 +1,19 @@
 """Snapshot: one generation of an index, read-only once built (see ``prvr.index.video_index``).
 
-A snapshot keeps in memory only what the first pass reads for every video (``sketch.FIRST_PASS``: the head
-codes and window factors, ~3.7 KB a video at H = 384; and, in compact mode, each video's window numbers),
-all segments in one array each, with the segments' head bases; every other stored array stays memory-mapped
-and is read only for the videos a query refines, scores or returns. It implements ``scoring.VideoArrays``.
+A snapshot keeps in memory the sketch (``sketch.SKETCH``): what the first pass reads for every video (the
+head codes and window factors, 3.6 KB a video at H = 384) and what refines the bounds of the videos the first
+pass leaves (the full 8-bit codes, 12.7 KB, and the frame balls, 9 KB; in memory, not mapped: a gallery too
+big for the page cache would read them from disk, at random, in every query), and in compact mode each
+video's window numbers, all segments in one array each, with the segments' head bases. Every other stored
+array (the exact-score and evidence arrays: 250 KB a video) stays memory-mapped and is read only for the
+videos a query scores or returns. It implements ``scoring.VideoArrays``.
 """
 
 from __future__ import annotations
 
 import bisect
 import threading
+from collections.abc import Iterable
 from functools import cached_property
 from pathlib import Path
 
@@ -19,7 +23,7 @@ from prvr.index import approximate, store
 from prvr.index.gallery import Catalog
 from prvr.index.rank import Stored
 from prvr.index.schema import RAGGED
-from prvr.index.sketch import FIRST_PASS
+from prvr.index.sketch import SKETCH
 
 BASIS = "head_basis"  # a segment's (d, H) head basis (one per segment, not per video)
 
@@ -38,12 +42,13 @@ class Snapshot:
         self._starts = self.seg_start.tolist()
         known = previous.opened if previous is not None else {}
         self.opened = {e["name"]: known.get(e["name"]) or store.load_segment(root, e, verify)
-                       for e in manifest["segments"]}  # each segment's mapped arrays and records, as loaded
+                       for e in manifest["segments"]}  # each segment's mapped arrays, records and mappings
         loaded = [(dict(self.opened[e["name"]][0]), self.opened[e["name"]][1]) for e in manifest["segments"]]
+        self.maps = [self.opened[e["name"]][2] for e in manifest["segments"]]
         self.compact = bool(loaded) and loaded[0][0]["pnorm"].shape[1] != len(table)
-        resident = (*FIRST_PASS, "pidx") if self.compact else FIRST_PASS
-        # the first pass's arrays of all segments, each in one array (the segments hold views into it): a
-        # query scans any range of the gallery in one kernel call
+        resident = (*SKETCH, "pidx") if self.compact else SKETCH
+        # the sketch's arrays of all segments, each in one array (the segments hold views into it): a query
+        # scans any range of the gallery in one kernel call
         self.first: dict[str, np.ndarray] = {}
         alive = []
         for s, ((arrays, videos), entry) in enumerate(zip(loaded, manifest["segments"], strict=True)):
@@ -110,8 +115,24 @@ class Snapshot:
         offset = seg[f"{RAGGED[key]}_offset"]
         return np.asarray(seg[key][offset[r]:offset[r + 1]])
 
+    def prefetch(self, keys: Iterable[str], positions: np.ndarray) -> None:
+        """Start reading these arrays' rows of the videos at ``positions`` from disk, all at once
+        (``store.prefetch``), before a kernel or the evidence reads them one page at a time."""
+        for key in keys:
+            count = RAGGED.get(key)
+            for s in np.unique(self.segment_of(positions)):
+                mapping = self.maps[s].get(key)
+                if mapping is None:  # kept in memory
+                    continue
+                seg, rows = self.segments[s], positions[self.segment_of(positions) == s] - self.seg_start[s]
+                array = seg[key]
+                width = array.itemsize * int(np.prod(array.shape[1:], dtype=np.int64))
+                first = seg[f"{count}_offset"][rows] if count else rows
+                end = seg[f"{count}_offset"][rows + 1] if count else rows + 1
+                store.prefetch(mapping, zip((first * width).tolist(), (end * width).tolist(), strict=True))
+
     def resident_bytes(self) -> int:
-        """Bytes this snapshot holds in memory for its arrays (the first pass, bases, offsets, liveness)."""
+        """Bytes this snapshot holds in memory for its arrays (the sketch, bases, offsets, liveness)."""
         offsets = sum(seg[f"{c}_offset"].nbytes + np.asarray(seg[c]).nbytes
                       for seg in self.segments for c in set(RAGGED.values()))
         return (sum(a.nbytes for a in self.first.values()) + self.bases.nbytes + self.grams.nbytes + offsets

@@ -30,12 +30,14 @@ import hashlib
 import io
 import json
 import logging
+import mmap
 import os
 import shutil
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 
@@ -146,17 +148,43 @@ def verify_file(path: Path, entry: dict, checksum: bool) -> None:
         raise IndexCorruptError(f"{path}: sha256 differs from the manifest's (the file was modified)")
 
 
-def load_segment(root: Path, entry: dict, checksum: bool) -> tuple[dict[str, np.ndarray], list[dict]]:
-    """A segment's arrays (memory-mapped: pages are read when a query touches them) and its video records."""
+class Mapped(NamedTuple):
+    """Where a mapped array's data lies: its file's mapping and the data's offset in it (the .npy header)."""
+
+    map: mmap.mmap
+    offset: int
+
+
+def load_segment(root: Path, entry: dict, checksum: bool
+                 ) -> tuple[dict[str, np.ndarray], list[dict], dict[str, Mapped]]:
+    """A segment's arrays (memory-mapped: pages are read when a query touches them), its video records, and
+    each array's mapping (for ``prefetch``)."""
     directory = root / entry["name"]
     for fname, fentry in entry["files"].items():
         verify_file(directory / fname, fentry, checksum)
-    arrays = {}
+    arrays, maps = {}, {}
     for fname in entry["files"]:
         if fname.endswith(".npy"):
+            mapped = np.load(directory / fname, mmap_mode="r", allow_pickle=False)
+            if isinstance(mapped, np.memmap) and mapped._mmap is not None:  # (an empty array maps nothing)
+                maps[fname[:-4]] = Mapped(mapped._mmap, mapped.offset)
             # np.asarray drops the memmap subclass (its per-access overhead), keeping the mapping
-            arrays[fname[:-4]] = np.asarray(np.load(directory / fname, mmap_mode="r", allow_pickle=False))
-    return arrays, read_records(directory)
+            arrays[fname[:-4]] = np.asarray(mapped)
+    return arrays, read_records(directory), maps
+
+
+def prefetch(mapping: Mapped, ranges: Iterable[tuple[int, int]]) -> None:
+    """Ask the kernel to read these byte ranges (start, end) of a mapped array's data now, all at once, in the
+    background (``MADV_WILLNEED``): a query's later reads of scattered rows then wait for one round of disk
+    reads, not one per page."""
+    page = mmap.PAGESIZE
+    size = len(mapping.map)
+    for start, end in ranges:
+        first = (mapping.offset + start) // page * page
+        last = min(size, mapping.offset + end)
+        if last > first:
+            with contextlib.suppress(OSError, ValueError):  # advice only: a refusal changes nothing
+                mapping.map.madvise(mmap.MADV_WILLNEED, first, last - first)
 
 
 def read_records(directory: Path) -> list[dict]:

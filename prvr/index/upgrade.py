@@ -42,7 +42,7 @@ def previous_manifest(root: Path) -> dict | None:
 def videos_of(root: Path, manifest: dict, batch: int = 64) -> Iterator[tuple[list[dict], dict, dict]]:
     """The live videos of a schema-9 index in insertion order, in batches of (records, FIXED arrays, RAGGED
     lists) in schema 10's layout."""
-    counts = {a: c for a, c in RAGGED.items() if a not in ("zbasis", "zcoef")}
+    counts = {a: c for a, c in RAGGED.items() if a not in ("zbasis", "zcoef")}  # (schema 9's ragged arrays)
     for entry in manifest["segments"]:
         directory = Path(root) / entry["name"]
         for fname, fentry in entry["files"].items():

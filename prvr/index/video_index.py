@@ -49,9 +49,9 @@ from prvr.index.ingest import (
     segment_arrays,
 )
 from prvr.index.rank import BOUND_EPS, Exact, HeadQuery, Page, head_bounds, top_k
-from prvr.index.schema import FIXED, RAGGED, SCHEMA_VERSION
+from prvr.index.schema import EVIDENCE, FIXED, RAGGED, SCHEMA_VERSION
 from prvr.index.scoring import evidence_of, exact_of, is_csa, query_vector, refined_bounds
-from prvr.index.sketch import BoundQuery, head_basis, sketch
+from prvr.index.sketch import FIRST_PASS, BoundQuery, head_basis, sketch
 from prvr.index.snapshot import BASIS, Snapshot
 from prvr.models.branches import EncodedQueries
 from prvr.models.preprocess import window_table
@@ -59,6 +59,7 @@ from prvr.models.preprocess import window_table
 log = logging.getLogger(__name__)
 
 STORED_CONFIG = ("mode", "frame_balls")  # what the stored data depends on: the manifest's, always
+SCORED = ("units", "pnorm", "zbasis", "zcoef")  # the mapped arrays an exact score reads
 
 
 @dataclass(frozen=True)
@@ -166,7 +167,8 @@ class VideoIndex(Gallery):
     def first_pass_bytes(self) -> int:
         """Bytes an exact query reads for every video (the head of the sketch); the rest is read per
         candidate."""
-        return sum(a.nbytes for a in self.snapshot.first.values()) + self.snapshot.alive.nbytes
+        snap = self.snapshot
+        return sum(snap.first[f].nbytes for f in FIRST_PASS) + snap.alive.nbytes
 
     def resident_bytes(self) -> int:
         """Bytes of the arrays this index keeps in memory (the first pass and what locates the rest)."""
@@ -298,6 +300,7 @@ class VideoIndex(Gallery):
         """The k best live videos' evidence from one snapshot, how many were scored exactly, how many live."""
         snap = self.snapshot
         positions, exact, scored = self._best(snap, q, k, w, approximate)
+        snap.prefetch(EVIDENCE, np.sort(positions))
         return evidence_of(self.model, snap, positions, q, w, exact), scored, len(snap.live)
 
     def exact(self, positions: np.ndarray, q: np.ndarray | EncodedQueries,
@@ -328,6 +331,7 @@ class VideoIndex(Gallery):
         scored: list[tuple[np.ndarray, Exact]] = []  # what top_k scored: evidence reuses the winners' rows
 
         def score(positions: np.ndarray) -> np.ndarray:
+            snap.prefetch(SCORED + (("frames",) if self._csa else ()), positions)
             scored.append((positions, exact_of(self.model, snap, positions, q, w, bq)))
             return scored[-1][1].total
 
