@@ -22,6 +22,7 @@ import torch
 from extract.backbones import (
     TextBackbone,
     VisualBackbone,
+    backbone_context,
     backbone_dim,
     create_backbone,
     default_device,
@@ -98,8 +99,12 @@ def resolve_profile(profile: Profile, specs: Mapping[str, str]) -> Profile:
     if not any(get_backbone_cfg(b).sized_by_weights for b in resolved):
         return profile
     visual_dim = sum(backbone_dim(b, resolved.get(b)) for b in profile.visual)
-    return dataclasses.replace(profile, visual_dim=visual_dim,
-                               text_dim=backbone_dim(profile.text, resolved.get(profile.text)))
+    text = resolved.get(profile.text)
+    sized = get_backbone_cfg(profile.text).sized_by_weights and text is not None
+    # an image-text model's text is cut where its authors cut it: at the model's context length
+    max_tokens = backbone_context(profile.text, text) if sized else profile.max_tokens
+    return dataclasses.replace(profile, visual_dim=visual_dim, max_tokens=max_tokens,
+                               text_dim=backbone_dim(profile.text, text))
 
 
 GPU_SECONDS = 120  # gpu_task's slot when none is given (extract.zerogpu sizes its own from the video)
@@ -183,8 +188,8 @@ class VideoExtractor:
         self.device = default_device(device)
         configure_threads(self.device)
         specs = weights_for(profile, weights, profile.visual)  # text specs only enter the identity
-        self.backbones: list[VisualBackbone] = [create_backbone(b, specs.get(b), self.device)
-                                                 for b in profile.visual]
+        self.backbones: list[VisualBackbone] = [
+            create_backbone(b, specs.get(b), self.device, profile.frame_fit) for b in profile.visual]
         self.profile = resolve_profile(profile, specs)
         self.limits = limits or DecodeLimits()
         # frames decoded and embedded at once (default: 32 on a GPU; 4 on a CPU, where larger batches are no
@@ -216,7 +221,8 @@ class VideoExtractor:
         """
         per_window = self.profile.frames_per_window
         _, ends, times = window_times(info.duration, self.profile.window_s, per_window)
-        size = (self.profile.frame_size, self.profile.frame_size)
+        # frame_fit "squash": decoded to the square input; otherwise at display size for the model's processor
+        size = None if self.profile.frame_size is None else (self.profile.frame_size, self.profile.frame_size)
         reader = FrameReader(str(path), times, size, self.batch_windows * per_window, self.limits, info)
         rows = []
         for frames in _whole_windows(_prefetch(iter(reader)), per_window):
