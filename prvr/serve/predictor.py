@@ -367,7 +367,7 @@ class Predictor:
                 "videos": shared + private, "shared_videos": shared, "session_videos": private,
                 "index": f"{self.index.describe()['mode']} search over all proposals, persistent in "
                          f"{self.gallery_words()}",
-                "uploads": uploads}
+                "uploads": uploads, "confidence": self.calibrator.describe()}
 
     def example_queries(self) -> list[str]:
         """Demo captions to offer as example queries."""
