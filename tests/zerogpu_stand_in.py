@@ -83,11 +83,10 @@ def measured_put(self: SimpleQueue, obj: object) -> None:
 
 SimpleQueue.put = measured_put
 
-from h264_clip import encode  # noqa: E402  - tests/ is this script's directory
-
 import extract.pipeline  # noqa: E402
 from extract import zerogpu  # noqa: E402
 from extract.decode import CorruptVideo  # noqa: E402
+from tests.clips import write_clip  # noqa: E402
 
 _rows = extract.pipeline.VideoExtractor.rows
 
@@ -113,7 +112,7 @@ extract.pipeline.VideoExtractor.rows = rows_recording_pid
 
 
 def main() -> None:
-    video = encode(OUT / "clip.mp4")
+    video = write_clip(OUT / "clip.mp4", 60, 10)
     result: dict = {"main_pid": MAIN_PID, "on_zerogpu": zerogpu.on_zerogpu()}
     zerogpu.prepare("lite")
     # in-process first: the parent runs multi-threaded torch CPU ops before any fork (the OpenMP hazard)
@@ -174,7 +173,7 @@ def upload_through_the_app() -> dict:
     uploads = Uploads(settings, "lite", None, gallery, MediaStore(settings.data_dir))
     stages: list[str] = []
     calls.clear()
-    source = encode(OUT / "upload source.mp4", seconds=8.0)
+    source = write_clip(OUT / "upload source.mp4", 80, 10)
     outcome = uploads.add(source, progress=lambda _, stage: stages.append(stage), name="my holiday.mp4")
     slot_calls = list(calls)
     calls.clear()
@@ -195,7 +194,7 @@ def main_emulated() -> None:
     from extract.decode import probe
     from extract.pipeline import TextEncoder
 
-    video = encode(OUT / "clip.mp4")
+    video = write_clip(OUT / "clip.mp4", 60, 10)
     extractor = zerogpu.prepare("lite")
     result = {"emulated_cuda": torch.cuda.is_available(),
               "param_device": str(next(extractor.backbones[0].net.parameters()).device)}
