@@ -96,3 +96,12 @@ def served(tmp_path_factory: pytest.TempPathFactory, make_predictor: Callable):
     with contextlib.ExitStack() as stack:
         stack.callback(demo.close)
         yield f"http://127.0.0.1:{port}/", predictor, sessions
+
+
+@pytest.fixture(scope="session")
+def full_clip_b32(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A full-size random CLIP ViT-B/32 folder with the real BPE vocabulary (tests/full_size_clip.py), built
+    once per session (about 10 s)."""
+    from tests.full_size_clip import make_clip_b32
+
+    return make_clip_b32(tmp_path_factory.mktemp("clip-b32") / "clip-b32")

@@ -13,7 +13,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from full_size_clip import make_clip_b32
 
 import prvr  # noqa: F401  - the compatibility fix first
 from prvr.index import GalleryVideo, IndexConfig, VideoIndex
@@ -30,6 +29,7 @@ from prvr.results.confidence import (
     summary_words,
 )
 from prvr.results.search import search
+from tests.clips import write_clip
 
 README = Path(__file__).resolve().parents[1] / "README.md"
 DIM_V, DIM_T, CLASSES = 12, 16, 10
@@ -148,21 +148,14 @@ def test_one_vocabulary_on_the_page_in_the_api_and_in_the_readme() -> None:
 
 
 # ------------------------------------------------------------------------ items 2 and 5 end to end, full size
-def write_clip(path: Path, colour: tuple[int, int, int], seconds: int = 3) -> Path:
-    """A 16:9 H.264 clip of one colour with a moving bar."""
-    import av
+def coloured(colour: tuple[int, int, int]):
+    """A picture of one colour with a moving white bar (for tests.clips.write_clip)."""
+    def picture(i: int, w: int, h: int) -> np.ndarray:
+        img = np.zeros((h, w, 3), np.uint8) + np.array(colour, np.uint8)
+        img[:, (i * 9) % (w - 10) : (i * 9) % (w - 10) + 10] = 255
+        return img
 
-    with av.open(str(path), "w") as out:
-        stream = out.add_stream("libx264", rate=5)
-        stream.width, stream.height, stream.pix_fmt = 160, 96, "yuv420p"
-        for i in range(seconds * 5):
-            img = np.zeros((96, 160, 3), np.uint8) + np.array(colour, np.uint8)
-            img[:, (i * 9) % 150 : (i * 9) % 150 + 10] = 255
-            for packet in stream.encode(av.VideoFrame.from_ndarray(img, format="rgb24")):
-                out.mux(packet)
-        for packet in stream.encode():
-            out.mux(packet)
-    return path
+    return picture
 
 
 @pytest.fixture(scope="module")
@@ -171,7 +164,7 @@ def tiny_dev_set(tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.mktemp("dev_set")
     colours = {"red.mp4": (200, 30, 30), "green.mp4": (30, 200, 30), "blue.mp4": (30, 30, 200)}
     for name, colour in colours.items():
-        write_clip(root / name, colour)
+        write_clip(root / name, frames=15, fps=5, size=(160, 96), picture=coloured(colour))
     for half, texts in (("tune", ("a red screen", "a green screen")), ("check", ("a blue screen",))):
         videos = [{"file": f"{t.split()[1]}.mp4", "queries": [{"text": t, "start": 0.0, "end": 3.0,
                                                                  "clip": t.split()[1], "kind": "clip"}]}
@@ -180,12 +173,7 @@ def tiny_dev_set(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return root
 
 
-@pytest.fixture(scope="module")
-def clip_b32(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return make_clip_b32(tmp_path_factory.mktemp("b32") / "clip-b32")
-
-
-def test_calibrate_and_evaluate_any_model_end_to_end(clip_b32: Path, tiny_dev_set: Path, tmp_path: Path,
+def test_calibrate_and_evaluate_any_model_end_to_end(full_clip_b32: Path, tiny_dev_set: Path, tmp_path: Path,
                                                      monkeypatch: pytest.MonkeyPatch,
                                                      capsys: pytest.CaptureFixture) -> None:
     from benchmarks.calibrate import main as calibrate
@@ -194,6 +182,7 @@ def test_calibrate_and_evaluate_any_model_end_to_end(clip_b32: Path, tiny_dev_se
     from prvr.models.zero_shot import ZeroShotModel
 
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))  # the reference tokens' cache
+    clip_b32 = full_clip_b32
     weights = f"clip={clip_b32}"
     report = evaluate(["--videos", str(tiny_dev_set), "--moments", str(tiny_dev_set / "tune.json"),
                        "--profile", "clip", "--weights", weights, "--json"])

