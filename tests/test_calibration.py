@@ -114,6 +114,14 @@ def test_the_offline_default_ships_its_calibration_from_the_calibrate_command() 
     assert found.source["reference_captions"] == hashlib.sha256(captions.encode()).hexdigest()[:16]
 
 
+def test_info_says_whether_the_labels_are_calibrated(make_predictor, tmp_path: Path) -> None:
+    """The predictor's /info description carries the calibration of the model it serves."""
+    served = make_predictor(tmp_path / "lite").describe()["confidence"]  # the offline default: shipped
+    assert served["calibrated"] is True and served["file"].startswith("lite-")
+    assert served["source"]["command"] == "python -m benchmarks.calibrate --profile lite"
+    assert {"tune", "check"} <= set(served["measured"])
+
+
 # ------------------------------------------------------------------------ items 3 and 4: none, one vocabulary
 def test_none_label_and_words_in_every_result(tmp_path: Path) -> None:
     model = toy_model()

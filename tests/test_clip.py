@@ -10,6 +10,7 @@ import time
 import types
 from pathlib import Path
 
+import httpx
 import numpy as np
 import pytest
 import torch
@@ -249,7 +250,14 @@ def test_app_serves_the_clip_profile_from_a_local_folder(models: dict, data_dir_
         app = client(url)
         info = app.predict(api_name="/info")
         assert info["profile"]["name"] == "clip" and info["model"]["why"] == "chosen with --profile clip"
+        # a model nobody calibrated: /info says so and why, and no result is strong (or none)
+        assert info["confidence"]["calibrated"] is False
+        assert "python -m benchmarks.calibrate --profile clip" in info["confidence"]["reason"]
+        got = httpx.get(url.rstrip("/") + "/info").json()
+        assert got.get("confidence") == info["confidence"], got
         response = app.predict("a cup of coffee on a table", 3, 0.7, api_name="/search")
+    assert response["calibrated"] is False and response["no_strong_match"] is True
+    assert {(r["confidence"], r["confidence_label"]) for r in response["results"]} == {("low", "unconfirmed")}
     top = response["results"][0]
     heat = top["heatmap"]  # one cell per 1 s row of this 40 s video (the clip profile samples 1 row/s)
     assert top["video_id"] == "demo01" and len(heat["score"]) == len(heat["start"]) == round(top["duration"])
