@@ -1,7 +1,8 @@
 """Calibrate a model's confidence labels on the dev set and store them where the app finds them.
 
     python -m benchmarks.calibrate [--profile lite|clip|clip_whole] [--weights clip=DIR_OR_HUB_ID]
-                                   [--dev-set DIR] [--out DIR | --ship] [--json FILE]
+                                   [--dev-set DIR] [--off-topic TUNE CHECK] [--out DIR | --ship]
+                                   [--json FILE]
 
 One command for any training-free model (``prvr.evaluate.annotated.training_free_model``): the dev set's
 videos (``python -m benchmarks.dev_set``, default ``~/.cache/prvr/dev_set``) are indexed with the model's
@@ -275,6 +276,8 @@ def run(dev_set: Path, profile: str = "lite", weights: dict[str, str] | None = N
               "measured": {h: measures(on[h], off[h], refs, cfg) for h in ("tune", "check")},
               "session13_cuts": {h: measures(on[h], off[h], refs, old) for h in ("tune", "check")}}
     spec = " ".join(f"--weights {k}={v}" for k, v in (weights or {}).items())
+    if off_topic != OFF_TOPIC:
+        spec += f" --off-topic {off_topic['tune']} {off_topic['check']}"
     source = {"command": f"python -m benchmarks.calibrate --profile {profile} {spec}".strip(),
               "data": f"dev set {dev_set.name} ({len(ids)} videos): cuts decided on tune.json "
                       f"({len(halves['tune'].queries)} queries) + {off_topic['tune'].name} "
@@ -299,6 +302,10 @@ def main(argv: list[str] | None = None) -> dict:
     where.add_argument("--out", type=Path, default=default_data_dir() / "confidence",
                        help="where to write the calibration (default: the app's, %(default)s)")
     where.add_argument("--ship", action="store_true", help=f"write it to {SHIPPED_CALIBRATIONS} instead")
+    parser.add_argument("--off-topic", type=Path, nargs=2, metavar=("TUNE", "CHECK"),
+                        default=(OFF_TOPIC["tune"], OFF_TOPIC["check"]),
+                        help="the off-topic query files of the two halves (default: offtopic_queries.txt and "
+                        "offtopic_queries_check.txt in benchmarks/)")
     parser.add_argument("--json", type=Path, help="also write the report here")
     args = parser.parse_args(argv)
     weights = parse_weights(args.weights) if args.weights else None
@@ -308,7 +315,8 @@ def main(argv: list[str] | None = None) -> dict:
         if not (args.dev_set / name).is_file():
             parser.error(f"--dev-set {args.dev_set} has no {name}: build it with "
                          "python -m benchmarks.dev_set")
-    calibration, report = run(args.dev_set, args.profile, weights)
+    off_topic = dict(zip(("tune", "check"), args.off_topic, strict=True))
+    calibration, report = run(args.dev_set, args.profile, weights, off_topic)
     path = calibration.write(SHIPPED_CALIBRATIONS if args.ship else args.out)
     report["written"] = str(path)
     text = json.dumps(report, indent=1)

@@ -198,8 +198,12 @@ def test_calibrate_and_evaluate_any_model_end_to_end(full_clip_b32: Path, tiny_d
     assert 0 <= report["metrics"]["two_branch"]["R@1"] <= 100 and "ci" in report
     assert list(tiny_dev_set.glob(".prvr-features-clip-*.h5"))  # its own cache beside lite's
     out = tmp_path / "data" / "confidence"
+    off_topic = [tmp_path / "off_tune.txt", tmp_path / "off_check.txt"]
+    off_topic[0].write_text("# tuning\na volcano erupts at night\nasdf qwer\n")
+    off_topic[1].write_text("a giraffe eats leaves\nwibble wobble\n")
     got = calibrate(["--profile", "clip", "--weights", weights, "--dev-set", str(tiny_dev_set),
-                     "--out", str(out)])
+                     "--off-topic", *map(str, off_topic), "--out", str(out)])
+    assert got["measured"]["check"]["off_topic_queries"] == 2
     assert Path(got["written"]).parent == out and set(got["measured"]) == {"tune", "check"}
     capsys.readouterr()
     model = ZeroShotModel.from_pretrained(str(clip_b32), device="cpu")
@@ -207,5 +211,6 @@ def test_calibrate_and_evaluate_any_model_end_to_end(full_clip_b32: Path, tiny_d
                                  cache_dir=out)  # where the app (data dir's confidence/) looks
     about = found.describe()
     assert about["calibrated"] is True and about["file"] == Path(got["written"]).name
-    assert about["source"]["command"] == f"python -m benchmarks.calibrate --profile clip --weights {weights}"
+    command = f"python -m benchmarks.calibrate --profile clip --weights {weights}"
+    assert about["source"]["command"].startswith(command)
     assert found.cfg == ConfidenceConfig(**got["cuts"])

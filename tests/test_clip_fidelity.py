@@ -128,18 +128,19 @@ def cosines(a: np.ndarray | torch.Tensor, b: np.ndarray | torch.Tensor) -> np.nd
     return F.cosine_similarity(torch.as_tensor(a).float(), torch.as_tensor(b).float(), dim=-1).numpy()
 
 
-def check_rows(folder: Path, video: Path, rows: np.ndarray | None = None, frames_checked: int = 4) -> None:
-    """Rows of the app's extractor == the model's own processor + get_image_features on the same frames, and
-    the squashed frame (the pipeline before issue 35) would not pass."""
+def check_rows(folder: Path, video: Path, rows: np.ndarray | None = None) -> None:
+    """Every row of the app's extractor == the model's own processor + get_image_features on the same frame,
+    and the squashed frame (the pipeline before issue 35) would not pass."""
     if rows is None:
         rows = VideoExtractor("clip", {"clip": str(folder)}, device="cpu").extract(video).features
-    frames = reference_frames(video, min(frames_checked, len(rows)))
+    frames = reference_frames(video, len(rows))
     assert frames.shape[1] != frames.shape[2]  # not 1:1
     pair = load_pair(resolve_weights(str(folder)))
     with torch.no_grad():
         pixels = pair.image_processor(images=list(frames), return_tensors="pt")["pixel_values"]
         expected = pair.model.get_image_features(pixel_values=pixels).pooler_output
-    got = cosines(rows[: len(frames)], expected)
+    assert len(frames) == len(rows)
+    got = cosines(rows, expected)
     assert got.min() >= MIN_COS, got
     if pair.model_type == "clip":  # SigLIP's own processor squashes the whole frame: nothing to tell apart
         side = pixels.shape[-1]
@@ -199,17 +200,17 @@ def test_open_clip_with_the_same_weights_gives_the_same_rows_and_queries(folders
 
     model, preprocess, tokenizer = open_clip_b32(folders["clip"])
     frames = reference_frames(wide_clip, len(wide_rows))
-    with torch.no_grad():  # open_clip's text tower runs its whole context: 50 captions, every kind
+    with torch.no_grad():  # open_clip's text tower runs its whole context: 25 captions, every kind
         images = model.encode_image(torch.stack([preprocess(Image.fromarray(f)) for f in frames]))
-        texts = model.encode_text(tokenizer(captions_200()[::4]))
+        texts = model.encode_text(tokenizer(captions_200()[::8]))
     assert cosines(wide_rows, images).min() >= MIN_COS
-    assert cosines(clip_queries[1][::4], texts).min() >= MIN_COS
+    assert cosines(clip_queries[1][::8], texts).min() >= MIN_COS
 
 
 def test_siglip_text_tower_at_full_size_and_its_tokenizer_rules(folders: dict) -> None:
     from open_clip.tokenizer import HFTokenizer
 
-    folder, captions = folders["siglip"], captions_200()[::8]  # 25: every kind of caption
+    folder, captions = folders["siglip"], captions_200()[3::19]  # 11: every kind of caption
     encoder = TextEncoder("clip", {"clip": str(folder)}, device="cpu")
     assert encoder.profile.max_tokens == 64
     tokens = encoder.encode(captions)
