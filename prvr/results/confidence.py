@@ -156,7 +156,9 @@ def _cached_tokens(text_encoder, captions: list[str], cache_dir: Path | None) ->
     identity = getattr(getattr(backbone, "weights", None), "identity", None)
     if cache_dir is None or identity is None:
         return text_encoder.encode(captions)
-    key = hashlib.sha256(json.dumps([backbone.name, identity, captions]).encode()).hexdigest()[:16]
+    # the profile says how text is read (its cut, e.g. the clip profile's context length), the weights by whom
+    profile = getattr(getattr(text_encoder, "profile", None), "identity", lambda: None)()
+    key = hashlib.sha256(json.dumps([backbone.name, identity, profile, captions]).encode()).hexdigest()[:16]
     path = Path(cache_dir) / f"reference-tokens-{key}.npz"
     if path.exists():
         with np.load(path) as z:
