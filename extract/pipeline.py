@@ -2,8 +2,12 @@
 
 ``VideoExtractor(profile).extract(path) -> VideoFeatures``: probe, split the video into the profile's
 windows, decode only the sampled frames (in a background thread, so decoding overlaps inference), run
-every visual backbone on its share of each window and concatenate. ``TextEncoder(profile).encode(texts)``
-returns one (L, text_dim) token array per text. Bad media raises ``extract.decode.MediaError``.
+every visual backbone on its share of each window and concatenate. The two halves are public on their own:
+``frames(path, info)`` is the CPU half (decoding and resizing, streamed as whole windows of uint8 frames) and
+``embed(windows)`` the model half (the backbones on prepared frames), so a caller can run them apart (in
+other processes: ``extract.frames.FrameFile`` carries the frames between them on local disk).
+``TextEncoder(profile).encode(texts)`` returns one (L, text_dim) token array per text. Bad media raises
+``extract.decode.MediaError``.
 """
 
 from __future__ import annotations
@@ -14,6 +18,7 @@ import os
 import queue
 import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -102,25 +107,6 @@ def resolve_profile(profile: Profile, specs: Mapping[str, str]) -> Profile:
                                text_dim=backbone_dim(profile.text, resolved.get(profile.text)))
 
 
-GPU_SECONDS = 120  # gpu_task's slot when none is given (extract.zerogpu sizes its own from the video)
-
-
-def gpu_task(fn: Callable, duration: int | Callable = GPU_SECONDS) -> Callable:
-    """``fn`` under ZeroGPU's ``spaces.GPU(duration=...)`` where the ``spaces`` package is importable, else
-    ``fn`` itself.
-
-    On a Hugging Face ZeroGPU Space a GPU is attached only while such a function runs, in a forked worker
-    to which its arguments are pickled: decorate a module-level function with small arguments (see
-    ``extract.zerogpu``), never a method of an object holding models. Elsewhere (no ``spaces`` package,
-    or ``spaces`` off ZeroGPU, where its decorator returns ``fn``) nothing changes.
-    """
-    try:
-        import spaces
-    except ImportError:
-        return fn
-    return spaces.GPU(duration=duration)(fn)
-
-
 def _subset(total: int, k: int) -> np.ndarray:
     """k indices spread evenly over range(total) (centres of k equal parts)."""
     return ((np.arange(k) + 0.5) * total / k).astype(np.int64)
@@ -173,6 +159,45 @@ def _whole_windows(batches: Iterator[FrameBatch], per_window: int) -> Iterator[n
         carry = frames[cut:]
 
 
+@dataclass
+class FrameStream:
+    """The CPU half of extraction: a video's sampled frames, decoded and resized, as whole windows in order.
+
+    Iterating yields (w, F, S, S, 3) uint8 arrays (``w`` whole windows of ``F`` frames of ``S`` px), decoded
+    in a background thread at most two batches ahead. After iteration ``warnings`` says what the decoder
+    skipped; a damaged video yields fewer windows than ``windows`` (only those that decoded whole).
+    """
+
+    reader: FrameReader
+    per_window: int
+    ends: np.ndarray  # (windows,) end of each window, seconds
+    duration: float
+
+    @property
+    def windows(self) -> int:
+        """Windows of the whole video (the rows it has when nothing is damaged)."""
+        return len(self.ends)
+
+    @property
+    def frame_shape(self) -> tuple[int, ...]:
+        """(F, S, S, 3): one window's frames."""
+        width, height = self.reader.size
+        return (self.per_window, height, width, 3)
+
+    @property
+    def warnings(self) -> list[str]:
+        """What the decoder skipped (complete once the stream is exhausted)."""
+        return list(self.reader.warnings)
+
+    def seconds_done(self, windows: int) -> float:
+        """Seconds of video covered by the first ``windows`` windows."""
+        return float(min(self.ends[min(windows, len(self.ends)) - 1], self.duration)) if windows else 0.0
+
+    def __iter__(self) -> Iterator[np.ndarray]:
+        for frames in _whole_windows(_prefetch(iter(self.reader)), self.per_window):
+            yield frames.reshape(len(frames) // self.per_window, *self.frame_shape)
+
+
 class VideoExtractor:
     """Turn video files into feature rows with a profile's visual backbones."""
 
@@ -198,14 +223,21 @@ class VideoExtractor:
 
         ``info``: the file's ``probe`` where the caller already has it (else it is probed here).
         ``progress(done_s, total_s)``: called after each decoded batch with the seconds of video done.
-
-        In-process, on this extractor's device. On a ZeroGPU Space use ``extract.zerogpu`` instead,
-        which runs ``rows`` in a GPU slot with plain arguments (this object is never pickled).
+        In-process, on this extractor's device, decoding overlapped with the backbones.
         """
         path = Path(path)
         info = info or probe(path, self.limits)
         rows, warnings = self.rows(path, info, progress=progress)
         return self.features(path, info, rows, warnings, sha256)
+
+    def frames(self, path: str | Path, info: VideoInfo) -> FrameStream:
+        """The CPU half: the profile's sampled frames of ``path`` (probed as ``info``), decoded and resized
+        to the profile's frame size, streamed as whole windows (nothing is decoded until iterated)."""
+        per_window = self.profile.frames_per_window
+        _, ends, times = window_times(info.duration, self.profile.window_s, per_window)
+        size = (self.profile.frame_size, self.profile.frame_size)
+        reader = FrameReader(str(path), times, size, self.batch_windows * per_window, self.limits, info)
+        return FrameStream(reader, per_window, ends, float(info.duration))
 
     def rows(self, path: str | Path, info: VideoInfo, *,
              progress: Callable[[float, float], None] | None = None) -> tuple[np.ndarray, list[str]]:
@@ -214,19 +246,15 @@ class VideoExtractor:
         Returns ``(rows (n, visual_dim) float32, decoder warnings)``; ``n`` counts the whole windows that
         decoded (all of them unless the video is damaged). Raises a MediaError for unusable media.
         """
-        per_window = self.profile.frames_per_window
-        _, ends, times = window_times(info.duration, self.profile.window_s, per_window)
-        size = (self.profile.frame_size, self.profile.frame_size)
-        reader = FrameReader(str(path), times, size, self.batch_windows * per_window, self.limits, info)
+        stream = self.frames(path, info)
         rows = []
-        for frames in _whole_windows(_prefetch(iter(reader)), per_window):
-            rows.append(self._rows(frames))
-            if progress is not None and len(ends):  # seconds of video done after this batch, of the total
-                done = sum(len(r) for r in rows)
-                progress(float(min(ends[min(done, len(ends)) - 1], info.duration)), float(info.duration))
+        for windows in stream:
+            rows.append(self.embed(windows))
+            if progress is not None:  # seconds of video done after this batch, of the total
+                progress(stream.seconds_done(sum(len(r) for r in rows)), stream.duration)
         if not rows:
-            return np.zeros((0, self.profile.visual_dim), np.float32), list(reader.warnings)
-        return np.concatenate(rows), list(reader.warnings)
+            return np.zeros((0, self.profile.visual_dim), np.float32), stream.warnings
+        return np.concatenate(rows), stream.warnings
 
     def features(self, path: str | Path, info: VideoInfo, rows: np.ndarray, warnings: Sequence[str],
                  sha256: str | None = None) -> VideoFeatures:
@@ -241,14 +269,12 @@ class VideoExtractor:
         return VideoFeatures(rows, start[:n], end[:n], duration, sha256 or sha256_file(path), path.name,
                              list(warnings))
 
-    def _rows(self, frames: np.ndarray) -> np.ndarray:
-        """(w * F, H, W, 3) frames of whole windows -> (w, visual_dim) rows."""
-        per_window = self.profile.frames_per_window
-        w = len(frames) // per_window
-        windows = frames[: w * per_window].reshape(w, per_window, *frames.shape[1:])  # (w, F, H, W, 3)
+    def embed(self, windows: np.ndarray) -> np.ndarray:
+        """The model half: (w, F, H, W, 3) uint8 frames of whole windows -> (w, visual_dim) float32 rows."""
+        w = len(windows)
         parts = []
         for backbone, k in zip(self.backbones, self.profile.frames, strict=True):
-            chosen = windows[:, _subset(per_window, k)]  # (w, k, H, W, 3)
+            chosen = windows[:, _subset(windows.shape[1], k)]  # (w, k, H, W, 3)
             if backbone.cfg.kind == "clip":
                 parts.append(backbone.embed(chosen))  # (w, D): one clip per window
             else:  # mean of the per-frame features over the window

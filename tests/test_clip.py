@@ -5,9 +5,7 @@ Every model here is a tiny random CLIP or SigLIP made on the spot (tests/tiny_cl
 
 from __future__ import annotations
 
-import sys
 import time
-import types
 from pathlib import Path
 
 import numpy as np
@@ -22,7 +20,7 @@ from extract.__main__ import main as extract_main
 from extract.backbones import create_backbone
 from extract.clip import load_pair
 from extract.features import FeatureFile
-from extract.pipeline import TextEncoder, VideoExtractor, gpu_task
+from extract.pipeline import TextEncoder, VideoExtractor
 from extract.weights import WeightsUnavailable, resolve_weights
 from prvr.models.zero_shot import ZeroShotConfig, ZeroShotModel
 
@@ -95,19 +93,6 @@ def test_video_rows_one_per_second_deterministic(models: dict, videos: list[Path
     np.testing.assert_array_equal(first.start, [0, 1, 2, 3, 4])
     np.testing.assert_allclose(again.features, first.features, atol=1e-5)
     assert not np.allclose(first.features[0], first.features[-1])  # the red ramp changes the frames
-
-
-def test_gpu_task_is_a_no_op_without_spaces_and_wraps_with_it(monkeypatch: pytest.MonkeyPatch) -> None:
-    def work(x: int) -> int:
-        return x + 1
-
-    monkeypatch.setitem(sys.modules, "spaces", None)  # import spaces -> ImportError, as where not installed
-    assert gpu_task(work) is work
-    calls = []
-    fake = types.SimpleNamespace(GPU=lambda duration: lambda fn: calls.append(duration) or (lambda x: -fn(x)))
-    monkeypatch.setitem(sys.modules, "spaces", fake)
-    wrapped = gpu_task(work)
-    assert wrapped(1) == -2 and calls and calls[0] > 0
 
 
 # ----------------------------------------------------------------------------- the training-free model
