@@ -265,6 +265,7 @@ def test_checkpoint_trained_on_clip_features_is_served(models: dict, videos: lis
                                                         tmp_path: Path) -> None:
     from extract.profiles import ProfileMismatch
     from prvr.evaluate.__main__ import main as evaluate_main
+    from prvr.serve.bootstrap import assemble
     from prvr.serve.model_choice import load_model
     from prvr.serve.predictor import Predictor
     from prvr.serve.settings import AppSettings
@@ -294,4 +295,4 @@ def test_checkpoint_trained_on_clip_features_is_served(models: dict, videos: lis
     other = AppSettings(data_dir=tmp_path / "data2", checkpoint=settings.checkpoint,
                         weights=(f"clip={models['siglip']}",))
     with pytest.raises(ProfileMismatch, match="Pass the weights the model was made with"):
-        Predictor(other, *load_model(other))  # features of another model would be meaningless
+        assemble(other, *load_model(other))  # features of another model would be meaningless

@@ -249,3 +249,23 @@ def test_media_errors_pickle_as_themselves() -> None:
     error = CorruptVideo("/x/a.mp4", "it is damaged.", "Re-encode it.")
     again = pickle.loads(pickle.dumps(error))
     assert type(again) is CorruptVideo and str(again) == str(error) and again.path == error.path
+
+
+def test_clip_towers_for_two_devices_never_move_each_other(tmp_path: Path) -> None:
+    """On ZeroGPU the slots' CLIP image tower goes to (emulated) CUDA while the query encoder and the start-up
+    extractor stay on the CPU, all from one model loaded once per process: a tower built for one device must
+    not move the others ("meta" stands for the GPU here; before, the CPU text tower failed to build, its
+    weights moved away by the image tower)."""
+    from tiny_clip import make_tiny_model
+
+    from extract.pipeline import TextEncoder
+
+    weights = {"clip": str(make_tiny_model(tmp_path / "clip"))}
+    slots = VideoExtractor("clip", weights, device="meta")
+    text = TextEncoder("clip", weights, device="cpu")
+    start = VideoExtractor("clip", weights, device="cpu")
+    assert {p.device.type for p in slots.backbones[0].net.parameters()} == {"meta"}
+    assert {p.device.type for p in start.backbones[0].net.parameters()} == {"cpu"}
+    assert {p.device.type for p in text.backbone.model.parameters()} == {"cpu"}
+    assert text.encode(["a cat"])[0].shape[1] == text.profile.text_dim
+    assert start.extract(encode(tmp_path / "v.mp4", seconds=3.0)).features.shape[0] == 3
