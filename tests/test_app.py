@@ -1,108 +1,19 @@
 """End to end through the app's named API: a real server process, the real model, real videos.
 
-One ``python app.py`` server serves this module and tests/test_browser.py (see ``app_server``).
+One ``python app.py`` server serves this module and tests/test_browser.py (``app_url`` in conftest.py).
 """
 
 from __future__ import annotations
 
-import contextlib
-import os
-import shutil
-import socket
-import subprocess
-import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[1]
+from tests.clips import write_clip
+from tests.servers import DEMO_VIDEOS, client
+
 SHARED = Path(__file__).resolve().parents[2] / "shared"
-START_TIMEOUT_S = 900  # first build on a busy 2-core machine; a cached start takes ~30 s
-# Half the demo gallery halves the first build; it holds the videos the offline default ranks first for the
-# two captions the search test uses (crystal flower: demo05, rabbit: demo07; python -m prvr.evaluate.measure).
-DEMO_VIDEOS = "demo01,demo05,demo06,demo07"
-
-
-def free_port() -> int:
-    """A TCP port nobody listens on right now."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def wait_until_serving(url: str, process: subprocess.Popen, log: Path, timeout: float) -> None:
-    """Poll until the app answers; fail with the server log if it exits or never answers."""
-    import httpx
-
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            pytest.fail(f"app exited with {process.returncode}:\n{log.read_text()[-4000:]}")
-        with contextlib.suppress(httpx.HTTPError):
-            if httpx.get(url, timeout=2).status_code == 200:
-                return
-        time.sleep(1)
-    pytest.fail(f"app did not serve within {timeout} s:\n{log.read_text()[-4000:]}")
-
-
-@contextlib.contextmanager
-def running_app(data_dir: Path, log: Path, *args: str) -> Iterator[str]:
-    """Run ``python app.py`` on a free port with this data dir; yield its URL; stop it afterwards."""
-    port = free_port()
-    env = dict(os.environ, GRADIO_ANALYTICS_ENABLED="False", PYTHONUNBUFFERED="1")
-    with open(log, "w") as out:
-        process = subprocess.Popen([sys.executable, str(REPO / "app.py"), "--port", str(port),
-                                    "--data-dir", str(data_dir), *args],
-                                   cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT)
-    try:
-        url = f"http://127.0.0.1:{port}/"
-        wait_until_serving(url, process, log, START_TIMEOUT_S)
-        yield url
-    finally:
-        process.terminate()
-        try:
-            process.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            process.kill()
-
-
-def prepared_data_dir(cache_dir: Path, work_dir: Path) -> Path:
-    """A fresh copy of the cached data dir (videos + index), so a test run never changes the cache."""
-    data = work_dir / "data"
-    if cache_dir.exists():
-        shutil.copytree(cache_dir, data)
-    return data
-
-
-_SERVER: dict[str, str] = {}  # the test session's one app server, shared with test_browser.py
-
-
-def app_server(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> str:
-    """URL of the session's app server: started on first use, stopped when the test session ends.
-
-    Session-private uploads (the public-host setting) keep tests independent of each other. The data
-    dir is copied from pytest's cache and the cache is updated from it once the app has started, so
-    only the first run ever renders, extracts and indexes the demo videos.
-    """
-    if "url" not in _SERVER:
-        cache_dir = Path(request.config.cache.mkdir(f"prvr_app_{DEMO_VIDEOS.replace(',', '-')}"))
-        work = tmp_path_factory.mktemp("app")
-        data = prepared_data_dir(cache_dir, work)
-        server = contextlib.ExitStack()
-        request.config.add_cleanup(server.close)
-        _SERVER["url"] = server.enter_context(running_app(data, work / "server.log", "--uploads", "session",
-                                                          "--demo-videos", DEMO_VIDEOS))
-        uploads = shutil.ignore_patterns("sessions", "media")
-        shutil.copytree(data, cache_dir, dirs_exist_ok=True, ignore=uploads)
-    return _SERVER["url"]
-
-
-@pytest.fixture(scope="module")
-def app_url(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> str:
-    """The running app's URL."""
-    return app_server(request, tmp_path_factory)
 
 
 @pytest.fixture(scope="module")
@@ -112,13 +23,6 @@ def demo_gallery() -> tuple[dict, dict]:
 
     spec = load_spec()
     return {v["id"]: timeline(v, RenderConfig().transition_s) for v in spec["videos"]}, spec
-
-
-def client(url: str):
-    """A gradio_client session (each Client is its own browser session)."""
-    from gradio_client import Client
-
-    return Client(url, verbose=False)
 
 
 CAPTIONS = ["a clear glass flower figurine seen up close", "a small white rabbit figurine on a wooden table"]
@@ -230,23 +134,6 @@ def test_bad_upload_is_rejected_with_its_reason(app_url: str, tmp_path: Path, ki
 # ------------------------------------------------------------------ fast checks of the app's own pieces
 
 
-def write_video(path: Path, codec: str, size: tuple[int, int], frames: int = 12) -> Path:
-    """A small synthetic video (a moving gradient) with PyAV."""
-    import av
-    import numpy as np
-
-    width, height = size
-    with av.open(str(path), "w") as container:
-        stream = container.add_stream(codec, rate=12)
-        stream.width, stream.height, stream.pix_fmt = width, height, "yuv420p"
-        x = np.linspace(0, 255, width, dtype=np.float32)[None, :, None]
-        for i in range(frames):
-            image = np.ascontiguousarray(np.broadcast_to((x + 10 * i) % 256, (height, width, 3)), np.uint8)
-            container.mux(stream.encode(av.VideoFrame.from_ndarray(image, format="rgb24")))
-        container.mux(stream.encode())
-    return path
-
-
 def test_avi_clip_is_reencoded_to_a_playable_mp4(tmp_path: Path) -> None:
     from extract.decode import probe
     from extract.transcode import ensure_browser_playable, unplayable_reason
@@ -266,7 +153,7 @@ def test_odd_sized_mpeg4_becomes_even_sized_h264(tmp_path: Path) -> None:
     from extract.decode import probe
     from extract.transcode import ensure_browser_playable, unplayable_reason
 
-    src = write_video(tmp_path / "odd.mp4", "mpeg4", (321, 241))
+    src = write_clip(tmp_path / "odd.mp4", 12, codec="mpeg4", size=(321, 241))
     assert unplayable_reason(src) == "video codec 'mpeg4' is not H.264"
     out = ensure_browser_playable(src, tmp_path / "out")
     info = probe(out)
@@ -278,7 +165,7 @@ def test_playable_mp4_is_kept_and_garbage_is_a_media_error(tmp_path: Path) -> No
     from extract.decode import MediaError
     from extract.transcode import ensure_browser_playable
 
-    good = write_video(tmp_path / "good.mp4", "libx264", (320, 240))
+    good = write_clip(tmp_path / "good.mp4", 12, size=(320, 240))
     assert ensure_browser_playable(good, tmp_path / "out") == good
     assert not (tmp_path / "out").exists()
     junk = tmp_path / "junk.mp4"

@@ -9,7 +9,6 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import socket
 from pathlib import Path
 
 import pytest
@@ -17,14 +16,7 @@ import pytest
 import app
 from prvr.results.query import clean_query
 from prvr.results.response import SearchResponse
-from tests.test_uploads import make_predictor, write_clip
-
-
-def free_port() -> int:
-    """A TCP port nobody listens on right now."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from tests.clips import write_clip
 
 
 def response_for(query: str | bytes, confidence: str = "low") -> SearchResponse:
@@ -56,36 +48,6 @@ def test_gradio_copy_of_an_upload_is_removed_but_nothing_else(tmp_path: Path,
     app.discard_upload_copy(str(copy))
     app.discard_upload_copy(str(outside))
     assert not copy.parent.exists() and outside.exists()
-
-
-@pytest.fixture(scope="module")
-def served(tmp_path_factory: pytest.TempPathFactory):
-    """(URL, predictor, session registry) of the app with MCP on, over one indexed synthetic clip (session
-    uploads; a closed tab's uploads are deleted 1 s after; MCP's add_video may read files under the
-    ``allowed`` dir beside the data dir); closed afterwards."""
-    import gradio as gr
-
-    from prvr.models.bridge import BridgeModel
-
-    tmp = tmp_path_factory.mktemp("served")
-    predictor = make_predictor(tmp / "data", BridgeModel.from_pretrained(), uploads="session")
-    predictor.settings.uploads = "shared"  # index one clip in the shared gallery, then serve sessions
-    assert predictor.add_video(write_clip(tmp / "gradient.mp4"))["status"] == "added"
-    predictor.settings.uploads = "session"
-    predictor.settings.mcp_allow_paths = str(tmp / "allowed")
-    gr.set_static_paths(predictor.static_paths())
-    sessions = app.ClosedSessions(grace_s=1.0)
-    demo = app.build_ui(predictor, sessions)
-    demo.queue()
-    port = free_port()
-    demo.launch(server_name="127.0.0.1", server_port=port, prevent_thread_lock=True, mcp_server=True,
-                allowed_paths=predictor.static_paths(), quiet=True,
-                app_kwargs={"routes": app.routes(predictor, sessions)})
-    app.install_mcp(demo, predictor)
-    try:
-        yield f"http://127.0.0.1:{port}/", predictor, sessions
-    finally:
-        demo.close()
 
 
 def test_user_errors_are_one_line_warnings(served: tuple, caplog: pytest.LogCaptureFixture,

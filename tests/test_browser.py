@@ -12,7 +12,6 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from test_app import app_server
 
 REPO = Path(__file__).resolve().parents[1]
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
@@ -25,16 +24,17 @@ QUERIES = (CRYSTAL, "a small white rabbit figurine on a wooden table", CRYSTAL)
 
 
 @pytest.fixture(scope="module")
-def page(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:
-    """A Chromium page on the test session's app server (shared with test_app.py)."""
+def page(request: pytest.FixtureRequest) -> Iterator[object]:
+    """A Chromium page on the test session's app server (shared with test_app.py; started only when the
+    browser can run)."""
     if not Path(CHROMIUM).exists():
         pytest.skip("no chromium: install Debian's chromium package to run the browser test")
     sync_api = pytest.importorskip("playwright.sync_api", reason="the playwright package is not installed")
-    url = app_server(request, tmp_path_factory)
+    app_url = request.getfixturevalue("app_url")
     with sync_api.sync_playwright() as p:
         browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
         page = browser.new_page(viewport={"width": 1280, "height": 1400})
-        page.goto(url)
+        page.goto(app_url)
         yield page
         browser.close()
 
@@ -153,3 +153,22 @@ def test_upload_in_the_page_names_the_file_and_empties_the_list(page, tmp_path: 
     while chosen.get_by_text("beach photo.mp4").count() and time.monotonic() < deadline:
         time.sleep(0.2)
     assert chosen.get_by_text("beach photo.mp4").count() == 0
+
+
+def test_the_readme_screenshot_is_made_from_the_running_app(page, tmp_path: Path) -> None:
+    """scripts/screenshot.py, as a maintainer runs it against a running app: a page-sized PNG with cards."""
+    import subprocess
+    import sys
+
+    from PIL import Image
+
+    url = page.url  # the session's app (the page fixture has skipped where no Chromium runs)
+    out = tmp_path / "shot.png"
+    done = subprocess.run([sys.executable, "scripts/screenshot.py", "--url", url, "--out", str(out),
+                           "--query", QUERY], cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.strip() == f"{out}: 4 result cards for {QUERY!r}"  # the session app's 4 demo videos
+    with Image.open(out) as image:
+        assert image.size == (1280, 1100)
+        colours = image.convert("RGB").resize((64, 55)).getcolors(64 * 55)
+    assert colours is not None and len(colours) > 50  # a rendered page, not a blank one

@@ -12,8 +12,6 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
-from test_extract import encode
-from tiny_clip import DIMS, IMAGE_SIZE, make_tiny_model
 
 import extract  # noqa: F401  - the torchvision fix, before transformers
 from extract.__main__ import main as extract_main
@@ -23,6 +21,9 @@ from extract.features import FeatureFile
 from extract.pipeline import TextEncoder, VideoExtractor
 from extract.weights import WeightsUnavailable, resolve_weights
 from prvr.models.zero_shot import ZeroShotConfig, ZeroShotModel
+from tests.clips import marked, write_clip
+from tests.servers import client, running_app
+from tests.tiny_clip import DIMS, IMAGE_SIZE, make_tiny_model
 
 FAMILIES = ("clip", "siglip")
 TEXTS = ["a red square fades in", "a green block in the corner of the frame"]
@@ -39,7 +40,7 @@ def models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 def videos(tmp_path_factory: pytest.TempPathFactory) -> list[Path]:
     """Three short H.264 clips of 3, 5 and 4 s."""
     root = tmp_path_factory.mktemp("videos")
-    return [encode(root / f"v{i}.mp4", seconds=s, fps=5) for i, s in enumerate((3, 5, 4))]
+    return [write_clip(root / f"v{i}.mp4", 5 * s, 5, picture=marked) for i, s in enumerate((3, 5, 4))]
 
 
 # ----------------------------------------------------------------------------- towers
@@ -225,29 +226,9 @@ def test_without_a_profile_the_app_falls_back_to_lite_naming_model_and_cause(tmp
         load_model(AppSettings(data_dir=tmp_path, profile="paper"))
 
 
-@pytest.fixture(scope="module")
-def demo_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """One rendered demo video (demo01), copied into each data dir that needs it."""
-    from prvr.demo.gallery import build_demo_gallery
-
-    root = tmp_path_factory.mktemp("demo")
-    build_demo_gallery(root, video_ids=["demo01"])
-    return root
-
-
-def data_dir_with_demo(demo_dir: Path, root: Path) -> Path:
-    """A fresh app data dir holding the rendered demo video."""
-    import shutil
-
-    shutil.copytree(demo_dir, root / "demo")
-    return root
-
-
-def test_app_serves_the_clip_profile_from_a_local_folder(models: dict, demo_dir: Path,
+def test_app_serves_the_clip_profile_from_a_local_folder(models: dict, data_dir_with_demo,
                                                           tmp_path: Path) -> None:
-    from test_app import client, running_app
-
-    data = data_dir_with_demo(demo_dir, tmp_path / "data")
+    data = data_dir_with_demo(tmp_path / "data")
     args = ("--profile", "clip", "--weights", f"clip={models['siglip']}", "--demo-videos", "demo01")
     with running_app(data, tmp_path / "server.log", *args) as url:
         app = client(url)
@@ -261,7 +242,7 @@ def test_app_serves_the_clip_profile_from_a_local_folder(models: dict, demo_dir:
     assert 0 <= top["key_moment"]["start"] < top["key_moment"]["end"] <= top["duration"] + 1e-6
 
 
-def test_checkpoint_trained_on_clip_features_is_served(models: dict, videos: list[Path], demo_dir: Path,
+def test_checkpoint_trained_on_clip_features_is_served(models: dict, videos: list[Path], data_dir_with_demo,
                                                         tmp_path: Path) -> None:
     from extract.profiles import ProfileMismatch
     from prvr.evaluate.__main__ import main as evaluate_main
@@ -284,7 +265,7 @@ def test_checkpoint_trained_on_clip_features_is_served(models: dict, videos: lis
     metrics = evaluate_main(["--checkpoint", str(tmp_path / "run" / "best"), "--features", str(feats),
                              "--captions", str(feats), "--device", "cpu"])  # all 6 captions, 3 videos
     assert metrics["total"]["r100"] == 100.0 and 0 <= metrics["total"]["r1"] <= 100
-    settings = AppSettings(data_dir=data_dir_with_demo(demo_dir, tmp_path / "data"),
+    settings = AppSettings(data_dir=data_dir_with_demo(tmp_path / "data"),
                            checkpoint=tmp_path / "run" / "best", weights=(f"clip={models['clip']}",),
                            demo_videos="demo01")
     predictor = Predictor.from_settings(settings)

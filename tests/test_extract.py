@@ -8,10 +8,8 @@ from __future__ import annotations
 
 import ast
 import logging
-from fractions import Fraction
 from pathlib import Path
 
-import av
 import h5py
 import numpy as np
 import pytest
@@ -39,47 +37,15 @@ from extract.decode import (
 from extract.features import FeatureFile, FeatureWriter, VideoFeatures, export_official
 from extract.pipeline import VideoExtractor, _whole_windows
 from extract.profiles import ProfileMismatch, get_profile
+from tests.clips import marked, write_audio, write_clip
 
 SHARED_VIDEOS = Path(__file__).resolve().parents[2] / "shared" / "videos"
 
 
-def encode(path: Path, seconds: float = 3.0, fps: int = 10, size: tuple[int, int] = (64, 48),
-           rotation: int | None = None, pts_ms: list[int] | None = None, options: dict | None = None) -> Path:
-    """Write an H.264 clip whose frame i has red = 8*i (so tests can tell frames apart) and a green
-    block in the top-left quarter (so tests can tell orientation)."""
-    width, height = size
-    times = pts_ms if pts_ms is not None else [round(1000 * i / fps) for i in range(int(seconds * fps))]
-    with av.open(str(path), "w", options=options or {}) as container:
-        stream = container.add_stream("libx264", rate=fps)
-        stream.width, stream.height = width, height
-        stream.pix_fmt = "yuv420p" if width % 2 == 0 and height % 2 == 0 else "yuv444p"  # 4:2:0 needs even
-        stream.options = {"preset": "ultrafast", "g": str(fps)}
-        stream.codec_context.time_base = Fraction(1, 1000)
-        if rotation is not None:
-            stream.set_display_rotation(rotation)
-        for i, ms in enumerate(times):
-            rgb = np.zeros((height, width, 3), np.uint8)
-            rgb[..., 0] = min(255, 8 * i)
-            rgb[: height // 2, : width // 2, 1] = 255
-            frame = av.VideoFrame.from_ndarray(rgb, format="rgb24")
-            frame.pts, frame.time_base = ms, Fraction(1, 1000)
-            container.mux(stream.encode(frame))
-        container.mux(stream.encode())
-    return path
-
-
-def encode_audio(path: Path, seconds: float = 1.0) -> Path:
-    """Write an AAC audio-only file."""
-    with av.open(str(path), "w") as container:
-        stream = container.add_stream("aac", rate=16000)
-        samples = int(16000 * seconds)
-        tone = (0.1 * np.sin(np.arange(samples) * 0.05)).astype(np.float32)[None]
-        for lo in range(0, samples, 1024):
-            frame = av.AudioFrame.from_ndarray(tone[:, lo : lo + 1024], format="fltp", layout="mono")
-            frame.sample_rate = 16000
-            container.mux(stream.encode(frame))
-        container.mux(stream.encode())
-    return path
+def encode(path: Path, seconds: float = 3.0, fps: int = 10, size: tuple[int, int] = (64, 48), **kw) -> Path:
+    """An H.264 clip whose frame i has red = 8*i (so tests can tell frames apart) and a green block in the
+    top-left quarter (so tests can tell orientation); see tests/clips.py."""
+    return write_clip(path, round(seconds * fps), fps, size, picture=marked, **kw)
 
 
 @pytest.fixture(scope="module")
@@ -93,8 +59,8 @@ def media(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
         "portrait": encode(d / "portrait.mp4", seconds=1, size=(36, 64)),
         # variable frame rate: 10 fps for 1 s, then one frame every 0.5 s
         "vfr": encode(d / "vfr.mp4", pts_ms=[*range(0, 1000, 100), 1000, 1500, 2000, 2500]),
-        "audio": encode_audio(d / "audio.m4a"),
-        "long": encode(d / "long.mp4", seconds=10, fps=10, options={"movflags": "+faststart"}),
+        "audio": write_audio(d / "audio.m4a"),
+        "long": encode(d / "long.mp4", seconds=10, fps=10, container_options={"movflags": "+faststart"}),
     }
     data = files["long"].read_bytes()
     for name, fraction in (("cut99", 0.99), ("cut40", 0.4)):  # 99% of the bytes: 9 of 10 s decode

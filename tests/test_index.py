@@ -20,38 +20,12 @@ import prvr  # noqa: F401
 from prvr.index import GalleryError, GalleryVideo, IndexConfig, IndexMismatchError, VideoIndex, store
 from prvr.index.rank import Stored, clip_bounds, exact_rows, frame_bounds, top_k
 from prvr.index.sketch import BoundQuery, quantize, sketch, window_factors
-from prvr.models.mssl import MSSL, MSSLConfig
+from prvr.models.mssl import MSSL
 from prvr.models.preprocess import window_table
+from tests.synthetic import gallery, queries, small_model
 
 SHARED = Path(os.environ.get("PRVR_SHARED", Path(__file__).resolve().parents[2] / "shared"))
 REPO = Path(__file__).resolve().parents[1]
-SMALL = dict(visual_dim=24, query_dim=16, hidden_size=32, n_heads=2, max_ctx_l=32)
-
-
-def small_model(seed: int = 0, **kw) -> MSSL:
-    """A random-init MS-SL with small dims (deterministic per seed)."""
-    torch.manual_seed(seed)
-    return MSSL(MSSLConfig(**{**SMALL, **kw})).eval()
-
-
-def gallery(n: int, seed: int = 0, dim: int = 24, max_rows: int = 40) -> list[GalleryVideo]:
-    """Random videos of 1..max_rows rows, one row per second."""
-    rng = np.random.default_rng(seed)
-    out = []
-    for i in range(n):
-        rows = int(rng.integers(1, max_rows + 1))
-        t = np.arange(rows, dtype=np.float32)
-        out.append(GalleryVideo(f"vid/{seed}-{i}", rng.standard_normal((rows, dim)).astype(np.float32),
-                                t, t + 1, float(rows), title=f"video {i}"))
-    return out
-
-
-def queries(n: int, seed: int = 1, dim: int = 16) -> list[np.ndarray]:
-    """Random token features of 1..35 tokens."""
-    rng = np.random.default_rng(seed)
-    return [rng.standard_normal((int(rng.integers(1, 36)), dim)).astype(np.float32) for _ in range(n)]
-
-
 def ranked(index: VideoIndex, q: np.ndarray, k: int, **kw) -> tuple[np.ndarray, np.ndarray, int]:
     """(positions, totals, scored exactly) of ``index.rank``'s Evidence."""
     ev = index.rank(q, k, **kw)
@@ -520,8 +494,8 @@ def test_second_writer_gets_a_clear_error_and_readers_still_work(tmp_path: Path)
 
 CHILD = textwrap.dedent("""
     import builtins, io, os, sys, time, numpy as np, torch
-    sys.path.insert(0, {tests!r})
-    from test_index import gallery, small_model
+    sys.path.insert(0, {root_dir!r})
+    from tests.synthetic import gallery, small_model
     from prvr.index import IndexConfig, VideoIndex, store
     durable = store._write_durable
     def slow(path, data):  # each add then takes ~1 s of writes, so kills land mid-update
@@ -591,7 +565,7 @@ def test_killed_writer_leaves_old_or_new_index(tmp_path: Path) -> None:
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     debris_seen, outcomes = 0, []
     for how, point in KILLS:
-        script = CHILD.format(tests=str(REPO / "tests"), root=str(root), armed=how == "manifest")
+        script = CHILD.format(root_dir=str(REPO), root=str(root), armed=how == "manifest")
         child = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE,
                                  stdin=subprocess.PIPE, text=True, env=env)
         line = child.stdout.readline()  # one commit done: the next add is under way

@@ -16,8 +16,7 @@ from urllib.parse import quote
 
 import pytest
 
-from tests.test_app_api import served  # noqa: F401  - the in-process app with MCP on
-from tests.test_uploads import write_clip
+from tests.clips import write_clip
 
 
 def call(url: str, *calls: tuple[str, dict]) -> list:
@@ -34,7 +33,7 @@ def call(url: str, *calls: tuple[str, dict]) -> list:
     return asyncio.run(asyncio.wait_for(talk(), 180))
 
 
-def test_search_returns_the_api_json_as_text_and_structured_content(served) -> None:  # noqa: F811
+def test_search_returns_the_api_json_as_text_and_structured_content(served) -> None:
     import httpx
     from gradio_client import Client
 
@@ -52,7 +51,7 @@ def test_search_returns_the_api_json_as_text_and_structured_content(served) -> N
     assert info.structuredContent["model"]["name"] == json.loads(info.content[0].text)["model"]["name"]
 
 
-def test_add_video_takes_the_file_as_base64_data(served, tmp_path: Path) -> None:  # noqa: F811
+def test_add_video_takes_the_file_as_base64_data(served, tmp_path: Path) -> None:
     clip = write_clip(tmp_path / "sent by a client.mp4", frames=28, size=(72, 48))
     data = "data:video/mp4;base64," + base64.b64encode(clip.read_bytes()).decode()
     (result,) = call(served[0], ("add_video", {"video": data}))
@@ -61,7 +60,7 @@ def test_add_video_takes_the_file_as_base64_data(served, tmp_path: Path) -> None
     assert result.structuredContent == json.loads(result.content[0].text)
 
 
-def test_server_paths_only_under_the_allowed_dirs(served, tmp_path: Path) -> None:  # noqa: F811
+def test_server_paths_only_under_the_allowed_dirs(served, tmp_path: Path) -> None:
     url, predictor, _ = served
     allowed = Path(predictor.settings.mcp_allow_paths)
     inside = write_clip(allowed / "operator clip.mp4", frames=34, size=(96, 64))
@@ -78,7 +77,7 @@ def test_server_paths_only_under_the_allowed_dirs(served, tmp_path: Path) -> Non
     assert added.structuredContent["video_id"] in ids  # joined the shared gallery: any session finds it
 
 
-def test_refused_inputs_get_one_sentence_and_no_traceback(served, caplog: pytest.LogCaptureFixture,  # noqa: F811
+def test_refused_inputs_get_one_sentence_and_no_traceback(served, caplog: pytest.LogCaptureFixture,
                                                           capfd: pytest.CaptureFixture) -> None:
     url, predictor, _ = served
     own_id = predictor.index.ids[0]

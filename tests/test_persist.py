@@ -24,6 +24,7 @@ import pytest
 from extract.profiles import get_profile
 from prvr.index import GalleryVideo
 from prvr.serve.persist import PersistentStore, video_key
+from tests.clips import write_clip
 
 REPO = Path(__file__).resolve().parents[1]
 LITE = get_profile("lite").identity()
@@ -58,9 +59,12 @@ def snapshot(root: Path) -> dict[str, tuple]:
 @contextlib.contextmanager
 def audit(root: Path, monkeypatch: pytest.MonkeyPatch):
     """Record every call that could change, rename, delete or lock a file under ``root``, and every
-    file created there (which must be opened with O_CREAT | O_EXCL or mode "x")."""
+    file created there (which must be opened with O_CREAT | O_EXCL or mode "x", and a descriptor so
+    created must be fsynced before it is closed: a bucket uploads a file on close, and a file closed
+    unsynced can be lost or cut short by a crash of the machine)."""
     root = str(root.resolve())
     seen: dict[str, list] = {"violations": [], "exclusive": []}
+    unsynced: dict[int, str] = {}  # descriptors created here and not fsynced yet
 
     def inside(path: object) -> bool:
         try:
@@ -103,7 +107,28 @@ def audit(root: Path, monkeypatch: pytest.MonkeyPatch):
             seen["violations"].append((what, *args[:2]))  # no lock of any kind during the store's work
         return check
 
-    wrap(os, "open", os_open)
+    real_open, real_fsync, real_close = os.open, os.fsync, os.close
+
+    def spy_open(*args, **kwargs):
+        os_open(args, kwargs)
+        fd = real_open(*args, **kwargs)
+        flags = args[1] if len(args) > 1 else kwargs.get("flags", 0)
+        if inside(args[0]) and flags & os.O_CREAT and flags & os.O_EXCL:
+            unsynced[fd] = os.path.basename(args[0])
+        return fd
+
+    def spy_fsync(fd):
+        real_fsync(fd)
+        unsynced.pop(fd if isinstance(fd, int) else fd.fileno(), None)
+
+    def spy_close(fd):
+        if fd in unsynced:
+            seen["violations"].append(("closed without fsync", unsynced.pop(fd)))
+        real_close(fd)
+
+    monkeypatch.setattr(os, "open", spy_open)
+    monkeypatch.setattr(os, "fsync", spy_fsync)
+    monkeypatch.setattr(os, "close", spy_close)
     wrap(builtins, "open", py_open)
     wrap(io, "open", py_open)
     for name in ("replace", "rename", "renames", "unlink", "remove", "rmdir", "truncate", "link", "symlink"):
@@ -304,22 +329,12 @@ def test_an_entry_whose_media_is_cut_short_is_skipped(tmp_path: Path,
 
 
 # ---------------------------------------------------------------------------------------------- (c) restore
-@pytest.fixture(scope="module")
-def model():
-    """The default model (real lite backbones, installed from PyPI; class names cached)."""
-    from prvr.models.bridge import BridgeModel
-
-    return BridgeModel.from_pretrained()
-
-
 def test_restore_into_an_empty_data_dir_answers_the_same_without_extracting(
-        tmp_path: Path, model, monkeypatch: pytest.MonkeyPatch) -> None:
+        tmp_path: Path, make_predictor, monkeypatch: pytest.MonkeyPatch) -> None:
     """Through the app's wiring (settings.persist, the ingest service): shared uploads and folder videos
     (and a folder video's removal) reach the folder; a start on an empty data dir restores them."""
-    from tests.test_uploads import make_predictor, write_clip
-
     persist = tmp_path / "bucket"
-    first = make_predictor(tmp_path / "data1", model, uploads="shared", persist=persist)
+    first = make_predictor(tmp_path / "data1", uploads="shared", persist=persist)
     for n, size in enumerate([(64, 48), (80, 48), (96, 64)]):
         clip = write_clip(tmp_path / "uploads" / f"clip {n}.mp4", frames=36 + 12 * n, size=size)
         assert first.add_video(clip)["status"] == "added"
@@ -340,7 +355,7 @@ def test_restore_into_an_empty_data_dir_answers_the_same_without_extracting(
 
     from extract.pipeline import VideoExtractor
     monkeypatch.setattr(VideoExtractor, "extract", no_extraction)
-    second = make_predictor(tmp_path / "data2", model, uploads="shared", persist=persist)
+    second = make_predictor(tmp_path / "data2", uploads="shared", persist=persist)
     assert not len(second.index)
     t0 = time.perf_counter()
     assert second.ingest.restore() == 4  # the wiring: restore before the demo gallery
@@ -377,14 +392,13 @@ def wired() -> bool:
 
 
 @pytest.mark.skipif(not wired(), reason="the --persist wiring is not applied (no AppSettings.persist)")
-def test_wired_predictor_persists_shared_uploads_only(tmp_path: Path, model,
+def test_wired_predictor_persists_shared_uploads_only(tmp_path: Path, make_predictor,
                                                       monkeypatch: pytest.MonkeyPatch) -> None:
     """The same through the app's own wiring (settings.persist, the ingest service's upload and restore)."""
     from extract.pipeline import VideoExtractor
-    from tests.test_uploads import make_predictor, write_clip
 
     persist = tmp_path / "bucket"
-    first = make_predictor(tmp_path / "data1", model, uploads="shared", persist=persist)
+    first = make_predictor(tmp_path / "data1", uploads="shared", persist=persist)
     first.ingest.restore()
     assert first.add_video(write_clip(tmp_path / "up" / "shared.mp4", frames=48))["status"] == "added"
     before, ids = first.search("a gradient moving to the right", k=5).results, first.index.ids
@@ -394,7 +408,7 @@ def test_wired_predictor_persists_shared_uploads_only(tmp_path: Path, model,
 
     original = VideoExtractor.extract
     monkeypatch.setattr(VideoExtractor, "extract", lambda *a, **k: pytest.fail("extracted again"))
-    second = make_predictor(tmp_path / "data2", model, uploads="session", persist=persist)
+    second = make_predictor(tmp_path / "data2", uploads="session", persist=persist)
     second.ingest.restore()
     assert second.index.ids == ids
     after = second.search("a gradient moving to the right", k=5).results

@@ -5,41 +5,24 @@ from __future__ import annotations
 
 import re
 import time
-from fractions import Fraction
 from pathlib import Path
 
 import pytest
 
-from tests.test_uploads import make_predictor, model  # noqa: F401  - the module's model fixture
+from tests.clips import write_clip
 
 LONG_S = 600  # 10 minutes: long enough that stage-only reports would sit still for many seconds
 
 
 def write_long_video(path: Path, seconds: int = LONG_S, fps: int = 2,
                      size: tuple[int, int] = (32, 24)) -> Path:
-    """A long, tiny MPEG-4 part 2 AVI (not browser-playable: the upload re-encodes it), 2 fps."""
-    import av
-    import numpy as np
-
-    width, height = size
-    with av.open(str(path), "w") as container:
-        stream = container.add_stream("mpeg4", rate=fps)
-        stream.width, stream.height, stream.pix_fmt = width, height, "yuv420p"
-        stream.time_base = Fraction(1, fps)
-        x = np.linspace(0, 255, width, dtype=np.float32)[None, :, None]
-        for i in range(seconds * fps):
-            shade = (x + 3 * i) % 256
-            image = np.ascontiguousarray(np.broadcast_to(shade, (height, width, 3)), np.uint8)
-            frame = av.VideoFrame.from_ndarray(image, format="rgb24")
-            frame.pts = i
-            container.mux(stream.encode(frame))
-        container.mux(stream.encode())
-    return path
+    """A long, tiny MPEG-4 part 2 AVI (not browser-playable: the upload re-encodes it)."""
+    return write_clip(path, seconds * fps, fps, size, codec="mpeg4")
 
 
-def test_a_long_upload_reports_the_seconds_done_at_least_every_2_s(tmp_path: Path, model) -> None:  # noqa: F811
+def test_a_long_upload_reports_the_seconds_done_at_least_every_2_s(tmp_path: Path, make_predictor) -> None:
     video = write_long_video(tmp_path / "long lecture.avi")
-    predictor = make_predictor(tmp_path / "data", model)
+    predictor = make_predictor(tmp_path / "data")
     updates: list[tuple[float, float, str]] = []
 
     def progress(fraction: float, stage: str) -> None:

@@ -10,7 +10,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from test_index import gallery, queries, small_model
 
 from prvr.index import GalleryError, GalleryVideo, IndexConfig, IndexMismatchError, VideoIndex
 from prvr.index.ingest import ReferenceQueries, encode_for_index
@@ -19,6 +18,7 @@ from prvr.index.qdrant_store import QdrantConnectionError, QdrantTarget, pack, u
 from prvr.index.store import IndexStoreError
 from prvr.results.search import encode_query, search
 from prvr.serve.settings import AppSettings
+from tests.synthetic import gallery, queries, small_model
 
 MEMORY = "qdrant+local://:memory:"
 TINY = dict(map_size=8)  # 36 windows per video: the 1,000-video gallery encodes in seconds

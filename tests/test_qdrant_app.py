@@ -3,14 +3,13 @@
 Through the Predictor (what app.py runs): start, search (text in, results out), an upload, a restart on the
 same store (the upload and the folder video still there, nothing extracted again); then one real
 ``python app.py`` server on that store, whose ``/prvr/video/<id>`` route serves the files and whose
-``/search`` answers. The tests share one store and run in order; the data dir (the rendered demo video,
-caches) comes from pytest's cache after the first run.
+``/search`` answers. The tests share one store and run in order; the data dir starts with the test
+session's rendered demo videos (conftest.py).
 """
 
 from __future__ import annotations
 
 import re
-import shutil
 from pathlib import Path
 from types import SimpleNamespace
 from urllib.parse import quote
@@ -18,15 +17,10 @@ from urllib.parse import quote
 import pytest
 
 import extract  # noqa: F401  - the torchvision fix, before any backbone
-from tests.test_app import running_app, write_video
+from tests.clips import write_clip
+from tests.servers import running_app
 
 DEMO = "demo01"  # one demo video: a quick first start
-
-
-def clip(path: Path, frames: int, size: tuple[int, int]) -> Path:
-    """A small H.264 clip (test_app's moving gradient), its folder made if missing."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    return write_video(path, "libx264", size, frames)
 
 
 def settings(world: SimpleNamespace):
@@ -38,20 +32,16 @@ def settings(world: SimpleNamespace):
 
 
 @pytest.fixture(scope="module")
-def world(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory):
+def world(tmp_path_factory: pytest.TempPathFactory, data_dir_with_demo):
     """A started Predictor on an embedded Qdrant store, with a folder gallery of one clip."""
     from prvr.serve.predictor import Predictor
 
-    cache = Path(request.config.cache.mkdir(f"prvr_qdrant_app_{DEMO}"))
     work = tmp_path_factory.mktemp("qdrant-app")
-    data = work / "data"
-    if cache.exists():
-        shutil.copytree(cache, data)
+    data = data_dir_with_demo(work / "data")
     folder = work / "folder"
-    clip(folder / "gradient.mp4", 24, (64, 48))
+    write_clip(folder / "gradient.mp4", 24, size=(64, 48))
     world = SimpleNamespace(work=work, data=data, folder=folder, url=f"qdrant+local://{work / 'qdrant'}")
     world.predictor = Predictor.from_settings(settings(world))
-    shutil.copytree(data, cache, dirs_exist_ok=True, ignore=shutil.ignore_patterns("sessions", "media"))
     yield world
     if world.predictor is not None:
         world.predictor.close()
@@ -80,7 +70,7 @@ def test_search_text_in_results_out(world) -> None:
 
 def test_an_upload_joins_the_shared_gallery(world, tmp_path: Path) -> None:
     p = world.predictor
-    video = clip(tmp_path / "My holiday.mp4", 36, (96, 64))
+    video = write_clip(tmp_path / "My holiday.mp4", 36, size=(96, 64))
     added = p.add_video(video, name="My holiday.mp4")
     assert added["status"] == "added", added
     world.upload = added["video_id"]

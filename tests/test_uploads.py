@@ -13,37 +13,15 @@ import pytest
 
 import extract  # noqa: F401  - the torchvision fix, before any backbone
 from extract.decode import CorruptVideo
-from tests.test_app import write_video
+from prvr.serve.bootstrap import sweep_media
+from tests.clips import write_clip
 
 REPO = Path(__file__).resolve().parents[1]
 
 
-def write_clip(path: Path, frames: int = 24, size: tuple[int, int] = (64, 48)) -> Path:
-    """A 2 s H.264 clip (``test_app.write_video``'s moving gradient), its folder made if missing."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    return write_video(path, "libx264", size, frames)
-
-
-@pytest.fixture(scope="module")
-def model():
-    """The default model (real lite backbones, installed from PyPI; class names cached)."""
-    from prvr.models.bridge import BridgeModel
-
-    return BridgeModel.from_pretrained()
-
-
-def make_predictor(data_dir: Path, model, **settings):
-    """A Predictor over an empty shared index in ``data_dir`` (its parts only, no start-up steps: fast)."""
-    from prvr.serve.bootstrap import assemble
-    from prvr.serve.model_choice import ModelInfo
-    from prvr.serve.settings import AppSettings
-
-    return assemble(AppSettings(data_dir=data_dir, **settings), model, ModelInfo("m", "d"), "lite")
-
-
-def test_messages_name_the_uploaded_file_not_the_stored_copy(tmp_path: Path, model,
+def test_messages_name_the_uploaded_file_not_the_stored_copy(tmp_path: Path, make_predictor,
                                                              monkeypatch: pytest.MonkeyPatch) -> None:
-    predictor = make_predictor(tmp_path / "data", model)
+    predictor = make_predictor(tmp_path / "data")
     clip = write_clip(tmp_path / "gradio" / "Birthday party.mp4")
     models = predictor.ingest.extractor.models  # the in-process extractor's VideoExtractor
     original = models.extract
@@ -71,8 +49,8 @@ def test_messages_name_the_uploaded_file_not_the_stored_copy(tmp_path: Path, mod
     assert added["message"].startswith("Birthday party.mp4: added") and "“Birthday party”" in added["message"]
 
 
-def test_session_limit_message_suits_browser_and_api(tmp_path: Path, model) -> None:
-    predictor = make_predictor(tmp_path / "data", model, uploads="session", max_uploads_per_session=1)
+def test_session_limit_message_suits_browser_and_api(tmp_path: Path, make_predictor) -> None:
+    predictor = make_predictor(tmp_path / "data", uploads="session", max_uploads_per_session=1)
     session = predictor.ensure_session(None)
     session.uploads = 1
     out = predictor.add_video(write_clip(tmp_path / "a.mp4"), session)
@@ -80,11 +58,9 @@ def test_session_limit_message_suits_browser_and_api(tmp_path: Path, model) -> N
     assert "new client" in out["message"] and "reload the page" in out["message"]
 
 
-def test_start_sweeps_what_an_interrupted_upload_left(tmp_path: Path, model) -> None:
-    from prvr.serve.bootstrap import sweep_media
-
+def test_start_sweeps_what_an_interrupted_upload_left(tmp_path: Path, make_predictor) -> None:
     data = tmp_path / "data"
-    predictor = make_predictor(data, model)
+    predictor = make_predictor(data)
     kept = predictor.add_video(write_clip(tmp_path / "kept.mp4"))
     assert kept["status"] == "added"
     stored = {p for p in predictor.media.dir.rglob("*") if p.is_file()}
@@ -112,7 +88,7 @@ def test_start_sweeps_what_an_interrupted_upload_left(tmp_path: Path, model) -> 
     assert (predictor.media.dir / "bbbbbbbbbbbbbbbb.mp4").exists()
 
 
-def test_a_killed_upload_leaves_nothing_after_the_next_start(tmp_path: Path) -> None:
+def test_a_killed_upload_leaves_nothing_after_the_next_start(tmp_path: Path, make_predictor) -> None:
     """SIGKILL while an upload's copy is being stored; the next start removes every trace of it."""
     data, clip = tmp_path / "data", write_clip(tmp_path / "slow.mp4", frames=48)
     script = f"""
@@ -142,22 +118,19 @@ p.add_video({str(clip)!r})
     finally:
         proc.wait(timeout=30)
     assert any(p.is_file() for p in (data / "media").rglob("*"))  # the kill left a partial upload
-    from prvr.models.bridge import BridgeModel
-    from prvr.serve.bootstrap import sweep_media
-
-    predictor = make_predictor(data, BridgeModel.from_pretrained())
+    predictor = make_predictor(data)
     sweep_media(predictor)
     assert not any(p.is_file() for p in predictor.media.dir.rglob("*"))
     assert len(predictor.index) == 0
 
 
-def test_search_kernels_warm_in_the_background(model, caplog: pytest.LogCaptureFixture) -> None:
+def test_search_kernels_warm_in_the_background(lite_model, caplog: pytest.LogCaptureFixture) -> None:
     import logging
 
     from prvr.serve.model_choice import warm_search_kernels
 
     with caplog.at_level(logging.INFO, logger="prvr.serve.model_choice"):
-        thread = warm_search_kernels(model)
+        thread = warm_search_kernels(lite_model)
         thread.join(timeout=300)
     assert not thread.is_alive()
     messages = [r.getMessage() for r in caplog.records if r.name == "prvr.serve.model_choice"]
@@ -165,7 +138,8 @@ def test_search_kernels_warm_in_the_background(model, caplog: pytest.LogCaptureF
     assert messages[-1].startswith("search kernels ready in"), messages  # a failure logs an exception
 
 
-def test_an_old_schema_index_is_left_alone_and_a_new_one_built_beside_it(tmp_path: Path, model) -> None:
+def test_an_old_schema_index_is_left_alone_and_a_new_one_built_beside_it(tmp_path: Path, lite_model,
+                                                                            make_predictor) -> None:
     """The shared index lives in a directory named by the index schema: a data dir written by a release
     before schema 6 (no fine rows, segments or reference scores) keeps its old index untouched, the app
     builds a new one, and opening the old one directly is refused with a message to rebuild it."""
@@ -173,25 +147,25 @@ def test_an_old_schema_index_is_left_alone_and_a_new_one_built_beside_it(tmp_pat
 
     from prvr.index import VideoIndex, store
 
-    old = tmp_path / "indexes" / f"lite-{model.fingerprint()[:12]}-v{store.SCHEMA_VERSION - 1}"
+    old = tmp_path / "indexes" / f"lite-{lite_model.fingerprint()[:12]}-v{store.SCHEMA_VERSION - 1}"
     old.mkdir(parents=True)
     manifest = {"format": store.FORMAT, "schema_version": store.SCHEMA_VERSION - 1, "generation": 3,
                 "segments": []}
     (old / store.MANIFEST).write_text(json.dumps(manifest))
     before = (old / store.MANIFEST).read_bytes()
-    predictor = make_predictor(tmp_path, model)
+    predictor = make_predictor(tmp_path)
     assert predictor.index.root.name.endswith(f"-v{store.SCHEMA_VERSION}") and predictor.index.root != old
     assert len(predictor.index) == 0 and (old / store.MANIFEST).read_bytes() == before
     with pytest.raises(store.IndexStoreError, match="rebuild the index"):
-        VideoIndex.open(old, model)
+        VideoIndex.open(old, lite_model)
     bank = predictor.index.manifest["references"]
     assert bank == {"id": predictor.calibrator.reference_id, "count": 261}  # the app's bank, stored
 
 
-def test_titles_of_different_files_never_collide(tmp_path: Path, model) -> None:
+def test_titles_of_different_files_never_collide(tmp_path: Path, make_predictor) -> None:
     from prvr.serve.ingest import unique_title
 
-    predictor = make_predictor(tmp_path / "data", model)
+    predictor = make_predictor(tmp_path / "data")
     first = write_clip(tmp_path / "a" / "unsupported.mp4", frames=24)
     second = write_clip(tmp_path / "b" / "unsupported.mov", frames=30)  # other bytes, same stem
     third = write_clip(tmp_path / "c" / "unsupported.mov", frames=36)

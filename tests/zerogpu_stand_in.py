@@ -96,11 +96,11 @@ SimpleQueue.put = measured_put
 
 import av  # noqa: E402
 import decord  # noqa: E402
-from h264_clip import encode  # noqa: E402  - tests/ is this script's directory
 
 from extract.decode import CorruptVideo  # noqa: E402
 from extract.pipeline import VideoExtractor  # noqa: E402
 from prvr.serve.zerogpu import SlotRule, ZeroGpuExtractor  # noqa: E402
+from tests.clips import write_clip  # noqa: E402
 
 _embed, _av_open, _video_reader = VideoExtractor.embed, av.open, decord.VideoReader
 
@@ -192,7 +192,7 @@ def main() -> None:
     from prvr.serve.model_choice import search_device
     from prvr.serve.settings import on_zerogpu
 
-    video = encode(OUT / "clip.mp4")  # 6 s: six 1 s windows of the lite profile
+    video = write_clip(OUT / "clip.mp4", 60, 10)  # 6 s: six 1 s windows of the lite profile
     result: dict = {"main_pid": MAIN_PID, "on_zerogpu": on_zerogpu(), "search_device": search_device()}
     # in-process first: the parent runs multi-threaded torch CPU ops before any fork (the OpenMP hazard)
     local = VideoExtractor("lite", device="cpu").extract(video)
@@ -230,7 +230,7 @@ def upload_through_the_app() -> dict:
     predictor = app_predictor(OUT / "data")
     stages: list[str] = []
     reset()
-    source = encode(OUT / "upload source.mp4", seconds=8.0)
+    source = write_clip(OUT / "upload source.mp4", 80, 10)
     outcome = predictor.add_video(source, progress=lambda _, stage: stages.append(stage),
                                   name="my holiday.mp4")
     slot_calls, worker_events = list(calls), events()
@@ -245,7 +245,7 @@ def thirty_minutes() -> dict:
     """A 30-minute upload through the app's path with the default rule (the model's rows stubbed: the
     point is what is accepted and asked for): the visitor is told the GPU seconds before the first slot."""
     predictor = app_predictor(OUT / "data-long")
-    source = encode(OUT / "half an hour.mp4", seconds=1800.0, fps=1, size=(32, 24))
+    source = write_clip(OUT / "half an hour.mp4", 1800, 1, size=(32, 24))
     reset("fast")
     outcome = predictor.add_video(source, progress=lambda _, stage: timeline.append(stage),
                                   name="lecture.mp4")
@@ -265,7 +265,7 @@ def main_emulated() -> None:
     from prvr.serve.extraction import choose_extractor
     from prvr.serve.model_choice import search_device
 
-    video = encode(OUT / "clip.mp4")
+    video = write_clip(OUT / "clip.mp4", 60, 10)
     extractor = choose_extractor("lite")
     result = {"emulated_cuda": torch.cuda.is_available(), "kind": type(extractor).__name__,
               "param_device": str(next(extractor.models.backbones[0].net.parameters()).device)}

@@ -1,0 +1,99 @@
+"""Fixtures shared by the test modules (built in the test session's own temporary folders: a run never
+reads or writes pytest's cache, and any file can run alone or in any order)."""
+
+from __future__ import annotations
+
+import contextlib
+import shutil
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+import extract  # noqa: F401  - the torchvision fix, before any backbone
+from tests.clips import write_clip
+from tests.servers import DEMO_VIDEOS, free_port, running_app
+
+
+@pytest.fixture(scope="session")
+def lite_model():
+    """The offline default model (real lite backbones installed from PyPI)."""
+    from prvr.models.bridge import BridgeModel
+
+    return BridgeModel.from_pretrained()
+
+
+@pytest.fixture(scope="session")
+def make_predictor(lite_model) -> Callable:
+    """``make_predictor(data_dir, **settings)``: a Predictor over an empty shared index in ``data_dir`` (its
+    parts only, ``prvr.serve.bootstrap.assemble``: no demo gallery, fast), with the offline default model;
+    ``model=`` gives another."""
+    from prvr.serve.bootstrap import assemble
+    from prvr.serve.model_choice import ModelInfo
+    from prvr.serve.settings import AppSettings
+
+    def make(data_dir: Path, model=None, **settings):
+        return assemble(AppSettings(data_dir=data_dir, **settings), model or lite_model, ModelInfo("m", "d"),
+                        "lite")
+
+    return make
+
+
+@pytest.fixture(scope="session")
+def demo_renders(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The DEMO_VIDEOS rendered once per test session (the slow part of a first start)."""
+    from prvr.demo.gallery import build_demo_gallery
+
+    root = tmp_path_factory.mktemp("demo-renders")
+    build_demo_gallery(root, video_ids=DEMO_VIDEOS.split(","))
+    return root
+
+
+@pytest.fixture(scope="session")
+def data_dir_with_demo(demo_renders: Path) -> Callable[[Path], Path]:
+    """``data_dir_with_demo(root)``: a fresh app data dir at ``root`` holding the rendered demo videos."""
+
+    def make(root: Path) -> Path:
+        shutil.copytree(demo_renders, root / "demo")
+        return root
+
+    return make
+
+
+@pytest.fixture(scope="session")
+def app_url(tmp_path_factory: pytest.TempPathFactory, data_dir_with_demo: Callable) -> Iterator[str]:
+    """URL of the test session's one ``python app.py`` server (the DEMO_VIDEOS, session-private uploads so
+    that tests stay independent of each other); stopped when the session ends."""
+    work = tmp_path_factory.mktemp("app")
+    data = data_dir_with_demo(work / "data")
+    with running_app(data, work / "server.log", "--uploads", "session", "--demo-videos", DEMO_VIDEOS) as url:
+        yield url
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory: pytest.TempPathFactory, make_predictor: Callable):
+    """(URL, predictor, session registry) of the app in this process with MCP on, over one indexed synthetic
+    clip (session uploads; a closed tab's uploads are deleted 1 s after; MCP's add_video may read files
+    under the ``allowed`` dir beside the data dir); closed afterwards."""
+    import gradio as gr
+
+    import app
+
+    tmp = tmp_path_factory.mktemp("served")
+    predictor = make_predictor(tmp / "data", uploads="session")
+    predictor.settings.uploads = "shared"  # index one clip in the shared gallery, then serve sessions
+    assert predictor.add_video(write_clip(tmp / "gradient.mp4"))["status"] == "added"
+    predictor.settings.uploads = "session"
+    predictor.settings.mcp_allow_paths = str(tmp / "allowed")
+    gr.set_static_paths(predictor.static_paths())
+    sessions = app.ClosedSessions(grace_s=1.0)
+    demo = app.build_ui(predictor, sessions)
+    demo.queue()
+    port = free_port()
+    demo.launch(server_name="127.0.0.1", server_port=port, prevent_thread_lock=True, mcp_server=True,
+                allowed_paths=predictor.static_paths(), quiet=True,
+                app_kwargs={"routes": app.routes(predictor, sessions)})
+    app.install_mcp(demo, predictor)
+    with contextlib.ExitStack() as stack:
+        stack.callback(demo.close)
+        yield f"http://127.0.0.1:{port}/", predictor, sessions
