@@ -55,7 +55,7 @@ class Way:
     """How one way in treats its videos (see the module docstring's table)."""
 
     name: str  # in logs: "upload", "demo", "folder"
-    prefix: str  # of its video ids
+    prefix: str | None  # of the video ids it makes (None: the ids it is given, e.g. the demo recipe's)
     limits: bool  # the app's upload limits apply (size, per-session count, --max-duration-s)
     copy: str  # "store": a whole copy in the gallery's media dir; "playable": re-encoded there only when
     # a browser cannot play it (else served in place); "none": served in place
@@ -65,7 +65,7 @@ class Way:
 
 
 UPLOAD = Way("upload", "upload:", limits=True, copy="store", persist=True, at_start=False, by_content=True)
-DEMO = Way("demo", "demo:", limits=False, copy="none", persist=False, at_start=True)
+DEMO = Way("demo", None, limits=False, copy="none", persist=False, at_start=True)
 FOLDER = Way("folder", "folder:", limits=False, copy="playable", persist=True, at_start=True)
 WAYS = (UPLOAD, DEMO, FOLDER)
 
@@ -223,7 +223,7 @@ class IngestService:
         the videos saved."""
         if self.persist is None:
             return 0
-        persisting = tuple(w.prefix for w in WAYS if w.persist)
+        persisting = tuple(w.prefix for w in WAYS if w.persist and w.prefix)
         unsaved = [r for r in self.shared.records()
                    if r["id"].startswith(persisting) and r["id"] not in self.persist.live]
         if not unsaved:

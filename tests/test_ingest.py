@@ -1,0 +1,106 @@
+"""The ingest service (prvr.serve.ingest): every way in, and whether it ends in --persist's folder.
+
+Each way in keeps its own promise: a shared upload (the page, the API, MCP's add_video of a server path) and
+a --gallery folder video are written to the bucket, and a folder video's removal too; a session's upload and
+the demo gallery never are; a restore writes nothing; and a start with --persist on a data dir that holds
+shared videos from before writes those to the bucket (issue #38 item 4).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from prvr.serve.persist import PersistentStore
+from tests.clips import write_clip
+
+
+def files(root: Path) -> dict[str, str]:
+    """Every file under ``root``: relative name -> sha256 of its bytes."""
+    return {p.relative_to(root).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+def kept(bucket: Path, predictor) -> set[str]:
+    """The video ids a start would restore from ``bucket`` (read as a new process would)."""
+    return {v.id for v in PersistentStore(bucket, predictor.ingest.extractor.profile.identity()).restore()}
+
+
+def test_every_way_in_persists_as_its_policy_says(tmp_path: Path, make_predictor) -> None:
+    bucket, folder, inbox = tmp_path / "bucket", tmp_path / "folder", tmp_path / "inbox"
+    first = make_predictor(tmp_path / "data1", uploads="shared", persist=bucket)
+    # an upload to the shared gallery: the page and the API with shared uploads, and MCP's add_video of a
+    # server path (app.install_mcp hands it to the same call)
+    upload = first.add_video(write_clip(inbox / "holiday.mp4", 36), name="holiday.mp4")
+    first.settings.uploads = "session"  # a visitor's private upload
+    session = first.ensure_session(None)
+    private = first.add_video(write_clip(inbox / "private.mp4", 30, size=(48, 48)), session)
+    first.settings.uploads = "shared"
+    demo = first.ingest.add_demo([SimpleNamespace(id="demo09", title="a demo video",
+                                                  path=write_clip(tmp_path / "demo" / "one.mp4", 40))])
+    write_clip(folder / "kept.mp4", 48, size=(72, 56))
+    write_clip(folder / "gone.mp4", 60, size=(56, 40))
+    synced = first.ingest.sync_folder(folder)
+    assert [o["status"] for o in (upload, private)] + [o.status for o in demo + synced] == ["added"] * 5
+    assert set(first.index.ids) == {upload["video_id"], "demo09", "folder:gone.mp4", "folder:kept.mp4"}
+    assert kept(bucket, first) == {upload["video_id"], "folder:gone.mp4", "folder:kept.mp4"}
+    (folder / "gone.mp4").unlink()
+    assert first.ingest.sync_folder(folder) == []  # a removal: its tombstone
+    assert kept(bucket, first) == {upload["video_id"], "folder:kept.mp4"}
+    first.close()
+
+    before = files(bucket)
+    second = make_predictor(tmp_path / "data2", uploads="shared", persist=bucket)  # an empty data dir
+    with second.ingest.starting():
+        assert second.ingest.restore() == 2
+        assert second.ingest.save_unsaved() == 0  # everything shared is in the bucket already
+    assert files(bucket) == before  # a restore writes nothing
+    assert set(second.index.ids) == {upload["video_id"], "folder:kept.mp4"}
+    (folder / "kept.mp4").unlink()
+    second.ingest.sync_folder(folder)  # a restored video's removal is recorded as well
+    second.close()
+    assert kept(bucket, second) == {upload["video_id"]}
+
+
+def test_a_start_with_persist_saves_the_shared_videos_the_bucket_lacks(
+        tmp_path: Path, make_predictor, data_dir_with_demo, caplog: pytest.LogCaptureFixture) -> None:
+    """Issue #38 item 4: uploads and folder videos indexed before --persist was given are written to the
+    bucket at the next start with --persist (one log line says how many), so a restart on an empty data
+    dir still has them; the demo gallery is not written."""
+    from prvr.serve.predictor import Predictor
+    from prvr.serve.settings import AppSettings
+
+    data, folder, bucket = data_dir_with_demo(tmp_path / "data"), tmp_path / "folder", tmp_path / "bucket"
+    earlier = make_predictor(data, uploads="shared")  # no --persist yet
+    uploads = [earlier.add_video(write_clip(tmp_path / f"clip {n}.mp4", 30 + 6 * n, size=(64 + 16 * n, 48)))
+               for n in range(3)]
+    write_clip(folder / "mine.mp4", 42, size=(80, 64))
+    earlier.ingest.sync_folder(folder)
+    earlier.close()
+    shared = {u["video_id"] for u in uploads} | {"folder:mine.mp4"}
+    settings = AppSettings(data_dir=data, persist=bucket, gallery=folder, uploads="shared",
+                           demo_videos="demo01")
+    with caplog.at_level(logging.INFO, logger="prvr.serve.ingest"):
+        started = Predictor.from_settings(settings)
+    query = "a gradient moving to the right"
+    scores = {r["video_id"]: r["score"] for r in started.search(query, k=10).results}
+    assert kept(bucket, started) == shared
+    started.close()
+    lines = [r.getMessage() for r in caplog.records]
+    assert any(line.startswith("4 shared videos are not in the persistent folder") for line in lines), lines
+    assert "saved 4 of the 4 shared videos to the persistent folder" in lines
+
+    fresh = AppSettings(data_dir=data_dir_with_demo(tmp_path / "fresh"), persist=bucket, uploads="shared",
+                        demo_videos="demo01")
+    again = Predictor.from_settings(fresh)  # an empty data dir: the bucket restores them
+    try:
+        assert set(again.index.ids) == shared | {"demo01"}
+        restored = {r["video_id"]: r["score"] for r in again.search(query, k=10).results}
+        assert restored.keys() == scores.keys()
+        assert restored == pytest.approx(scores, abs=1e-4)  # features extracted again: the same rows
+    finally:
+        again.close()
