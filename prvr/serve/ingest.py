@@ -234,9 +234,9 @@ class IngestService:
         for record in unsaved:
             path = self.media.locate(record["path"])
             try:
-                with self.media.work() as work:
-                    features = self._extractor(FOLDER).extract(path, None, record.get("sha256", ""), work,
-                                                               _quiet)
+                with self.media.work() as work:  # at start: the start-up models where ``starting`` lasts
+                    features = (self._start or self.extractor).extract(path, None, record.get("sha256", ""),
+                                                                       work, _quiet)
                 video = GalleryVideo.from_features(record["id"], features, record.get("title", ""),
                                                    record["path"])
                 self.persist.record_add(video, self._kept_media(path))
@@ -304,8 +304,6 @@ class IngestService:
         notes = ""
         if plan is not None:  # ZeroGPU: the visitor is told the GPU seconds before any is asked for
             notes = f" It asked ZeroGPU for {plan.words()}."
-            log.info("%s: %.1f minutes of video: asks ZeroGPU for %s", shown, info.duration / 60,
-                     plan.words())
             report(0.02, f"checking the file: {info.duration / 60:.1f} minutes of video will ask ZeroGPU for "
                          f"{plan.words()}")
         sha = arrival.sha256 or sha256_file(path)
