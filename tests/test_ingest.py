@@ -104,3 +104,17 @@ def test_a_start_with_persist_saves_the_shared_videos_the_bucket_lacks(
         assert restored == pytest.approx(scores, abs=1e-4)  # features extracted again: the same rows
     finally:
         again.close()
+
+
+def test_max_duration_still_bounds_what_an_upload_may_be(tmp_path: Path, make_predictor) -> None:
+    """Any length fits the GPU slots now; --max-duration-s is what refuses a video, before any copy."""
+    from prvr.serve.settings import AppSettings
+
+    assert AppSettings().max_duration_s >= 30 * 60  # a half-hour upload is accepted by default
+    predictor = make_predictor(tmp_path / "data", max_duration_s=60.0)
+    long = write_clip(tmp_path / "in" / "x.mp4", 900, 10, size=(32, 24))  # 90 s
+    out = predictor.add_video(long, name="lecture.mp4")
+    assert out == {"status": "rejected", "video_id": None,
+                   "message": "lecture.mp4: 1.5 minutes is longer than the limit of 1.0 minutes. Cut the "
+                              "video into shorter parts."}
+    assert len(predictor.index) == 0 and not any(p.is_file() for p in predictor.media.dir.rglob("*"))
