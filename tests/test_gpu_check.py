@@ -14,14 +14,14 @@ def test_the_quick_cpu_run_measures_every_step(capsys: pytest.CaptureFixture) ->
     from benchmarks import gpu_check
     from prvr.serve.zerogpu import SlotRule
 
-    result = gpu_check.main(["--device", "cpu", "--quick"])
+    result = gpu_check.main(["--device", "cpu", "--quick", "--seconds", "8"])
     assert json.loads(capsys.readouterr().out) == result  # one JSON object on stdout
-    assert result["device"] == "cpu" and result["clip"]["seconds"] == 20.0
+    assert result["device"] == "cpu" and result["clip"]["seconds"] == 8.0
     for profile in ("lite", "clip"):
         assert result["models"][profile]["frames_per_s"] > 0
         run = result["extraction"][profile]
         assert run["same_rows"] and run["slots"] == 1 and run["model_s_per_frame"] > 0
-        assert run["gpu_seconds_asked"] == SlotRule().plan(get_profile(profile), 20.0).total_s
+        assert run["gpu_seconds_asked"] == SlotRule().plan(get_profile(profile), 8.0).total_s
         assert result["rule"]["implied"]["per_frame_s"][profile] == pytest.approx(
             gpu_check.FRAME_MARGIN * run["model_s_per_frame"], abs=1e-4)
     assert result["decode"]["sampled_frames_per_s"] > 0 and result["decode"]["frame_file_mb"] > 0

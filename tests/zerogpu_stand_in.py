@@ -207,8 +207,9 @@ def main() -> None:
     runs = (("slots", ""), ("resumed", "abort-at 5"), ("damaged", "damaged"), ("strange", "strange"))
     for name, mode in runs:  # abort-at 5: the worker dies before window 4, its slot's second
         result[name] = run(name, extractor, video, mode)
-    result["upload"] = upload_through_the_app()
-    result["long"] = thirty_minutes()
+    predictor = app_predictor(OUT / "data")
+    result["upload"] = upload_through_the_app(predictor)
+    result["long"] = thirty_minutes(predictor)
     (OUT / "result.json").write_text(json.dumps(result))
 
 
@@ -224,10 +225,9 @@ def app_predictor(data: Path):
     return assemble(settings, model, ModelInfo("m", "d"), "lite")
 
 
-def upload_through_the_app() -> dict:
+def upload_through_the_app(predictor) -> dict:
     """The app's upload path (``Predictor.add_video``, the ingest service) under the wrapper: the upload is
     extracted in a GPU slot, indexed, and a search (on the CPU, no slot) finds it."""
-    predictor = app_predictor(OUT / "data")
     stages: list[str] = []
     reset()
     source = write_clip(OUT / "upload source.mp4", 80, 10)
@@ -241,10 +241,9 @@ def upload_through_the_app() -> dict:
             "extractor": type(predictor.ingest.extractor).__name__}
 
 
-def thirty_minutes() -> dict:
+def thirty_minutes(predictor) -> dict:
     """A 30-minute upload through the app's path with the default rule (the model's rows stubbed: the
     point is what is accepted and asked for): the visitor is told the GPU seconds before the first slot."""
-    predictor = app_predictor(OUT / "data-long")
     source = write_clip(OUT / "half an hour.mp4", 1800, 1, size=(32, 24))
     reset("fast")
     outcome = predictor.add_video(source, progress=lambda _, stage: timeline.append(stage),
