@@ -395,11 +395,12 @@ def add_videos_tab(predictor: Predictor, session: gr.State, sessions: ClosedSess
     """Upload one or more videos; each goes validate -> transcode -> extract -> index, with progress."""
     settings = predictor.settings
     limits = f"Up to {settings.max_upload_mb} MB and {settings.max_duration_s / 60:.0f} minutes each"
+    gpu = predictor.gpu_words()  # on ZeroGPU: what an upload asks of the visitor's GPU quota
     if settings.uploads == "session":
         gr.Markdown(f"Videos you add are private to your browser session and deleted when it ends. {limits}, "
-                    f"{settings.max_uploads_per_session} per session.")
+                    f"{settings.max_uploads_per_session} per session.{gpu}")
     else:
-        gr.Markdown(f"Videos you add join the shared gallery and stay after a restart. {limits}.")
+        gr.Markdown(f"Videos you add join the shared gallery and stay after a restart. {limits}.{gpu}")
     files = gr.File(file_count="multiple", file_types=["video"], label="Videos", elem_id="upload-files")
     add_btn = gr.Button("Add to gallery", variant="primary")
     status = gr.Markdown("One row per file will appear here.", min_height=90)  # room for the progress bar
@@ -554,8 +555,8 @@ def api_endpoints(predictor: Predictor, session: gr.State, sessions: ClosedSessi
             raise gr.Error(str(problem), print_exception=False) from None
         return dict(response.to_dict(), results=[api_result(r) for r in response.results])
 
-    def add_video(video: str | None, state: SessionGallery | None,
-                request: gr.Request) -> tuple[dict, SessionGallery | None]:
+    def add_video(video: str | None, state: SessionGallery | None, request: gr.Request,
+                  progress: gr.Progress = gr.Progress()) -> tuple[dict, SessionGallery | None]:  # noqa: B008
         """Add a video to the searchable gallery (validated, made playable, indexed).
 
         Returns {status, video_id, message}: status is "added", "duplicate" (the same file is already
@@ -571,7 +572,9 @@ def api_endpoints(predictor: Predictor, session: gr.State, sessions: ClosedSessi
         if not video:
             raise gr.Error("No file was sent.", print_exception=False)
         state = sessions.track(request, predictor.ensure_session(state))
-        outcome = predictor.add_video(video, state, name=os.path.basename(video))
+        name = os.path.basename(video)  # Gradio keeps the client's file name on its copy
+        # the same moving progress as the page's (a gradio_client job's status shows it)
+        outcome = predictor.add_video(video, state, progress=file_progress(progress, 0, 1, name), name=name)
         discard_upload_copy(video)
         return outcome, state
 

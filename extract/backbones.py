@@ -13,6 +13,7 @@ of the returned rows equals sentence-transformers' mean pooling; inputs are cut 
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import inspect
 import logging
@@ -345,6 +346,16 @@ class VisualBackbone:
             return self.net(x).float().cpu().numpy()
 
     @torch.inference_mode()
+    def prepare(self, frames: np.ndarray) -> np.ndarray:
+        """The CPU half of ``embed``: (n, H, W, 3) uint8 frames at the size the model's input is cut from
+        (an image-text model's processor: resized and cropped to S x S; others: as decoded, already square).
+        ``embed`` of the prepared frames equals ``embed`` of the frames."""
+        if self.cfg.fit == "squash" or not len(frames):
+            return frames
+        x = torch.as_tensor(frames).permute(0, 3, 1, 2)
+        return self.net.prepared(x, self.cfg.fit).permute(0, 2, 3, 1).contiguous().numpy()
+
+    @torch.inference_mode()
     def classify(self, features: np.ndarray) -> np.ndarray:
         """Logits (n, classes) of the backbone's own classifier applied to pooled ``features``."""
         if self.net.head is None:
@@ -445,6 +456,16 @@ def _hidden(output: object) -> torch.Tensor:
     return output["last_hidden_state"] if isinstance(output, dict) else output.last_hidden_state
 
 
+def _own_copy(module: nn.Module, cfg: BackboneCfg, device: torch.device) -> nn.Module:
+    """The module to move to ``device``: image-text towers share one loaded model per process
+    (``extract.clip.load_pair``, on the CPU), so a tower for another device gets a copy of its own; moving
+    (or halving) the shared one would move every other tower of that model with it (on ZeroGPU: the GPU
+    slots' image tower and the CPU query encoder and start-up extractor)."""
+    if not cfg.sized_by_weights or device.type == "cpu":
+        return module
+    return copy.deepcopy(module)
+
+
 def create_backbone(name: str, weights: str | None = None, device: str | torch.device | None = None,
                     fit: str = "squash") -> VisualBackbone | TextBackbone:
     """Build a registered backbone with resolved weights, in eval mode on ``device``; ``fit``: the profile's
@@ -457,12 +478,12 @@ def create_backbone(name: str, weights: str | None = None, device: str | torch.d
     half = cfg.half and device.type == "cuda"
     if cfg.kind == "text":
         model, tokenizer = build(cfg, resolved)
-        model = model.eval().to(device)
+        model = _own_copy(model, cfg, device).eval().to(device)
         model = model.half() if half else model
         if cfg.sized_by_weights:  # the token width of this very model (extract.clip)
             cfg = dataclasses.replace(cfg, dim=backbone_dim(name, resolved))
         return TextBackbone(name, cfg, resolved, model, tokenizer, device)
-    net = build(cfg, resolved).eval().to(device)
+    net = _own_copy(build(cfg, resolved), cfg, device).eval().to(device)
     net = net.half() if half else net
     if device.type == "cuda" and not half:
         net = net.to(memory_format=torch.channels_last)

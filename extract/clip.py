@@ -169,9 +169,23 @@ class ImageTower(nn.Module):
         """uint8 RGB frames (N, 3, H, W) of any size -> the model's input (N, 3, S, S), by its own image
         processor: "crop" as the processor is configured (the reference), "whole" with the whole frame
         resized to the square input (no crop)."""
+        out = self.processor(images=list(frames.cpu()), return_tensors="pt", **self._fit(fit))
+        return out["pixel_values"]
+
+    def prepared(self, frames: torch.Tensor, fit: str = "crop") -> torch.Tensor:
+        """The processor's geometric steps alone (resize, crop): uint8 (N, 3, H, W) -> uint8 (N, 3, S, S).
+
+        ``pixel_values`` of the result equals ``pixel_values`` of the frames bit for bit (the processor's
+        resize and crop leave an S x S frame as it is), so frames can be prepared on a CPU and stored small
+        while the model's device does only the rest (tests/test_clip_fidelity.py)."""
+        out = self.processor(images=list(frames.cpu()), return_tensors="pt", do_rescale=False,
+                             do_normalize=False, **self._fit(fit))["pixel_values"]
+        return out if out.dtype == torch.uint8 else out.round().clamp_(0, 255).to(torch.uint8)
+
+    def _fit(self, fit: str) -> dict:
+        """The processor's arguments for a frame fit: none for "crop", the whole frame squared for "whole"."""
         side = self.preprocess["input_size"]
-        extra = {} if fit == "crop" else {"do_center_crop": False, "size": {"height": side, "width": side}}
-        return self.processor(images=list(frames.cpu()), return_tensors="pt", **extra)["pixel_values"]
+        return {} if fit == "crop" else {"do_center_crop": False, "size": {"height": side, "width": side}}
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """Embeddings in the model's dtype (half on CUDA)."""

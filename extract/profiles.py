@@ -120,9 +120,9 @@ def profile_from_dict(spec: dict) -> Profile:
     fit = spec.get("frame_fit", "squash")
     if fit not in FRAME_FITS:
         raise ValueError(f"profile {name}: frame_fit must be one of {', '.join(FRAME_FITS)}, got {fit!r}")
-    if fit != "squash" and not all(c.sized_by_weights for c in cfgs):
-        raise ValueError(f"profile {name}: frame_fit {fit!r} needs image-text backbones (their own image "
-                         f"processor), not {', '.join(visual)}")
+    if fit != "squash" and (len(cfgs) != 1 or not cfgs[0].sized_by_weights):
+        raise ValueError(f"profile {name}: frame_fit {fit!r} needs one image-text backbone (its own image "
+                         f"processor prepares the frames), not {', '.join(visual)}")
     frame_size = None if fit != "squash" else int(spec.get("frame_size", 224))
     weights = tuple((b, get_backbone_cfg(b).weights) for b in (*visual, text))
     return Profile(name, int(spec.get("version", 1)), visual, text, window_s, sum(c.dim for c in cfgs),

@@ -235,3 +235,17 @@ def test_whole_frame_is_an_option_off_by_default(folders: dict, wide_clip: Path,
     whole = VideoExtractor("clip_whole", {"clip": str(folders["clip"])}, device="cpu").extract(wide_clip)
     whole = whole.features
     assert cosines(wide_rows, whole).min() < MIN_COS  # they differ: the left edge only the whole frame sees
+
+
+def test_frames_leave_the_cpu_half_cut_to_the_models_input(folders: dict, wide_clip: Path,
+                                                          wide_rows: np.ndarray) -> None:
+    """What a ZeroGPU slot's frame file holds for a 16:9 video: 224 x 224 frames cut by the processor's own
+    resize and crop (not the display-size frames), whose rows are the reference rows exactly."""
+    extractor = VideoExtractor("clip", {"clip": str(folders["clip"])}, device="cpu")
+    stream = extractor.frames(wide_clip, probe(wide_clip))
+    batches = list(stream)
+    assert stream.frame_shape == (1, 224, 224, 3)
+    assert all(b.dtype == np.uint8 and b.shape[1:] == (1, 224, 224, 3) for b in batches)
+    rows = np.concatenate([extractor.embed(b) for b in batches])
+    np.testing.assert_array_equal(rows, wide_rows)  # the same computation as extract()'s
+    check_rows(folders["clip"], wide_clip, rows)
