@@ -49,6 +49,7 @@ os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
 import gradio as gr
 
 from prvr.index import check_k
+from prvr.results.confidence import summary_words
 from prvr.results.query import QueryError
 from prvr.results.response import SearchResponse
 from prvr.serve import mcp_tools
@@ -63,8 +64,6 @@ log = logging.getLogger(__name__)
 MAX_CARDS = 10  # card slots created at build time; the top-k slider cannot go beyond
 MAX_TOP_K = 100  # the API's top_k range is 1-100 (the UI shows at most MAX_CARDS)
 CLOSED_SESSION_GRACE_S = 120.0  # a closed browser tab's private uploads are deleted this long after
-# "low" is what the model cannot confirm, not a sign that the video is wrong: most right answers are low
-CONFIDENCE_WORDS = {"high": "strong match", "medium": "possible match", "low": "unconfirmed"}
 HEAT_STOPS = ((238, 242, 255), (129, 140, 248), (190, 18, 60))  # pale -> indigo -> crimson
 
 # One delegated listener per card: clicking a heatmap bin or a moment chip sends its start time to Python,
@@ -88,6 +87,7 @@ CSS = """
 .badge-high {background: #dcfce7; color: #166534}
 .badge-medium {background: #fef9c3; color: #854d0e}
 .badge-low {background: #f1f5f9; color: #475569}
+.badge-none {background: #fee2e2; color: #991b1b}
 .badge-mine {background: #e0e7ff; color: #3730a3}
 .scores {margin: 4px 0 8px; font-size: 0.9em; opacity: 0.85; font-variant-numeric: tabular-nums}
 .heat-wrap {position: relative; margin-top: 4px}
@@ -190,7 +190,7 @@ def card_html(result: dict, clip_weight: float, score_range: tuple[float, float]
     mine = '<span class="badge badge-mine">your upload</span>' if result.get("source") == "session" else ""
     head = (f'<div class="card-head"><span class="rank">#{result["rank"]}</span>'
             f'<span class="title">{html.escape(result["title"])}</span>'
-            f'<span class="badge badge-{confidence}">{CONFIDENCE_WORDS[confidence]}</span>{mine}'
+            f'<span class="badge badge-{confidence}">{html.escape(result["confidence_label"])}</span>{mine}'
             f'<span class="vid">{html.escape(result["video_id"])} · {clock(result["duration"])}</span></div>')
     scores = (f'<div class="scores">score <b>{result["score"]:.3f}</b> = {clip_weight:.2f} × clip '
               f'{result["clip_score"]:.3f} + {1 - clip_weight:.2f} × frame {result["frame_score"]:.3f}</div>')
@@ -223,14 +223,11 @@ def summary_html(query: str, response: SearchResponse) -> str:
         return '<div class="summary">The gallery is empty: add videos in the "Add videos" tab.</div>'
     searched = response.query.get("text", query)  # the cleaned, possibly shortened text
     q, note = html.escape(searched), searched_note(response.query)
-    if response.no_strong_match:
-        return (f'<div class="summary abstain"><b>No confident match</b> for “{q}”: these are the closest '
-                "videos, best first, but the model cannot confirm the moment is in any of them. Play their "
-                "key moments to check, or describe what is visible (objects, place, action) in other words."
-                f"{note}</div>")
-    counts = {c: sum(r["confidence"] == c for r in response.results) for c in ("high", "medium")}
-    parts = [f"{n} {CONFIDENCE_WORDS[c]}{'es' if n > 1 else ''}" for c, n in counts.items() if n]
-    return f'<div class="summary">{" and ".join(parts)} for “{q}”.{note}</div>'
+    kind, words = summary_words([r["confidence"] for r in response.results], response.calibrated)
+    if kind != "strong":  # the words come from prvr.results.confidence, one vocabulary with the labels
+        title = {"none": "No match", "uncalibrated": "Unconfirmed"}.get(kind, "No confident match")
+        return f'<div class="summary abstain"><b>{title}</b> for “{q}”: {words}{note}</div>'
+    return f'<div class="summary">{words} for “{q}”.{note}</div>'
 
 
 def score_range(results: list[dict]) -> tuple[float, float]:
@@ -299,6 +296,10 @@ def info_markdown(info: dict) -> str:
               f"**Gallery:** {info['videos']} videos ({info['shared_videos']} shared"
               + (f", {info['session_videos']} only in your session)" if info.get("session_videos") else ")"),
               f"**Index:** {info['index']}", f"**Uploads:** {info['uploads']}"]
+    if "confidence" in info:  # prvr.results.confidence.describe_calibration
+        about = info["confidence"]
+        lines.append("**Confidence labels:** " + (f"calibrated ({about['source'].get('data', about['file'])})"
+                                                   if about["calibrated"] else about["reason"]))
     return "\n\n".join(lines)
 
 
@@ -394,11 +395,12 @@ def add_videos_tab(predictor: Predictor, session: gr.State, sessions: ClosedSess
     """Upload one or more videos; each goes validate -> transcode -> extract -> index, with progress."""
     settings = predictor.settings
     limits = f"Up to {settings.max_upload_mb} MB and {settings.max_duration_s / 60:.0f} minutes each"
+    gpu = predictor.gpu_words()  # on ZeroGPU: what an upload asks of the visitor's GPU quota
     if settings.uploads == "session":
         gr.Markdown(f"Videos you add are private to your browser session and deleted when it ends. {limits}, "
-                    f"{settings.max_uploads_per_session} per session.")
+                    f"{settings.max_uploads_per_session} per session.{gpu}")
     else:
-        gr.Markdown(f"Videos you add join the shared gallery and stay after a restart. {limits}.")
+        gr.Markdown(f"Videos you add join the shared gallery and stay after a restart. {limits}.{gpu}")
     files = gr.File(file_count="multiple", file_types=["video"], label="Videos", elem_id="upload-files")
     add_btn = gr.Button("Add to gallery", variant="primary")
     status = gr.Markdown("One row per file will appear here.", min_height=90)  # room for the progress bar
@@ -533,11 +535,13 @@ def api_endpoints(predictor: Predictor, session: gr.State, sessions: ClosedSessi
         """Find the videos of the gallery that contain a moment matching a sentence, best first.
 
         Each result has the video id, title, duration, total score and its clip-scale and frame-scale
-        parts, a confidence label (high, medium, low), the key moment and up to 3 moments (start/end in
+        parts, a confidence label (high, medium, low or none) and its words on the page (confidence_label:
+        strong match, possible match, unconfirmed, no match), the key moment and up to 3 moments (start/end in
         seconds, made of the video's own segments), MS-SL's raw key clip (key_clip), a similarity heatmap
         over the video's timeline (cells with start/end in seconds), and video_url / moment_url to play it
         from this app.
-        "no_strong_match" is true when no result is a high-confidence match.
+        "no_strong_match" is true when no result is a high-confidence match, "no_match" when every result is
+        "none", "calibrated" false when the model's labels were never calibrated (then all are "low").
 
         Args:
             query: what happens in the moment, in a few words (e.g. "a cat looking at the camera").
@@ -551,8 +555,8 @@ def api_endpoints(predictor: Predictor, session: gr.State, sessions: ClosedSessi
             raise gr.Error(str(problem), print_exception=False) from None
         return dict(response.to_dict(), results=[api_result(r) for r in response.results])
 
-    def add_video(video: str | None, state: SessionGallery | None,
-                request: gr.Request) -> tuple[dict, SessionGallery | None]:
+    def add_video(video: str | None, state: SessionGallery | None, request: gr.Request,
+                  progress: gr.Progress = gr.Progress()) -> tuple[dict, SessionGallery | None]:  # noqa: B008
         """Add a video to the searchable gallery (validated, made playable, indexed).
 
         Returns {status, video_id, message}: status is "added", "duplicate" (the same file is already
@@ -568,7 +572,9 @@ def api_endpoints(predictor: Predictor, session: gr.State, sessions: ClosedSessi
         if not video:
             raise gr.Error("No file was sent.", print_exception=False)
         state = sessions.track(request, predictor.ensure_session(state))
-        outcome = predictor.add_video(video, state, name=os.path.basename(video))
+        name = os.path.basename(video)  # Gradio keeps the client's file name on its copy
+        # the same moving progress as the page's (a gradio_client job's status shows it)
+        outcome = predictor.add_video(video, state, progress=file_progress(progress, 0, 1, name), name=name)
         discard_upload_copy(video)
         return outcome, state
 

@@ -135,14 +135,14 @@ def rates(labels: np.ndarray, relevant: np.ndarray, off: np.ndarray, non: np.nda
 
 
 def run(cfg: ConfidenceConfig | None = None, clip_weights: tuple[float, ...] = CLIP_WEIGHTS) -> dict:
-    """Index the demo gallery with the default model's calibrator and measure the labels through search."""
+    """Index the demo gallery with the default model's calibrator (``cfg``: other cuts; None: the model's
+    calibration, shipped in assets/calibrations) and measure the labels through search."""
     from extract.features import FeatureFile
     from extract.pipeline import TextEncoder
     from prvr.demo.gallery import build_demo_gallery
     from prvr.evaluate.demo import caption_id, extract_demo_features
     from prvr.models.bridge import BridgeModel
 
-    cfg = cfg or ConfidenceConfig()
     gallery, model, encoder = build_demo_gallery(), BridgeModel.from_pretrained(), TextEncoder("lite")
     with FeatureFile(extract_demo_features(gallery)) as ff:
         videos = [GalleryVideo.from_features(v.id, ff.video(v.id)) for v in gallery.videos]
@@ -150,7 +150,8 @@ def run(cfg: ConfidenceConfig | None = None, clip_weights: tuple[float, ...] = C
     ids = [v.id for v in videos]
     relevant = np.array([[vid in c.relevant for vid in ids] for c in gallery.captions])
     t0 = time.perf_counter()
-    cal = Calibrator.for_model(model, encoder, cache_dir=None, cfg=cfg)
+    cal = Calibrator.for_model(model, encoder, cache_dir=None, cfg=cfg)  # None: the model's calibration
+    cfg = cal.cfg
     fit_s = time.perf_counter() - t0
     confidence = cal.confidence()
     queries = {"cap": cap_tokens, "off": encoder.encode(OFF_TOPIC), "non": encoder.encode(NONSENSE)}

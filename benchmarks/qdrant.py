@@ -34,7 +34,7 @@ from benchmarks.search_speed import (
     reference_bank,
 )
 from prvr.index import QdrantIndex, QdrantTarget
-from prvr.index.move import move
+from prvr.index import move_gallery as move
 from prvr.results.search import encode_query, search
 
 

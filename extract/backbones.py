@@ -13,6 +13,7 @@ of the returned rows equals sentence-transformers' mean pooling; inputs are cut 
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import inspect
 import logging
@@ -52,7 +53,7 @@ class BackboneCfg:
     kind: str  # "frame": one image -> one row; "clip": clip_len frames -> one row; "text": tokens -> rows
     dim: int  # output feature width
     weights: str  # default weights spec (see extract.weights): the source the features are known by
-    input_size: int = 224  # frames are resized to input_size x input_size (whole frame, no crop)
+    input_size: int = 224  # frames are resized to input_size x input_size (fit squash: whole frame, no crop)
     mean: tuple[float, float, float] = IMAGENET_MEAN
     std: tuple[float, float, float] = IMAGENET_STD
     clip_len: int = 1  # frames per clip for "clip" backbones
@@ -61,6 +62,7 @@ class BackboneCfg:
     tower_of: str = ""  # text tower of an image-text model: the visual backbone whose weights hold it too
     sized_by_weights: bool = False  # dims (and preprocessing) come from the weights' own config
     half: bool = False  # weights cast to float16 on CUDA (not only autocast)
+    fit: str = "squash"  # the profile's frame_fit: "crop" / "whole" hand frames to the model's own processor
 
 
 _REGISTRY: dict[str, tuple[Callable, BackboneCfg]] = {}
@@ -281,6 +283,16 @@ def backbone_dim(name: str, weights: Weights | str | None = None) -> int:
     return dims.tokens if cfg.kind == "text" else dims.image
 
 
+def backbone_context(name: str, weights: Weights | str | None = None) -> int:
+    """Most tokens a text backbone reads: an image-text model's context length (from its weights), else the
+    registry's ``max_tokens``."""
+    cfg = get_backbone_cfg(name)
+    if not cfg.sized_by_weights:
+        return cfg.max_tokens
+    resolved = weights if isinstance(weights, Weights) else resolve_weights(weights or cfg.weights)
+    return clip_models.tower_dims(resolved).context
+
+
 # ----------------------------------------------------------------------------- running backbones
 def default_device(device: str | torch.device | None = None) -> torch.device:
     """The given device, else CUDA when present, else CPU."""
@@ -315,6 +327,10 @@ class VisualBackbone:
             shape = "(n, T, H, W, 3)" if expected == 5 else "(n, H, W, 3)"
             raise ValueError(f"{self.name} expects uint8 RGB {shape}, got {x.dtype} {tuple(x.shape)}")
         lead = x.shape[:-3]  # (n,) or (n, T)
+        if self.cfg.fit != "squash":  # an image-text model's own processor (extract.clip.ImageTower)
+            x = self.net.pixel_values(x.reshape(-1, *x.shape[-3:]).permute(0, 3, 1, 2), self.cfg.fit)
+            with _autocast(self.device, self.cfg):
+                return self.net(x.to(self.device)).float().cpu().numpy()
         x = x.reshape(-1, *x.shape[-3:]).permute(0, 3, 1, 2).float().div_(255)  # (N, 3, H, W)
         size = self.cfg.input_size
         if x.shape[-2:] != (size, size):
@@ -328,6 +344,16 @@ class VisualBackbone:
             x = x.contiguous(memory_format=torch.channels_last if x.ndim == 4 else torch.channels_last_3d)
         with _autocast(self.device, self.cfg):
             return self.net(x).float().cpu().numpy()
+
+    @torch.inference_mode()
+    def prepare(self, frames: np.ndarray) -> np.ndarray:
+        """The CPU half of ``embed``: (n, H, W, 3) uint8 frames at the size the model's input is cut from
+        (an image-text model's processor: resized and cropped to S x S; others: as decoded, already square).
+        ``embed`` of the prepared frames equals ``embed`` of the frames."""
+        if self.cfg.fit == "squash" or not len(frames):
+            return frames
+        x = torch.as_tensor(frames).permute(0, 3, 1, 2)
+        return self.net.prepared(x, self.cfg.fit).permute(0, 2, 3, 1).contiguous().numpy()
 
     @torch.inference_mode()
     def classify(self, features: np.ndarray) -> np.ndarray:
@@ -390,17 +416,22 @@ class TextBackbone:
         if isinstance(texts, str):
             raise TypeError("encode() takes a list of texts, not one string")
         limit = max_tokens or self.cfg.max_tokens
-        out: list[np.ndarray] = []
+        texts = [str(t) for t in texts]
+        lengths = [len(ids) for ids in self.tokenizer(texts)["input_ids"]] if texts else []
+        for text, n in zip(texts, lengths, strict=True):
+            if n > limit:
+                log.warning("%s: text cut from %d to %d tokens: %.60s", self.name, n, limit, text)
+        # batches of similar lengths: a batch is padded to its longest text, and padding costs as much as text
+        order = sorted(range(len(texts)), key=lengths.__getitem__)
+        out: list[np.ndarray | None] = [None] * len(texts)
         for lo in range(0, len(texts), batch):
-            chunk = [str(t) for t in texts[lo : lo + batch]]
-            for text, ids in zip(chunk, self.tokenizer(chunk)["input_ids"], strict=True):
-                if len(ids) > limit:
-                    log.warning("%s: text cut from %d to %d tokens: %.60s", self.name, len(ids), limit, text)
-            inputs = self._inputs(chunk, limit)
+            which = order[lo : lo + batch]
+            inputs = self._inputs([texts[i] for i in which], limit)
             with _autocast(self.device, self.cfg):
                 hidden = _hidden((self.traced or self.model)(**inputs)).float()  # (b, L, dim)
             mask = inputs["attention_mask"].bool()
-            out += [h[m].cpu().numpy() for h, m in zip(hidden, mask, strict=True)]
+            for i, h, m in zip(which, hidden, mask, strict=True):
+                out[i] = h[m].cpu().numpy()
         return out
 
 
@@ -425,25 +456,38 @@ def _hidden(output: object) -> torch.Tensor:
     return output["last_hidden_state"] if isinstance(output, dict) else output.last_hidden_state
 
 
-def create_backbone(name: str, weights: str | None = None,
-                    device: str | torch.device | None = None) -> VisualBackbone | TextBackbone:
-    """Build a registered backbone with resolved weights, in eval mode on ``device``."""
+def _own_copy(module: nn.Module, cfg: BackboneCfg, device: torch.device) -> nn.Module:
+    """The module to move to ``device``: image-text towers share one loaded model per process
+    (``extract.clip.load_pair``, on the CPU), so a tower for another device gets a copy of its own; moving
+    (or halving) the shared one would move every other tower of that model with it (on ZeroGPU: the GPU
+    slots' image tower and the CPU query encoder and start-up extractor)."""
+    if not cfg.sized_by_weights or device.type == "cpu":
+        return module
+    return copy.deepcopy(module)
+
+
+def create_backbone(name: str, weights: str | None = None, device: str | torch.device | None = None,
+                    fit: str = "squash") -> VisualBackbone | TextBackbone:
+    """Build a registered backbone with resolved weights, in eval mode on ``device``; ``fit``: the profile's
+    ``frame_fit`` (not "squash": frames of any size go through an image-text model's own processor)."""
     cfg, build = get_backbone_cfg(name), _REGISTRY[name][0]
+    if fit != "squash" and not (cfg.kind == "frame" and cfg.sized_by_weights):
+        raise ValueError(f"frame_fit {fit!r} needs an image-text model's image tower, not backbone {name}")
     resolved, device = resolve_weights(weights or cfg.weights), default_device(device)
     log.info("loading backbone %s (%s) on %s", name, resolved.location, device)
     half = cfg.half and device.type == "cuda"
     if cfg.kind == "text":
         model, tokenizer = build(cfg, resolved)
-        model = model.eval().to(device)
+        model = _own_copy(model, cfg, device).eval().to(device)
         model = model.half() if half else model
         if cfg.sized_by_weights:  # the token width of this very model (extract.clip)
             cfg = dataclasses.replace(cfg, dim=backbone_dim(name, resolved))
         return TextBackbone(name, cfg, resolved, model, tokenizer, device)
-    net = build(cfg, resolved).eval().to(device)
+    net = _own_copy(build(cfg, resolved), cfg, device).eval().to(device)
     net = net.half() if half else net
     if device.type == "cuda" and not half:
         net = net.to(memory_format=torch.channels_last)
     # image-text models bring their own image size, mean, std and width (extract.clip)
     if cfg.sized_by_weights:
-        cfg = dataclasses.replace(cfg, dim=backbone_dim(name, resolved), **net.preprocess)
+        cfg = dataclasses.replace(cfg, dim=backbone_dim(name, resolved), fit=fit, **net.preprocess)
     return VisualBackbone(name, cfg, resolved, net, device)

@@ -3,8 +3,20 @@
 The ``clip`` profile's visual backbone ``clip`` (one pooled, projected image embedding per frame) and text
 backbone ``clip_text`` (every token's last hidden state) are two towers of ONE model, loaded once with
 transformers' Auto classes (``AutoModel``, ``AutoTokenizer``, ``AutoImageProcessor``) from a hub id or a
-local folder and shared by both backbones (``load_pair``). Image size, mean and std come from the folder's
-image processor; frames are resized whole (no crop) by the frame pipeline, as for every backbone.
+local folder and shared by both backbones (``load_pair``).
+
+Both towers take their inputs as the model's authors prepare them, so a row or a query is what the
+reference implementation computes for the same frame or text (tests/test_clip_fidelity.py checks it at full
+size against transformers' ``get_image_features`` / ``get_text_features`` and against ``open_clip``):
+- frames arrive at their display size (the ``clip`` profile's ``frame_fit`` "crop") and go through the
+  model's own image processor (``ImageTower.pixel_values``): shortest side resized to the input size
+  (bicubic), centre crop, rescale, normalise. ``frame_fit`` "whole" (profile ``clip_whole``) asks the same
+  processor for the whole frame resized to its square input instead: a departure, off by default;
+- text is cleaned as OpenAI's CLIP and open_clip clean it before tokenizing (``clean_text``: ftfy's
+  ``fix_text``, HTML entities unescaped, whitespace collapsed; transformers' CLIP tokenizer does not, so
+  curly quotes, ligatures, full-width letters and ``&amp;`` would otherwise get other ids than the model was
+  trained on) and cut at the model's context length (77 for CLIP, 64 for SigLIP: ``TowerDims.context``, the
+  ``clip`` profile's ``max_tokens``), keeping the end-of-text token, as both references do.
 
 The pooled, projected text embedding that training-free scoring needs is a linear head applied to ONE
 token row (``text_head``): CLIP pools the end-of-text token, which is the last non-padding token that
@@ -28,7 +40,9 @@ features lead training-free PRVR, docs field notes). Measured numbers: benchmark
 
 from __future__ import annotations
 
+import html
 import logging
+import re
 import threading
 from dataclasses import dataclass
 
@@ -50,6 +64,7 @@ class TowerDims:
     image: int  # pooled, projected image embedding (a feature row)
     tokens: int  # text token features (last hidden states)
     query: int  # pooled, projected text embedding (the query space; equals ``image``)
+    context: int  # the text tower's context length (tokens, special tokens included)
 
 
 @dataclass
@@ -95,10 +110,11 @@ def tower_dims(weights: Weights) -> TowerDims:
     if text is None or getattr(config, "vision_config", None) is None:
         raise WeightsUnavailable(f"{weights.location} is a {config.model_type} model, not an image-text "
                                  "model with vision_config and text_config (CLIP, SigLIP)")
+    context = text.max_position_embeddings
     if hasattr(config, "projection_dim"):  # CLIP: both towers projected to projection_dim
-        return TowerDims(config.projection_dim, text.hidden_size, config.projection_dim)
+        return TowerDims(config.projection_dim, text.hidden_size, config.projection_dim, context)
     query = getattr(text, "projection_size", None) or text.hidden_size  # SigLIP: the text head's width
-    return TowerDims(config.vision_config.hidden_size, text.hidden_size, query)
+    return TowerDims(config.vision_config.hidden_size, text.hidden_size, query, context)
 
 
 _LOADED: dict[Weights, PairedModel] = {}  # one copy per process, shared by both towers and the model
@@ -145,9 +161,31 @@ class ImageTower(nn.Module):
 
     def __init__(self, pair: PairedModel) -> None:
         super().__init__()
-        self.model = pair.model
+        self.model, self.processor = pair.model, pair.image_processor
         self.preprocess = image_preprocessing(pair.image_processor)  # read by create_backbone
         self.head = None  # no classifier (VisualBackbone.classify refuses)
+
+    def pixel_values(self, frames: torch.Tensor, fit: str = "crop") -> torch.Tensor:
+        """uint8 RGB frames (N, 3, H, W) of any size -> the model's input (N, 3, S, S), by its own image
+        processor: "crop" as the processor is configured (the reference), "whole" with the whole frame
+        resized to the square input (no crop)."""
+        out = self.processor(images=list(frames.cpu()), return_tensors="pt", **self._fit(fit))
+        return out["pixel_values"]
+
+    def prepared(self, frames: torch.Tensor, fit: str = "crop") -> torch.Tensor:
+        """The processor's geometric steps alone (resize, crop): uint8 (N, 3, H, W) -> uint8 (N, 3, S, S).
+
+        ``pixel_values`` of the result equals ``pixel_values`` of the frames bit for bit (the processor's
+        resize and crop leave an S x S frame as it is), so frames can be prepared on a CPU and stored small
+        while the model's device does only the rest (tests/test_clip_fidelity.py)."""
+        out = self.processor(images=list(frames.cpu()), return_tensors="pt", do_rescale=False,
+                             do_normalize=False, **self._fit(fit))["pixel_values"]
+        return out if out.dtype == torch.uint8 else out.round().clamp_(0, 255).to(torch.uint8)
+
+    def _fit(self, fit: str) -> dict:
+        """The processor's arguments for a frame fit: none for "crop", the whole frame squared for "whole"."""
+        side = self.preprocess["input_size"]
+        return {} if fit == "crop" else {"do_center_crop": False, "size": {"height": side, "width": side}}
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """Embeddings in the model's dtype (half on CUDA)."""
@@ -170,27 +208,40 @@ class TextTower(nn.Module):
         return self.text_model(input_ids=input_ids, attention_mask=mask)
 
 
-class FullLengthTokenizer:
-    """A tokenizer that pads every text to the model's full length and marks every position as kept.
+def clean_text(text: str) -> str:
+    """A caption as OpenAI's CLIP and open_clip clean it before their BPE (``basic_clean`` then
+    ``whitespace_clean``): ftfy's ``fix_text``, HTML entities unescaped twice, runs of whitespace made one
+    space, stripped."""
+    import ftfy
 
-    SigLIP's text tower attends to all positions (padding included) and pools the last one.
-    """
+    text = html.unescape(html.unescape(ftfy.fix_text(text))).strip()
+    return re.sub(r"\s+", " ", text).strip()
 
-    def __init__(self, tokenizer: object, length: int) -> None:
-        self.tokenizer, self.length = tokenizer, length
+
+class ModelTokenizer:
+    """The model's tokenizer fed as its authors feed it: texts cleaned (``clean_text``) first; for models
+    trained on full-length text (SigLIP), padded texts go to the full length with every position kept
+    (SigLIP's text tower attends to all positions, padding included, and pools the last one)."""
+
+    def __init__(self, tokenizer: object, full_length: int | None = None) -> None:
+        self.tokenizer, self.full_length = tokenizer, full_length
 
     def __call__(self, texts: list[str], **kw: object) -> dict:
-        """Tokenize; with ``padding`` requested, pad to the full length and keep every position."""
-        if not kw.get("padding"):
+        """Tokenize the cleaned texts (``padding``: see the class docstring)."""
+        texts = [clean_text(t) for t in ([texts] if isinstance(texts, str) else texts)]
+        if not kw.get("padding") or self.full_length is None:
             return self.tokenizer(texts, **kw)
-        kw.update(padding="max_length", truncation=True, max_length=self.length)
+        kw.update(padding="max_length", truncation=True, max_length=self.full_length)
         out = self.tokenizer(texts, **kw)
         out["attention_mask"] = torch.ones_like(out["input_ids"])
         return out
 
+    def __getattr__(self, name: str) -> object:
+        return getattr(self.tokenizer, name)
 
-def text_tokenizer(pair: PairedModel) -> object:
+
+def text_tokenizer(pair: PairedModel) -> ModelTokenizer:
     """The tokenizer ``TextBackbone`` should call for this model."""
-    if pair.model_type not in FULL_LENGTH_TEXT:
-        return pair.tokenizer
-    return FullLengthTokenizer(pair.tokenizer, pair.model.config.text_config.max_position_embeddings)
+    full = pair.model_type in FULL_LENGTH_TEXT
+    length = pair.model.config.text_config.max_position_embeddings
+    return ModelTokenizer(pair.tokenizer, length if full else None)

@@ -36,7 +36,7 @@ class MediaError(Exception):
 
     def __reduce__(self) -> tuple:
         """Pickle as ``cls(path, reason)``: the default (``cls(message)``) fails to unpickle, and these
-        errors cross a process boundary on ZeroGPU (``extract.zerogpu``)."""
+        errors cross a process boundary on ZeroGPU (``prvr.serve.zerogpu``)."""
         return self.__class__, (self.path, self.reason)
 
 

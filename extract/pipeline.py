@@ -2,8 +2,12 @@
 
 ``VideoExtractor(profile).extract(path) -> VideoFeatures``: probe, split the video into the profile's
 windows, decode only the sampled frames (in a background thread, so decoding overlaps inference), run
-every visual backbone on its share of each window and concatenate. ``TextEncoder(profile).encode(texts)``
-returns one (L, text_dim) token array per text. Bad media raises ``extract.decode.MediaError``.
+every visual backbone on its share of each window and concatenate. The two halves are public on their own:
+``frames(path, info)`` is the CPU half (decoding and resizing, streamed as whole windows of uint8 frames) and
+``embed(windows)`` the model half (the backbones on prepared frames), so a caller can run them apart (in
+other processes: ``extract.frames.FrameFile`` carries the frames between them on local disk).
+``TextEncoder(profile).encode(texts)`` returns one (L, text_dim) token array per text. Bad media raises
+``extract.decode.MediaError``.
 """
 
 from __future__ import annotations
@@ -14,7 +18,9 @@ import os
 import queue
 import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
+from typing import TypeVar
 
 import numpy as np
 import torch
@@ -22,6 +28,7 @@ import torch
 from extract.backbones import (
     TextBackbone,
     VisualBackbone,
+    backbone_context,
     backbone_dim,
     create_backbone,
     default_device,
@@ -43,6 +50,7 @@ from extract.profiles import Profile, get_profile
 from extract.weights import resolve_weights
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 
 def configure_threads(device: torch.device) -> None:
@@ -98,27 +106,12 @@ def resolve_profile(profile: Profile, specs: Mapping[str, str]) -> Profile:
     if not any(get_backbone_cfg(b).sized_by_weights for b in resolved):
         return profile
     visual_dim = sum(backbone_dim(b, resolved.get(b)) for b in profile.visual)
-    return dataclasses.replace(profile, visual_dim=visual_dim,
-                               text_dim=backbone_dim(profile.text, resolved.get(profile.text)))
-
-
-GPU_SECONDS = 120  # gpu_task's slot when none is given (extract.zerogpu sizes its own from the video)
-
-
-def gpu_task(fn: Callable, duration: int | Callable = GPU_SECONDS) -> Callable:
-    """``fn`` under ZeroGPU's ``spaces.GPU(duration=...)`` where the ``spaces`` package is importable, else
-    ``fn`` itself.
-
-    On a Hugging Face ZeroGPU Space a GPU is attached only while such a function runs, in a forked worker
-    to which its arguments are pickled: decorate a module-level function with small arguments (see
-    ``extract.zerogpu``), never a method of an object holding models. Elsewhere (no ``spaces`` package,
-    or ``spaces`` off ZeroGPU, where its decorator returns ``fn``) nothing changes.
-    """
-    try:
-        import spaces
-    except ImportError:
-        return fn
-    return spaces.GPU(duration=duration)(fn)
+    text = resolved.get(profile.text)
+    sized = get_backbone_cfg(profile.text).sized_by_weights and text is not None
+    # an image-text model's text is cut where its authors cut it: at the model's context length
+    max_tokens = backbone_context(profile.text, text) if sized else profile.max_tokens
+    return dataclasses.replace(profile, visual_dim=visual_dim, max_tokens=max_tokens,
+                               text_dim=backbone_dim(profile.text, text))
 
 
 def _subset(total: int, k: int) -> np.ndarray:
@@ -126,10 +119,11 @@ def _subset(total: int, k: int) -> np.ndarray:
     return ((np.arange(k) + 0.5) * total / k).astype(np.int64)
 
 
-def _prefetch(batches: Iterator[FrameBatch], depth: int = 2) -> Iterator[FrameBatch]:
+def _prefetch(batches: Iterator[T], depth: int = 2) -> Iterator[T]:
     """Run ``batches`` in a background thread, at most ``depth`` batches ahead (bounded memory).
 
-    decord and PyAV release the GIL while decoding, so decoding the next batch overlaps inference.
+    decord and PyAV release the GIL while decoding (and torch while resizing), so preparing the next batch
+    overlaps inference.
     Exceptions in the thread are re-raised here, in the caller's thread.
     """
     buffer: queue.Queue = queue.Queue(maxsize=depth)
@@ -162,6 +156,11 @@ def _prefetch(batches: Iterator[FrameBatch], depth: int = 2) -> Iterator[FrameBa
         thread.join(timeout=5)
 
 
+def _as_decoded(frames: np.ndarray) -> np.ndarray:
+    """Frames decoded at the model's input size need no preparing."""
+    return frames
+
+
 def _whole_windows(batches: Iterator[FrameBatch], per_window: int) -> Iterator[np.ndarray]:
     """Regroup decoded frames so each array holds whole windows (readers may split one across batches)."""
     carry = None
@@ -171,6 +170,53 @@ def _whole_windows(batches: Iterator[FrameBatch], per_window: int) -> Iterator[n
         if cut:
             yield frames[:cut]
         carry = frames[cut:]
+
+
+@dataclass
+class FrameStream:
+    """The CPU half of extraction: a video's sampled frames, decoded and prepared for the model, as whole
+    windows in order.
+
+    Iterating yields (w, F, S, S, 3) uint8 arrays (``w`` whole windows of ``F`` frames of ``S`` px), decoded
+    and prepared in a background thread at most two batches ahead. After iteration ``warnings`` says what
+    the decoder skipped; a damaged video yields fewer windows than ``windows`` (only those that decoded
+    whole).
+    """
+
+    reader: FrameReader
+    per_window: int
+    ends: np.ndarray  # (windows,) end of each window, seconds
+    duration: float
+    side: int  # S: prepared frames are S x S
+    prepare: Callable[[np.ndarray], np.ndarray]  # decoded (n, H, W, 3) -> prepared (n, S, S, 3), uint8
+
+    @property
+    def windows(self) -> int:
+        """Windows of the whole video (the rows it has when nothing is damaged)."""
+        return len(self.ends)
+
+    @property
+    def frame_shape(self) -> tuple[int, ...]:
+        """(F, S, S, 3): one window's frames."""
+        return (self.per_window, self.side, self.side, 3)
+
+    @property
+    def warnings(self) -> list[str]:
+        """What the decoder skipped (complete once the stream is exhausted)."""
+        return list(self.reader.warnings)
+
+    def seconds_done(self, windows: int) -> float:
+        """Seconds of video covered by the first ``windows`` windows."""
+        return float(min(self.ends[min(windows, len(self.ends)) - 1], self.duration)) if windows else 0.0
+
+    def __iter__(self) -> Iterator[np.ndarray]:
+        for frames in _prefetch(self._prepared()):
+            yield frames.reshape(len(frames) // self.per_window, *self.frame_shape)
+
+    def _prepared(self) -> Iterator[np.ndarray]:
+        """Whole windows' frames, prepared (run in the decoding thread)."""
+        for frames in _whole_windows(iter(self.reader), self.per_window):
+            yield self.prepare(frames)
 
 
 class VideoExtractor:
@@ -183,8 +229,8 @@ class VideoExtractor:
         self.device = default_device(device)
         configure_threads(self.device)
         specs = weights_for(profile, weights, profile.visual)  # text specs only enter the identity
-        self.backbones: list[VisualBackbone] = [create_backbone(b, specs.get(b), self.device)
-                                                 for b in profile.visual]
+        self.backbones: list[VisualBackbone] = [
+            create_backbone(b, specs.get(b), self.device, profile.frame_fit) for b in profile.visual]
         self.profile = resolve_profile(profile, specs)
         self.limits = limits or DecodeLimits()
         # frames decoded and embedded at once (default: 32 on a GPU; 4 on a CPU, where larger batches are no
@@ -198,14 +244,29 @@ class VideoExtractor:
 
         ``info``: the file's ``probe`` where the caller already has it (else it is probed here).
         ``progress(done_s, total_s)``: called after each decoded batch with the seconds of video done.
-
-        In-process, on this extractor's device. On a ZeroGPU Space use ``extract.zerogpu`` instead,
-        which runs ``rows`` in a GPU slot with plain arguments (this object is never pickled).
+        In-process, on this extractor's device, decoding overlapped with the backbones.
         """
         path = Path(path)
         info = info or probe(path, self.limits)
         rows, warnings = self.rows(path, info, progress=progress)
         return self.features(path, info, rows, warnings, sha256)
+
+    def frames(self, path: str | Path, info: VideoInfo) -> FrameStream:
+        """The CPU half: the profile's sampled frames of ``path`` (probed as ``info``), decoded and prepared
+        for the backbones, streamed as whole windows (nothing is decoded until iterated).
+
+        frame_fit "squash": decoded straight to the square input. Otherwise decoded at display size and cut
+        by the image-text model's own processor (resize, crop), the rest of which ``embed`` does: what goes
+        from here to the model (a ZeroGPU slot's frame file) is S x S, whatever the video's size."""
+        per_window = self.profile.frames_per_window
+        _, ends, times = window_times(info.duration, self.profile.window_s, per_window)
+        if self.profile.frame_size is not None:
+            side, size, prepare = self.profile.frame_size, (self.profile.frame_size,) * 2, _as_decoded
+        else:  # one image-text tower (profiles check it): its processor prepares the frames
+            (tower,) = self.backbones
+            side, size, prepare = tower.cfg.input_size, None, tower.prepare
+        reader = FrameReader(str(path), times, size, self.batch_windows * per_window, self.limits, info)
+        return FrameStream(reader, per_window, ends, float(info.duration), side, prepare)
 
     def rows(self, path: str | Path, info: VideoInfo, *,
              progress: Callable[[float, float], None] | None = None) -> tuple[np.ndarray, list[str]]:
@@ -214,19 +275,15 @@ class VideoExtractor:
         Returns ``(rows (n, visual_dim) float32, decoder warnings)``; ``n`` counts the whole windows that
         decoded (all of them unless the video is damaged). Raises a MediaError for unusable media.
         """
-        per_window = self.profile.frames_per_window
-        _, ends, times = window_times(info.duration, self.profile.window_s, per_window)
-        size = (self.profile.frame_size, self.profile.frame_size)
-        reader = FrameReader(str(path), times, size, self.batch_windows * per_window, self.limits, info)
+        stream = self.frames(path, info)
         rows = []
-        for frames in _whole_windows(_prefetch(iter(reader)), per_window):
-            rows.append(self._rows(frames))
-            if progress is not None and len(ends):  # seconds of video done after this batch, of the total
-                done = sum(len(r) for r in rows)
-                progress(float(min(ends[min(done, len(ends)) - 1], info.duration)), float(info.duration))
+        for windows in stream:
+            rows.append(self.embed(windows))
+            if progress is not None:  # seconds of video done after this batch, of the total
+                progress(stream.seconds_done(sum(len(r) for r in rows)), stream.duration)
         if not rows:
-            return np.zeros((0, self.profile.visual_dim), np.float32), list(reader.warnings)
-        return np.concatenate(rows), list(reader.warnings)
+            return np.zeros((0, self.profile.visual_dim), np.float32), stream.warnings
+        return np.concatenate(rows), stream.warnings
 
     def features(self, path: str | Path, info: VideoInfo, rows: np.ndarray, warnings: Sequence[str],
                  sha256: str | None = None) -> VideoFeatures:
@@ -241,14 +298,12 @@ class VideoExtractor:
         return VideoFeatures(rows, start[:n], end[:n], duration, sha256 or sha256_file(path), path.name,
                              list(warnings))
 
-    def _rows(self, frames: np.ndarray) -> np.ndarray:
-        """(w * F, H, W, 3) frames of whole windows -> (w, visual_dim) rows."""
-        per_window = self.profile.frames_per_window
-        w = len(frames) // per_window
-        windows = frames[: w * per_window].reshape(w, per_window, *frames.shape[1:])  # (w, F, H, W, 3)
+    def embed(self, windows: np.ndarray) -> np.ndarray:
+        """The model half: (w, F, H, W, 3) uint8 frames of whole windows -> (w, visual_dim) float32 rows."""
+        w = len(windows)
         parts = []
         for backbone, k in zip(self.backbones, self.profile.frames, strict=True):
-            chosen = windows[:, _subset(per_window, k)]  # (w, k, H, W, 3)
+            chosen = windows[:, _subset(windows.shape[1], k)]  # (w, k, H, W, 3)
             if backbone.cfg.kind == "clip":
                 parts.append(backbone.embed(chosen))  # (w, D): one clip per window
             else:  # mean of the per-frame features over the window

@@ -6,8 +6,18 @@ stored in every feature file, checkpoint and index; two identities that differ m
 interchangeable (``check_identity`` refuses them, naming both).
 
 JSON layout (open_clip's model_configs): ``{"name", "version", "description", "window_s", "frame_size",
-"visual": [{"backbone", "frames"}], "text", "max_tokens" (optional)}``. Dimensions and default weights
-come from the backbone registry, so a profile cannot disagree with its backbones.
+"frame_fit" (optional), "visual": [{"backbone", "frames"}], "text", "max_tokens" (optional)}``. Dimensions
+and default weights come from the backbone registry, so a profile cannot disagree with its backbones.
+
+``frame_fit`` says how a frame becomes the backbone's square input:
+  ``squash`` (default)  decoded straight to ``frame_size`` x ``frame_size``, the whole frame (``lite``,
+                        ``paper``)
+  ``crop``              decoded at its display size; the image-text model's own image processor resizes the
+                        shortest side and takes the centre crop, as its authors do (``clip``)
+  ``whole``             decoded at its display size; the model's processor resizes the whole frame to its
+                        square input, keeping the edges (a departure from the reference, ``clip_whole``;
+                        off by default until real weights show it helps)
+A profile whose fit is not ``squash`` has ``frame_size`` null and records its fit in ``identity()``.
 """
 
 from __future__ import annotations
@@ -20,6 +30,7 @@ from pathlib import Path
 from extract.backbones import get_backbone_cfg
 
 PROFILE_DIR = Path(__file__).parent / "profiles"
+FRAME_FITS = ("squash", "crop", "whole")
 
 
 class ProfileMismatch(ValueError):
@@ -38,10 +49,11 @@ class Profile:
     visual_dim: int  # row width: sum of the visual backbones' dims
     text_dim: int  # token feature width
     frames: tuple[int, ...]  # frames each visual backbone sees per window (clip backbones: clip_len)
-    frame_size: int  # frames are decoded to frame_size x frame_size (whole frame, no crop)
+    frame_size: int | None  # squash: frames decoded to frame_size x frame_size; None: at display size
     max_tokens: int  # captions are cut to this many tokens, special tokens included
     weights: tuple[tuple[str, str], ...]  # (backbone, weights identity) for every backbone
     description: str = ""
+    frame_fit: str = "squash"  # squash | crop | whole (module docstring)
 
     @property
     def frames_per_window(self) -> int:
@@ -54,11 +66,13 @@ class Profile:
         return self.frames_per_window / self.window_s
 
     def identity(self) -> dict:
-        """JSON-able identity: name, version, dims, backbones, sampling and weights."""
+        """JSON-able identity: name, version, dims, backbones, sampling and weights (and the frame fit, where
+        it is not the squash every older profile used: their stored identities stay what they were)."""
+        fit = {} if self.frame_fit == "squash" else {"frame_fit": self.frame_fit}
         return {"name": self.name, "version": self.version, "visual": list(self.visual), "text": self.text,
                 "window_s": self.window_s, "visual_dim": self.visual_dim, "text_dim": self.text_dim,
                 "frames": list(self.frames), "frame_size": self.frame_size, "max_tokens": self.max_tokens,
-                "weights": dict(self.weights)}
+                "weights": dict(self.weights), **fit}
 
     def with_weights(self, identities: dict[str, str]) -> Profile:
         """The same recipe with other weights (e.g. a local --weights file) for some backbones."""
@@ -103,10 +117,17 @@ def profile_from_dict(spec: dict) -> Profile:
         raise ValueError(f"profile {name}: {text} is not a text backbone")
     if window_s <= 0:
         raise ValueError(f"profile {name}: window_s must be positive, got {window_s}")
+    fit = spec.get("frame_fit", "squash")
+    if fit not in FRAME_FITS:
+        raise ValueError(f"profile {name}: frame_fit must be one of {', '.join(FRAME_FITS)}, got {fit!r}")
+    if fit != "squash" and (len(cfgs) != 1 or not cfgs[0].sized_by_weights):
+        raise ValueError(f"profile {name}: frame_fit {fit!r} needs one image-text backbone (its own image "
+                         f"processor prepares the frames), not {', '.join(visual)}")
+    frame_size = None if fit != "squash" else int(spec.get("frame_size", 224))
     weights = tuple((b, get_backbone_cfg(b).weights) for b in (*visual, text))
     return Profile(name, int(spec.get("version", 1)), visual, text, window_s, sum(c.dim for c in cfgs),
-                   text_cfg.dim, frames, int(spec.get("frame_size", 224)),
-                   int(spec.get("max_tokens", text_cfg.max_tokens)), weights, spec.get("description", ""))
+                   text_cfg.dim, frames, frame_size, int(spec.get("max_tokens", text_cfg.max_tokens)),
+                   weights, spec.get("description", ""), fit)
 
 
 _PROFILES: dict[str, Profile] = {}

@@ -25,15 +25,16 @@ def lite_model():
 
 @pytest.fixture(scope="session")
 def make_predictor(lite_model) -> Callable:
-    """``make_predictor(data_dir, **settings)``: a Predictor over an empty shared index in ``data_dir`` (no
-    demo gallery: fast), with the offline default model; ``model=`` gives another."""
+    """``make_predictor(data_dir, **settings)``: a Predictor over an empty shared index in ``data_dir`` (its
+    parts only, ``prvr.serve.bootstrap.assemble``: no demo gallery, fast), with the offline default model;
+    ``model=`` gives another."""
+    from prvr.serve.bootstrap import assemble
     from prvr.serve.model_choice import ModelInfo
-    from prvr.serve.predictor import Predictor
     from prvr.serve.settings import AppSettings
 
     def make(data_dir: Path, model=None, **settings):
-        return Predictor(AppSettings(data_dir=data_dir, **settings), model or lite_model, ModelInfo("m", "d"),
-                         "lite")
+        return assemble(AppSettings(data_dir=data_dir, **settings), model or lite_model, ModelInfo("m", "d"),
+                        "lite")
 
     return make
 
@@ -65,7 +66,8 @@ def app_url(tmp_path_factory: pytest.TempPathFactory, data_dir_with_demo: Callab
     that tests stay independent of each other); stopped when the session ends."""
     work = tmp_path_factory.mktemp("app")
     data = data_dir_with_demo(work / "data")
-    with running_app(data, work / "server.log", "--uploads", "session", "--demo-videos", DEMO_VIDEOS) as url:
+    with running_app(data, work / "server.log", "--uploads", "session", "--mcp", "--demo-videos",
+                     DEMO_VIDEOS) as url:
         yield url
 
 
@@ -73,13 +75,14 @@ def app_url(tmp_path_factory: pytest.TempPathFactory, data_dir_with_demo: Callab
 def served(tmp_path_factory: pytest.TempPathFactory, make_predictor: Callable):
     """(URL, predictor, session registry) of the app in this process with MCP on, over one indexed synthetic
     clip (session uploads; a closed tab's uploads are deleted 1 s after; MCP's add_video may read files
-    under the ``allowed`` dir beside the data dir); closed afterwards."""
+    under the ``allowed`` dir beside the data dir; --persist in the ``bucket`` dir beside it); closed
+    afterwards."""
     import gradio as gr
 
     import app
 
     tmp = tmp_path_factory.mktemp("served")
-    predictor = make_predictor(tmp / "data", uploads="session")
+    predictor = make_predictor(tmp / "data", uploads="session", persist=tmp / "bucket")
     predictor.settings.uploads = "shared"  # index one clip in the shared gallery, then serve sessions
     assert predictor.add_video(write_clip(tmp / "gradient.mp4"))["status"] == "added"
     predictor.settings.uploads = "session"
@@ -96,3 +99,12 @@ def served(tmp_path_factory: pytest.TempPathFactory, make_predictor: Callable):
     with contextlib.ExitStack() as stack:
         stack.callback(demo.close)
         yield f"http://127.0.0.1:{port}/", predictor, sessions
+
+
+@pytest.fixture(scope="session")
+def full_clip_b32(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A full-size random CLIP ViT-B/32 folder with the real BPE vocabulary (tests/full_size_clip.py), built
+    once per session (about 10 s)."""
+    from tests.full_size_clip import make_clip_b32
+
+    return make_clip_b32(tmp_path_factory.mktemp("clip-b32") / "clip-b32")

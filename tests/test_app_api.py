@@ -149,6 +149,31 @@ def test_a_session_upload_is_served_and_gradio_keeps_no_copy(served: tuple, tmp_
     assert video.status_code == 200 and video.content == clip.read_bytes()
 
 
+def test_the_api_add_video_reports_moving_progress(served: tuple, tmp_path: Path) -> None:
+    """Issue #38 item 5: a gradio_client job of /add_video shows the upload's stages as they happen (the
+    page's handler did; the API endpoint reported one status for the whole run)."""
+    import time
+
+    from gradio_client import Client, handle_file
+
+    clip = write_clip(tmp_path / "a minute.mp4", frames=600, fps=10, size=(96, 64))
+    job = Client(served[0], verbose=False).submit(handle_file(str(clip)), api_name="/add_video")
+    seen: list[tuple[float, str]] = []
+    deadline = time.monotonic() + 300
+    while not job.done() and time.monotonic() < deadline:
+        for unit in job.status().progress_data or []:
+            if unit.desc and (not seen or seen[-1] != (unit.progress, unit.desc)):
+                seen.append((unit.progress, unit.desc))
+        time.sleep(0.05)
+    assert job.result(timeout=60)["status"] == "added"
+    descriptions = [desc for _, desc in seen]
+    assert any("extracting features" in d for d in descriptions), descriptions
+    assert len(set(descriptions)) >= 3, descriptions  # it moved: stages and seconds of video done
+    assert all(d.startswith("a minute.mp4") for d in descriptions), descriptions  # the client's file name
+    fractions = [f for f, _ in seen if f is not None]
+    assert fractions == sorted(fractions), seen
+
+
 def test_closing_the_tab_deletes_its_uploads_within_seconds(served: tuple, tmp_path: Path) -> None:
     import shutil
     import time

@@ -5,11 +5,10 @@ Every model here is a tiny random CLIP or SigLIP made on the spot (tests/tiny_cl
 
 from __future__ import annotations
 
-import sys
 import time
-import types
 from pathlib import Path
 
+import httpx
 import numpy as np
 import pytest
 import torch
@@ -20,7 +19,7 @@ from extract.__main__ import main as extract_main
 from extract.backbones import create_backbone
 from extract.clip import load_pair
 from extract.features import FeatureFile
-from extract.pipeline import TextEncoder, VideoExtractor, gpu_task
+from extract.pipeline import TextEncoder, VideoExtractor
 from extract.weights import WeightsUnavailable, resolve_weights
 from prvr.models.zero_shot import ZeroShotConfig, ZeroShotModel
 from tests.clips import marked, write_clip
@@ -96,19 +95,6 @@ def test_video_rows_one_per_second_deterministic(models: dict, videos: list[Path
     np.testing.assert_array_equal(first.start, [0, 1, 2, 3, 4])
     np.testing.assert_allclose(again.features, first.features, atol=1e-5)
     assert not np.allclose(first.features[0], first.features[-1])  # the red ramp changes the frames
-
-
-def test_gpu_task_is_a_no_op_without_spaces_and_wraps_with_it(monkeypatch: pytest.MonkeyPatch) -> None:
-    def work(x: int) -> int:
-        return x + 1
-
-    monkeypatch.setitem(sys.modules, "spaces", None)  # import spaces -> ImportError, as where not installed
-    assert gpu_task(work) is work
-    calls = []
-    fake = types.SimpleNamespace(GPU=lambda duration: lambda fn: calls.append(duration) or (lambda x: -fn(x)))
-    monkeypatch.setitem(sys.modules, "spaces", fake)
-    wrapped = gpu_task(work)
-    assert wrapped(1) == -2 and calls and calls[0] > 0
 
 
 # ----------------------------------------------------------------------------- the training-free model
@@ -249,7 +235,14 @@ def test_app_serves_the_clip_profile_from_a_local_folder(models: dict, data_dir_
         app = client(url)
         info = app.predict(api_name="/info")
         assert info["profile"]["name"] == "clip" and info["model"]["why"] == "chosen with --profile clip"
+        # a model nobody calibrated: /info says so and why, and no result is strong (or none)
+        assert info["confidence"]["calibrated"] is False
+        assert "python -m benchmarks.calibrate --profile clip" in info["confidence"]["reason"]
+        got = httpx.get(url.rstrip("/") + "/info").json()
+        assert got.get("confidence") == info["confidence"], got
         response = app.predict("a cup of coffee on a table", 3, 0.7, api_name="/search")
+    assert response["calibrated"] is False and response["no_strong_match"] is True
+    assert {(r["confidence"], r["confidence_label"]) for r in response["results"]} == {("low", "unconfirmed")}
     top = response["results"][0]
     heat = top["heatmap"]  # one cell per 1 s row of this 40 s video (the clip profile samples 1 row/s)
     assert top["video_id"] == "demo01" and len(heat["score"]) == len(heat["start"]) == round(top["duration"])
@@ -261,6 +254,7 @@ def test_checkpoint_trained_on_clip_features_is_served(models: dict, videos: lis
                                                         tmp_path: Path) -> None:
     from extract.profiles import ProfileMismatch
     from prvr.evaluate.__main__ import main as evaluate_main
+    from prvr.serve.bootstrap import assemble
     from prvr.serve.model_choice import load_model
     from prvr.serve.predictor import Predictor
     from prvr.serve.settings import AppSettings
@@ -290,4 +284,4 @@ def test_checkpoint_trained_on_clip_features_is_served(models: dict, videos: lis
     other = AppSettings(data_dir=tmp_path / "data2", checkpoint=settings.checkpoint,
                         weights=(f"clip={models['siglip']}",))
     with pytest.raises(ProfileMismatch, match="Pass the weights the model was made with"):
-        Predictor(other, *load_model(other))  # features of another model would be meaningless
+        assemble(other, *load_model(other))  # features of another model would be meaningless

@@ -33,6 +33,14 @@ def call(url: str, *calls: tuple[str, dict]) -> list:
     return asyncio.run(asyncio.wait_for(talk(), 180))
 
 
+def kept(predictor) -> set[str]:
+    """The video ids the served app's --persist folder would restore."""
+    from prvr.serve.persist import PersistentStore
+
+    store = PersistentStore(predictor.settings.persist, predictor.ingest.extractor.profile.identity())
+    return {v.id for v in store.restore()}
+
+
 def test_search_returns_the_api_json_as_text_and_structured_content(served) -> None:
     import httpx
     from gradio_client import Client
@@ -58,6 +66,7 @@ def test_add_video_takes_the_file_as_base64_data(served, tmp_path: Path) -> None
     assert not result.isError, result.content[0].text
     assert (result.structuredContent or {}).get("status") == "added", result.content
     assert result.structuredContent == json.loads(result.content[0].text)
+    assert result.structuredContent["video_id"] not in kept(served[1])  # a session's: never persisted
 
 
 def test_server_paths_only_under_the_allowed_dirs(served, tmp_path: Path) -> None:
@@ -75,6 +84,7 @@ def test_server_paths_only_under_the_allowed_dirs(served, tmp_path: Path) -> Non
     assert missing.isError and "There is no file" in missing.content[0].text
     ids = [r["video_id"] for r in found.structuredContent["results"]]
     assert added.structuredContent["video_id"] in ids  # joined the shared gallery: any session finds it
+    assert added.structuredContent["video_id"] in kept(predictor)  # ... and --persist keeps it
 
 
 def test_refused_inputs_get_one_sentence_and_no_traceback(served, caplog: pytest.LogCaptureFixture,

@@ -329,65 +329,39 @@ def test_an_entry_whose_media_is_cut_short_is_skipped(tmp_path: Path,
 
 
 # ---------------------------------------------------------------------------------------------- (c) restore
-def wire(predictor, store: PersistentStore, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The lead's wiring, as a hook on the SHARED gallery: its adds (uploads, folder videos) and removes
-    are recorded; the demo gallery and session galleries never are."""
-    index, add, remove = predictor.index, predictor.index.add, predictor.index.remove
-
-    def recorded_add(videos):
-        add(videos)
-        for v in videos:
-            if v.id.startswith(("upload:", "folder:")):
-                located = predictor.media.locate(v.path)
-                inside = located.resolve().is_relative_to(predictor.media.dir.resolve())
-                store.record_add(v, located if inside else None)
-
-    def recorded_remove(ids):
-        shas = {i: (index.record(i) or {}).get("sha256", "") for i in ids}
-        remove(ids)
-        for i in ids:
-            store.record_remove(i, shas[i])
-
-    monkeypatch.setattr(index, "add", recorded_add)
-    monkeypatch.setattr(index, "remove", recorded_remove)
-
-
 def test_restore_into_an_empty_data_dir_answers_the_same_without_extracting(
         tmp_path: Path, make_predictor, monkeypatch: pytest.MonkeyPatch) -> None:
-
+    """Through the app's wiring (settings.persist, the ingest service): shared uploads and folder videos
+    (and a folder video's removal) reach the folder; a start on an empty data dir restores them."""
     persist = tmp_path / "bucket"
-    first = make_predictor(tmp_path / "data1", uploads="shared")
-    identity = first.extractor.profile.identity()
-    wire(first, PersistentStore(persist, identity), monkeypatch)
+    first = make_predictor(tmp_path / "data1", uploads="shared", persist=persist)
     for n, size in enumerate([(64, 48), (80, 48), (96, 64)]):
         clip = write_clip(tmp_path / "uploads" / f"clip {n}.mp4", frames=36 + 12 * n, size=size)
         assert first.add_video(clip)["status"] == "added"
     folder = tmp_path / "folder"
     write_clip(folder / "kept.mp4", frames=48, size=(72, 56))
     write_clip(folder / "gone.mp4", frames=60, size=(56, 40))
-    first.sync_folder(folder)
+    first.ingest.sync_folder(folder)
     (folder / "gone.mp4").unlink()
-    first.sync_folder(folder)  # folder:gone.mp4 leaves the shared gallery: a tombstone
+    first.ingest.sync_folder(folder)  # folder:gone.mp4 leaves the shared gallery: a tombstone
     queries = ["a gradient moving to the right", "a colourful pattern", "a dog on a beach"]
     before = [first.search(q, k=10).results for q in queries]
     ids = first.index.ids
     assert len(ids) == 4 and "folder:gone.mp4" not in ids
     first.close()
-    monkeypatch.undo()
 
     def no_extraction(*args, **kwargs):
         raise AssertionError("a persisted video was extracted again")
 
     from extract.pipeline import VideoExtractor
     monkeypatch.setattr(VideoExtractor, "extract", no_extraction)
-    second = make_predictor(tmp_path / "data2", uploads="shared")
+    second = make_predictor(tmp_path / "data2", uploads="shared", persist=persist)
     assert not len(second.index)
-    store = PersistentStore(persist, identity)
-    wire(second, store, monkeypatch)
     t0 = time.perf_counter()
-    second.index.add(store.restore())  # the wiring: restore before the demo gallery
+    assert second.ingest.restore() == 4  # the wiring: restore before the demo gallery
     restore_s = time.perf_counter() - t0
-    second.sync_folder(folder)  # the folder's kept video is known by its sha256: not extracted again
+    # the folder's kept video is known by its sha256: not extracted again (nothing to add)
+    assert second.ingest.sync_folder(folder) == []
     assert second.index.ids == ids
     after = [second.search(q, k=10).results for q in queries]
     for b, a in zip(before, after, strict=True):
@@ -401,7 +375,6 @@ def test_restore_into_an_empty_data_dir_answers_the_same_without_extracting(
 
     # session uploads never reach the folder
     monkeypatch.undo()
-    wire(second, store, monkeypatch)
     second.settings.uploads = "session"
     files = snapshot(persist)
     session = second.ensure_session(None)
@@ -421,12 +394,12 @@ def wired() -> bool:
 @pytest.mark.skipif(not wired(), reason="the --persist wiring is not applied (no AppSettings.persist)")
 def test_wired_predictor_persists_shared_uploads_only(tmp_path: Path, make_predictor,
                                                       monkeypatch: pytest.MonkeyPatch) -> None:
-    """The same through the app's own wiring (settings.persist, Uploads, Predictor.restore_persisted)."""
+    """The same through the app's own wiring (settings.persist, the ingest service's upload and restore)."""
     from extract.pipeline import VideoExtractor
 
     persist = tmp_path / "bucket"
     first = make_predictor(tmp_path / "data1", uploads="shared", persist=persist)
-    first.restore_persisted()
+    first.ingest.restore()
     assert first.add_video(write_clip(tmp_path / "up" / "shared.mp4", frames=48))["status"] == "added"
     before, ids = first.search("a gradient moving to the right", k=5).results, first.index.ids
     first.close()
@@ -436,7 +409,7 @@ def test_wired_predictor_persists_shared_uploads_only(tmp_path: Path, make_predi
     original = VideoExtractor.extract
     monkeypatch.setattr(VideoExtractor, "extract", lambda *a, **k: pytest.fail("extracted again"))
     second = make_predictor(tmp_path / "data2", uploads="session", persist=persist)
-    second.restore_persisted()
+    second.ingest.restore()
     assert second.index.ids == ids
     after = second.search("a gradient moving to the right", k=5).results
     assert [{**r, "path": ""} for r in after] == [{**r, "path": ""} for r in before]

@@ -19,7 +19,8 @@ from prvr.results.response import frame_times, unit_spans
 from prvr.results.search import search, search_text
 
 CONTRACT_KEYS = {"rank", "video_id", "title", "path", "duration", "score", "clip_score", "frame_score",
-                 "confidence", "key_moment", "moments", "heatmap", "key_clip", "attention"}
+                 "confidence", "confidence_label", "key_moment", "moments", "heatmap", "key_clip",
+                 "attention"}
 
 
 def fake_text_encoder(texts: list[str]) -> list[np.ndarray]:
@@ -88,7 +89,7 @@ def test_search_result_dicts(index: VideoIndex) -> None:
     assert [r["rank"] for r in results] == [1, 2, 3, 4]
     assert [r["score"] for r in results] == sorted((r["score"] for r in results), reverse=True)
     for r in results:
-        assert set(r) == CONTRACT_KEYS and r["confidence"] in ("high", "medium", "low")
+        assert set(r) == CONTRACT_KEYS and r["confidence"] in ("high", "medium", "low", "none")
         assert r["score"] == pytest.approx(0.7 * r["clip_score"] + 0.3 * r["frame_score"], abs=1e-5)
         assert r["key_moment"] == r["moments"][0] and 1 <= len(r["moments"]) <= 3
         assert r["key_clip"]["score"] == pytest.approx(r["clip_score"])  # MS-SL's own key clip, kept

@@ -1,30 +1,33 @@
-"""ZeroGPU-shaped extraction (extract/zerogpu.py) through the real ``spaces`` package.
+"""ZeroGPU extraction (prvr/serve/zerogpu.py): frames prepared on the CPU, the model in GPU slots.
 
 The ZeroGPU path runs in a fresh process (tests/zerogpu_stand_in.py): importing ``spaces`` with
-``SPACES_ZERO_GPU=true`` patches torch for the whole process. There the call goes through
-``spaces.zero.wrappers`` for real (duration, schedule, fork, pickled arguments and results, release) with a
-local stand-in for the scheduling client and no GPU.
+``SPACES_ZERO_GPU=true`` patches torch for the whole process. There the calls go through
+``spaces.zero.wrappers`` for real (duration, schedule, fork, pickled arguments and streamed results, a dead
+worker, release) with a local stand-in for the scheduling client and no GPU. The slot rule and the
+orchestration off ZeroGPU are tested here, in process.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import pickle
 import signal
 import subprocess
 import sys
+import types
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from extract import zerogpu
-from extract.decode import CorruptVideo, TooLong
 from extract.pipeline import VideoExtractor
+from extract.profiles import get_profile
+from prvr.serve import zerogpu
+from prvr.serve.zerogpu import SlotRule, ZeroGpuExtractor
 from tests.clips import write_clip
 
 HERE = Path(__file__).resolve().parent
+LITE, CLIP = get_profile("lite"), get_profile("clip")
 
 
 def stand_in(out: Path, *args: str) -> None:
@@ -34,11 +37,11 @@ def stand_in(out: Path, *args: str) -> None:
     proc = subprocess.Popen([sys.executable, str(HERE / "zerogpu_stand_in.py"), str(out), *args], env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
     try:
-        _, stderr = proc.communicate(timeout=120)
+        _, stderr = proc.communicate(timeout=300)
     except subprocess.TimeoutExpired:  # a hang (e.g. OpenMP in the forked worker) fails, never blocks
-        os.killpg(proc.pid, signal.SIGKILL)  # the stand-in and its forked worker: its own process group
+        os.killpg(proc.pid, signal.SIGKILL)  # the stand-in and its forked workers: its own process group
         _, stderr = proc.communicate()
-        pytest.fail(f"the ZeroGPU stand-in did not finish in 120 s:\n{stderr[-4000:]}")
+        pytest.fail(f"the ZeroGPU stand-in did not finish in 300 s:\n{stderr[-4000:]}")
     assert proc.returncode == 0, stderr[-4000:]
 
 
@@ -50,103 +53,219 @@ def zero(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict, Path]:
     return json.loads((out / "result.json").read_text()), out
 
 
-def test_gpu_call_runs_in_a_forked_worker_with_small_pickled_arguments(zero: tuple[dict, Path]) -> None:
+def in_main(result: dict, events: list) -> list[str]:
+    """The recorded events that happened in the main process."""
+    return [what for pid, what in events if pid == result["main_pid"]]
+
+
+def test_slots_run_only_the_model_on_frames_from_a_file(zero: tuple[dict, Path]) -> None:
+    """Decoding happens in the main process, the model only in forked workers, which get a path and a
+    window range (bytes, not frames) and never open the video; two consecutive slots give the rows of
+    in-process extraction."""
     result, out = zero
-    assert result["on_zerogpu"]
-    assert result["worker_pid"] != result["main_pid"]  # the rows were computed in the forked worker
-    assert len(result["arg_sizes"]) == 1 and result["arg_sizes"][0] < 1 << 20  # one call, well under 1 MB
-    # the slot asked for the duration computed from the video's length, and was released as a success
-    assert result["slot_calls"] == [["schedule", result["expected_seconds"]], ["release", False]]
-    assert 0 < result["expected_seconds"] <= zerogpu.GPU_MAX_SECONDS
-    local, slot = np.load(out / "local.npy"), np.load(out / "slot.npy")
-    assert slot.shape == local.shape == (6, 1280) and result["slot_start"] == result["local_start"]
+    run = result["slots"]
+    assert result["on_zerogpu"] and result["search_device"] == "cpu"
+    assert result["plan"] == [[0, 3], [3, 6]]  # three windows a slot under the test's rule
+    assert run["calls"] == [["schedule", 4], ["release", False], ["schedule", 4], ["release", False]]
+    assert len(run["arg_sizes"]) == 2 and all(size < 1024 for size in run["arg_sizes"])  # no frames
+    opened = [what for _, what in run["events"] if what.startswith("open")]
+    embedded = [(pid, what) for pid, what in run["events"] if what.startswith("embed")]
+    assert opened and opened == in_main(result, [e for e in run["events"] if e[1].startswith("open")])
+    assert len(embedded) == 6 and all(pid != result["main_pid"] for pid, _ in embedded)
+    local, slots = np.load(out / "local.npy"), np.load(out / "slots.npy")
+    assert slots.shape == local.shape == (6, 1280)
     # the same features as in-process extraction (float32 sums in another order: the worker runs 1 thread)
-    np.testing.assert_allclose(slot, local, rtol=1e-5, atol=1e-5)
-    assert result["slot_sha"]
-    # progress streamed out of the worker (spaces' generator wrapper), ending at the whole video
-    assert result["progress"] and result["progress"][-1][0] == pytest.approx(result["progress"][-1][1])
+    np.testing.assert_allclose(slots, local, rtol=1e-5, atol=1e-5)
+    # progress streamed from both halves, ending with every window embedded
+    fractions = [f for f, _ in run["reports"]]
+    assert fractions == sorted(fractions) and fractions[-1] == pytest.approx(1.0)
+    assert "6 of 6 s of video on the GPU (GPU slot 2 of 2" in run["reports"][-1][1]
 
 
-def test_an_upload_through_a_gpu_slot_becomes_searchable(zero: tuple[dict, Path]) -> None:
-    """The app's upload path under the real wrapper: one slot, the rows from the forked worker, then a
-    search on the CPU (no slot) finds the upload."""
-    result, _ = zero
-    upload = result["upload"]
-    assert upload["outcome"]["status"] == "added", upload["outcome"]
-    assert "my holiday.mp4" in upload["outcome"]["message"]
-    assert [c[0] for c in upload["slot_calls"]] == ["schedule", "release"]
-    assert upload["slot_calls"][1][1] is False  # released as a success
-    assert upload["worker_pid"] != result["main_pid"]
-    assert upload["found"] == [upload["outcome"]["video_id"]] and upload["search_calls"] == []
-    assert any(s.startswith("extracting features") for s in upload["stages"])
-
-
-def test_startup_extraction_runs_in_process_without_a_slot(zero: tuple[dict, Path]) -> None:
+def test_an_aborted_slot_is_asked_again_from_the_first_window_without_rows(zero: tuple[dict, Path]) -> None:
+    """The worker dies in the second slot after its first window's rows came back: spaces answers "GPU task
+    aborted", the slot is released as failed, and the next slot asks only for the two windows left."""
     result, out = zero
-    assert result["startup_calls"] == [] and result["startup_pid"] == result["main_pid"]
-    np.testing.assert_allclose(np.load(out / "startup.npy"), np.load(out / "local.npy"), atol=1e-5)
+    run = result["resumed"]
+    assert "error" not in run, run.get("error")
+    assert run["calls"] == [["schedule", 4], ["release", False], ["schedule", 4], ["release", True],
+                            ["schedule", 3], ["release", False]]  # 1 s + 2 frames x 1 s: windows 4 and 5
+    np.testing.assert_allclose(np.load(out / "resumed.npy"), np.load(out / "local.npy"), rtol=1e-5, atol=1e-5)
 
 
 def test_errors_in_the_worker_reach_the_caller_as_themselves(zero: tuple[dict, Path]) -> None:
     result, _ = zero
-    damaged = result["damaged"]
+    damaged = result["damaged"]["error"]
     assert damaged["type"] == "extract.decode.CorruptVideo"  # a MediaError keeps its class and message
     assert damaged["message"] == "damaged.mp4: stand-in damage found inside the GPU worker. Re-encode it."
-    assert damaged["pid"] != result["main_pid"]
-    assert damaged["calls"][-1] == ["release", True]  # the slot is released as failed
-    assert "raised in the GPU worker" in damaged["notes"][0] and "rows_recording_pid" in damaged["notes"][0]
-    strange = result["strange"]  # an exception that does not pickle: type and message, not a PicklingError
-    assert strange["type"] == "extract.zerogpu.GpuTaskError"
-    assert strange["message"].startswith("builtins.RuntimeError: ('an error holding a lock'")
-    assert strange["calls"][-1] == ["release", True]
-    assert result["unprepared"].startswith("call extract.zerogpu.prepare('paper_test', weights) at start")
+    assert "raised in the GPU worker" in damaged["notes"][0] and "embed_recording" in damaged["notes"][0]
+    assert result["damaged"]["calls"] == [["schedule", 4], ["release", True]]  # not asked again
+    strange = result["strange"]  # an exception that does not pickle: type and message, asked again twice
+    assert strange["error"]["type"] == "prvr.serve.extraction.GpuUnavailable"
+    assert "failed 3 times (builtins.RuntimeError: ('an error holding a lock'" in strange["error"]["message"]
+    assert strange["calls"] == [["schedule", 4], ["release", True]] * 3
+
+
+def test_an_upload_through_a_gpu_slot_becomes_searchable(zero: tuple[dict, Path]) -> None:
+    """The app's upload path (assemble chose ZeroGPU's extractor) under the real wrapper: one slot asking
+    10 s + 8 frames x 0.05 s, the rows from the forked worker, then a search on the CPU (no slot)."""
+    result, _ = zero
+    upload = result["upload"]
+    assert upload["extractor"] == "ZeroGpuExtractor"
+    assert upload["outcome"]["status"] == "added", upload["outcome"]
+    assert upload["outcome"]["message"].startswith("my holiday.mp4: added")
+    assert "It asked ZeroGPU for 11 GPU seconds (1 slot of at most 11 s)." in upload["outcome"]["message"]
+    assert upload["slot_calls"] == [["schedule", 11], ["release", False]]
+    assert all(pid != result["main_pid"] for pid, what in upload["events"] if what.startswith("embed"))
+    assert upload["found"] == [upload["outcome"]["video_id"]] and upload["search_calls"] == []
+    told = next(i for i, s in enumerate(upload["stages"]) if "will ask ZeroGPU for 11 GPU seconds" in s)
+    extracting = next(i for i, s in enumerate(upload["stages"]) if s.startswith("extracting features"))
+    assert told < extracting
+
+
+def test_a_30_minute_upload_is_accepted_and_asks_at_most_180_gpu_seconds(zero: tuple[dict, Path]) -> None:
+    """Half an hour of video through the app's upload path, default settings and rule (the model's rows
+    stubbed): accepted, in consecutive slots of at most 60 s, 110 GPU seconds in all, told before the
+    first slot."""
+    result, _ = zero
+    long = result["long"]
+    assert long["outcome"]["status"] == "added", long["outcome"] and long["duration"] == 1800
+    asked = [seconds for kind, seconds in long["calls"] if kind == "schedule"]
+    assert asked == [55, 55] and sum(asked) <= 180 and max(asked) <= 60
+    assert [fail for kind, fail in long["calls"] if kind == "release"] == [False, False]
+    told = next(i for i, t in enumerate(long["timeline"]) if "will ask ZeroGPU for 110 GPU seconds" in t)
+    assert told < long["timeline"].index("schedule")
 
 
 def test_after_launch_the_main_process_runs_only_cpu_models(tmp_path: Path) -> None:
-    """ZeroGPU's CUDA emulation as it is: models that ``prepare`` put on ``cuda`` are offloaded at launch and
-    cannot run in the main process any more; start-up extraction and query encoding still do, on the CPU."""
+    """ZeroGPU's CUDA emulation as it is: the slots' models go to ``cuda`` and are offloaded at launch, and
+    cannot run in the main process any more; start-up extraction (on CPU models released after the start)
+    and query encoding still run, on the CPU."""
     stand_in(tmp_path, "emulated")
     result = json.loads((tmp_path / "emulated.json").read_text())
+    assert result["kind"] == "ZeroGpuExtractor"
     assert result["emulated_cuda"] and result["param_device"] == "cuda:0" and result["emulated_equal"]
     assert result["packed_bytes"] > 10 << 20  # EfficientNet-Lite0's weights went to the pack
     assert "disk-offloaded" in result["after_pack"]
-    assert result["startup_equal"] and result["search_device"] == "cpu" and result["query_shape"][1] == 384
+    assert result["startup_equal"] and result["start_models_released"]
+    assert result["search_device"] == "cpu" and result["query_shape"][1] == 384
 
 
-def test_gpu_seconds_grow_with_the_video_and_stop_at_one_slot() -> None:
-    for profile in ("lite", "clip", "paper"):
-        seconds = [zerogpu.gpu_seconds_for(d, profile) for d in (1, 60, 300, 600, 3600)]
-        assert seconds == sorted(seconds) and seconds[-1] == zerogpu.GPU_MAX_SECONDS
-        longest = zerogpu.max_video_seconds(profile)
-        assert zerogpu.fits_gpu_slot(longest, profile)
-        assert not zerogpu.fits_gpu_slot(longest + 2 * zerogpu.get_profile(profile).window_s, profile)
-    assert zerogpu.gpu_seconds_for(60, "lite") == 24  # (10 s start + 60 frames x 0.1 s) x 1.5
-    assert zerogpu.max_video_seconds("lite") == 700
-    zerogpu.check_gpu_slot("short.mp4", 600, "lite")
-    with pytest.raises(TooLong, match=r"long.mp4: 20.0 minutes is longer than one GPU slot.*about 12 min"):
-        zerogpu.check_gpu_slot("long.mp4", 1200, "lite")
+# ------------------------------------------------------------------------------------------------ the rule
+def test_gpu_seconds_come_from_frames_and_slots_and_any_length_fits() -> None:
+    rule = SlotRule()
+    for profile in (LITE, CLIP, get_profile("paper")):
+        for minutes in (0.05, 1, 10, 30, 60, 240):
+            plan = rule.plan(profile, 60 * minutes)
+            windows = [w for lo, hi in plan.slots for w in range(lo, hi)]
+            assert windows == list(range(len(windows))) and max(plan.seconds) <= rule.slot_s
+            frames = len(windows) * profile.frames_per_window
+            per_frame = rule.frame_seconds(profile)
+            assert plan.total_s >= len(plan.slots) * rule.start_s + frames * per_frame - 1e-6
+            assert plan.total_s <= len(plan.slots) * (rule.start_s + 1) + frames * per_frame
+    assert zerogpu.minutes_table(LITE) == [(1, 13, 1), (5, 25, 1), (10, 40, 1), (30, 110, 2), (60, 220, 4)]
+    assert zerogpu.minutes_table(CLIP) == [(1, 14, 1), (5, 28, 1), (10, 46, 1), (30, 138, 3), (60, 270, 5)]
+    half_hour = rule.plan(LITE, 1800.0)
+    assert half_hour.total_s <= 180 and rule.plan(CLIP, 1800.0).total_s <= 180
+    assert half_hour.words() == "110 GPU seconds (2 slots of at most 55 s)"
+    with pytest.raises(ValueError, match="cannot hold one window"):
+        SlotRule(start_s=60.0).plan(LITE, 10)
+
+
+def test_slots_resume_after_a_failed_one_off_zerogpu(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The orchestration in process (spaces not involved): a slot that fails with ZeroGPU's worker error
+    after one batch is asked again from the next window; a scheduler refusal (quota) ends the extraction
+    with ZeroGPU's words; an extraction that gives up stops decoding."""
+    import gradio
+
+    from prvr.serve.extraction import GpuUnavailable
+
+    video = write_clip(tmp_path / "v.mp4", 60, 10)
+    rule = SlotRule(start_s=1.0, per_frame_s=(("lite", 1.0),), slot_s=4)
+    extractor = ZeroGpuExtractor(VideoExtractor("lite", device="cpu", batch_frames=1),
+                                 lambda: VideoExtractor("lite", device="cpu"), rule)
+    asked: list[tuple[int, int]] = []
+    real = zerogpu._slot_rows
+
+    def failing_once(frames: str, lo: int, hi: int, key: int):
+        asked.append((lo, hi))
+        for n, item in enumerate(real(frames, lo, hi, key)):
+            if (lo, hi) == (3, 6) and n == 1 and len(asked) == 2:
+                raise gradio.Error("GPU task aborted", title=zerogpu.WORKER_ERROR, print_exception=False)
+            yield item
+
+    monkeypatch.setattr(zerogpu, "_slot_in_gpu", failing_once)
+    work = tmp_path / "work"
+    work.mkdir()
+    features = extractor.extract(video, None, "0" * 64, work, lambda *_: None)
+    assert asked == [(0, 3), (3, 6), (4, 6)]  # window 3 came back before the failure: asked from 4
+    reference = VideoExtractor("lite", device="cpu").extract(video).features
+    np.testing.assert_allclose(features.features, reference, atol=1e-5)
+
+    def refused(frames: str, lo: int, hi: int, key: int):
+        raise gradio.Error("You have exceeded your free ZeroGPU quota (4s requested vs. 0s left).",
+                           title="ZeroGPU quota exceeded", print_exception=False)
+        yield
+
+    monkeypatch.setattr(zerogpu, "_slot_in_gpu", refused)
+    with pytest.raises(GpuUnavailable, match=r"ZeroGPU did not run the model: You have exceeded your free"):
+        extractor.extract(video, None, "0" * 64, work, lambda *_: None)
+
+
+def test_off_zerogpu_the_app_extracts_in_process(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """spaces installed but not on ZeroGPU: the in-process extractor is chosen, searches use the default
+    device, and spaces.GPU is never applied."""
+    monkeypatch.delenv("SPACES_ZERO_GPU", raising=False)
+    from prvr.serve.extraction import InProcess, choose_extractor
+    from prvr.serve.model_choice import search_device
+    from prvr.serve.settings import on_zerogpu
+
+    assert not on_zerogpu() and search_device() == ("cuda" if __import__("torch").cuda.is_available()
+                                                    else "cpu")
+    assert zerogpu._slot_in_gpu is zerogpu._slot_rows  # imported off ZeroGPU: never decorated
+    extractor = choose_extractor("lite")
+    assert isinstance(extractor, InProcess) and extractor.cost(None) is None and extractor.quota_words() == ""
+    with extractor.at_start() as start:
+        assert start is extractor  # nothing to spare at start in process
+    monkeypatch.setenv("SPACES_ZERO_GPU", "true")
+    assert on_zerogpu() and search_device() == "cpu"  # one answer each, read where asked
+
+
+def test_gpu_task_wraps_with_spaces_gpu(monkeypatch: pytest.MonkeyPatch) -> None:
+    def work(x: int) -> int:
+        return x + 1
+
+    calls = []
+    fake = types.SimpleNamespace(GPU=lambda duration: lambda fn: calls.append(duration) or (lambda x: -fn(x)))
+    monkeypatch.setitem(sys.modules, "spaces", fake)
+    wrapped = zerogpu.gpu_task(work, duration=zerogpu._slot_seconds)
+    assert wrapped(1) == -2 and calls == [zerogpu._slot_seconds]
 
 
 def test_media_errors_pickle_as_themselves() -> None:
+    import pickle
+
+    from extract.decode import CorruptVideo
+
     error = CorruptVideo("/x/a.mp4", "it is damaged.", "Re-encode it.")
     again = pickle.loads(pickle.dumps(error))
     assert type(again) is CorruptVideo and str(again) == str(error) and again.path == error.path
 
 
-def test_off_zerogpu_nothing_changes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """spaces installed but not on ZeroGPU: its decorator is a no-op, extraction is in-process as before."""
-    monkeypatch.delenv("SPACES_ZERO_GPU", raising=False)
-    import spaces
+def test_clip_towers_for_two_devices_never_move_each_other(tmp_path: Path) -> None:
+    """On ZeroGPU the slots' CLIP image tower goes to (emulated) CUDA while the query encoder and the start-up
+    extractor stay on the CPU, all from one model loaded once per process: a tower built for one device must
+    not move the others ("meta" stands for the GPU here; before, the CPU text tower failed to build, its
+    weights moved away by the image tower)."""
+    from extract.pipeline import TextEncoder
+    from tests.tiny_clip import make_tiny_model
 
-    assert not zerogpu.on_zerogpu() and zerogpu.search_device() is None
-    assert zerogpu._gpu_rows_in_slot is zerogpu._gpu_rows  # spaces.GPU returned the function itself
-    video = write_clip(tmp_path / "v.mp4", 40, 10)
-    calls = []
-    monkeypatch.setattr(spaces, "GPU", lambda *a, **k: calls.append(a))  # never consulted per call
-    features = zerogpu.extract_video(video, "lite", startup=False)
-    again = zerogpu.extract_video(video, "lite", startup=True)
-    reference = VideoExtractor("lite", device="cpu").extract(video)
-    assert not calls
-    np.testing.assert_array_equal(features.features, reference.features)
-    np.testing.assert_array_equal(again.features, reference.features)
-    assert zerogpu.extractor_for("lite") is zerogpu.prepare("lite")  # one set of models per process
+    weights = {"clip": str(make_tiny_model(tmp_path / "clip"))}
+    slots = VideoExtractor("clip", weights, device="meta")
+    text = TextEncoder("clip", weights, device="cpu")
+    start = VideoExtractor("clip", weights, device="cpu")
+    assert {p.device.type for p in slots.backbones[0].net.parameters()} == {"meta"}
+    assert {p.device.type for p in start.backbones[0].net.parameters()} == {"cpu"}
+    assert {p.device.type for p in text.backbone.model.parameters()} == {"cpu"}
+    assert text.encode(["a cat"])[0].shape[1] == text.profile.text_dim
+    assert start.extract(write_clip(tmp_path / "v.mp4", 30, 10)).features.shape[0] == 3

@@ -13,6 +13,7 @@ import pytest
 
 import extract  # noqa: F401  - the torchvision fix, before any backbone
 from extract.decode import CorruptVideo
+from prvr.serve.bootstrap import sweep_media
 from tests.clips import write_clip
 
 REPO = Path(__file__).resolve().parents[1]
@@ -22,18 +23,19 @@ def test_messages_name_the_uploaded_file_not_the_stored_copy(tmp_path: Path, mak
                                                              monkeypatch: pytest.MonkeyPatch) -> None:
     predictor = make_predictor(tmp_path / "data")
     clip = write_clip(tmp_path / "gradio" / "Birthday party.mp4")
-    original = predictor.extractor.extract
+    models = predictor.ingest.extractor.models  # the in-process extractor's VideoExtractor
+    original = models.extract
 
     def damaged(path, **kw):  # the stored copy fails to decode half way
         raise CorruptVideo(path, "the video is damaged: only 3 of 24 frames decode.", "Re-encode it.")
 
-    monkeypatch.setattr(predictor.extractor, "extract", damaged)
+    monkeypatch.setattr(models, "extract", damaged)
     out = predictor.add_video(clip, name="Birthday party.mp4")
     assert out["status"] == "rejected", out
     expected = "Birthday party.mp4: the video is damaged: only 3 of 24 frames decode. Re-encode it."
     assert out["message"] == expected
     assert not any(p.is_file() for p in predictor.media.dir.rglob("*"))  # no stored copy left
-    monkeypatch.setattr(predictor.extractor, "extract", original)
+    monkeypatch.setattr(models, "extract", original)
     image = tmp_path / "6071e39394409f3b.mp4"  # a server-side name; the user called it cat.mp4
     from PIL import Image
 
@@ -75,14 +77,14 @@ def test_start_sweeps_what_an_interrupted_upload_left(tmp_path: Path, make_predi
     other.mkdir(parents=True)
     (predictor.media.dir / "aaaaaaaaaaaaaaaa.mp4").write_bytes(b"\0" * 10)
     (other / "videos.json").write_text('[{"id": "upload:a", "path": "media/aaaaaaaaaaaaaaaa.mp4"}]')
-    predictor.sweep_media()
+    sweep_media(predictor)
     left = {p for p in predictor.media.dir.rglob("*")}
     assert left == stored | {predictor.media.dir / "aaaaaaaaaaaaaaaa.mp4"}
     # an index in a layout this code cannot read: nothing is deleted
     (data / "indexes" / "future-v9").mkdir()
     (data / "indexes" / "future-v9" / "records.bin").write_bytes(b"?")
     (predictor.media.dir / "bbbbbbbbbbbbbbbb.mp4").write_bytes(b"\0" * 10)
-    predictor.sweep_media()
+    sweep_media(predictor)
     assert (predictor.media.dir / "bbbbbbbbbbbbbbbb.mp4").exists()
 
 
@@ -94,10 +96,10 @@ import sys, time, shutil
 sys.path.insert(0, {str(REPO)!r})
 import extract
 from prvr.models.bridge import BridgeModel
+from prvr.serve.bootstrap import assemble
 from prvr.serve.model_choice import ModelInfo
-from prvr.serve.predictor import Predictor
 from prvr.serve.settings import AppSettings
-p = Predictor(AppSettings(data_dir={str(data)!r}), BridgeModel.from_pretrained(), ModelInfo("m", "d"), "lite")
+p = assemble(AppSettings(data_dir={str(data)!r}), BridgeModel.from_pretrained(), ModelInfo("m", "d"), "lite")
 real_copy = shutil.copyfile
 def slow_copy(src, dst, **kw):
     out = real_copy(src, dst, **kw)
@@ -117,7 +119,7 @@ p.add_video({str(clip)!r})
         proc.wait(timeout=30)
     assert any(p.is_file() for p in (data / "media").rglob("*"))  # the kill left a partial upload
     predictor = make_predictor(data)
-    predictor.sweep_media()
+    sweep_media(predictor)
     assert not any(p.is_file() for p in predictor.media.dir.rglob("*"))
     assert len(predictor.index) == 0
 
@@ -161,7 +163,7 @@ def test_an_old_schema_index_is_left_alone_and_a_new_one_built_beside_it(tmp_pat
 
 
 def test_titles_of_different_files_never_collide(tmp_path: Path, make_predictor) -> None:
-    from prvr.serve.uploads import unique_title
+    from prvr.serve.ingest import unique_title
 
     predictor = make_predictor(tmp_path / "data")
     first = write_clip(tmp_path / "a" / "unsupported.mp4", frames=24)

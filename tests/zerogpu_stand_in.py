@@ -1,30 +1,39 @@
-"""Run ``extract.zerogpu`` through the real ``spaces`` package's ZeroGPU wrapper, with a local stand-in for
+"""Run ``prvr.serve.zerogpu`` through the real ``spaces`` package's ZeroGPU wrapper, with a local stand-in for
 the scheduler; run by tests/test_spaces.py in a fresh process (importing ``spaces`` on "ZeroGPU" patches
 torch for the whole process).
 
     SPACES_ZERO_GPU=true SPACES_ZERO_DEVICE_API_URL=http://127.0.0.1:9 \
         python tests/zerogpu_stand_in.py OUT_DIR [emulated]
 
-What is real: ``spaces.GPU`` -> ``spaces.zero.wrappers.regular_function_wrapper`` (duration callable,
-``client.schedule`` call, fork of the worker, pickling of the arguments and the result through its queues,
-``worker_init`` with ``torch.unpatch``, results and errors carried back, ``client.release``). What stands
-in: ``client.schedule/allow/release`` (no ZeroGPU API here) and ``torch.init/move`` (no GPU: the worker
-stays on the CPU, so the models are built on the CPU instead of ZeroGPU's emulated ``cuda``); on a CPU
-build of torch three CUDA attributes that ``spaces`` reads when it patches torch are given values. Writes
-``OUT_DIR/result.json`` and the feature arrays as ``.npy``. The main process runs a multi-threaded 7x7
-convolution before the GPU call and the worker runs it again (the GNU OpenMP fork hazard; with spaces'
-worker thread it did not hang here even without ``torch.set_num_threads(1)``, but a hang would fail the
-test by its timeout rather than block it). With ``emulated``: ``main_emulated`` (ZeroGPU's CUDA
-emulation left as it is).
+What is real: ``spaces.GPU`` -> ``spaces.zero.wrappers.generator_function_wrapper`` (duration callable,
+``client.schedule`` call, fork of the worker, pickling of the arguments and of every yielded batch of rows
+through its queues, ``worker_init`` with ``torch.unpatch``, errors and a dead worker carried back,
+``client.release``). What stands in: ``client.schedule/allow/release`` (no ZeroGPU API here) and
+``torch.init/move`` (no GPU: the worker stays on the CPU, so the models are built on the CPU instead of
+ZeroGPU's emulated ``cuda``); on a CPU build of torch three CUDA attributes that ``spaces`` reads when it
+patches torch are given values. The stand-in's scheduler answers ``idle=False``, so every slot runs in a
+newly forked worker (ZeroGPU may reuse one).
+
+Recorded, in OUT_DIR: ``result.json`` (what the scheduler saw, the pickled sizes of the arguments, which
+process decoded and which embedded, the progress reported) and the feature arrays as ``.npy``. The main
+process runs a multi-threaded 7x7 convolution before the GPU calls and the worker runs it again (the GNU
+OpenMP fork hazard; a hang fails the test by its timeout rather than blocking it). ``OUT_DIR/mode`` makes
+the next embedding in a worker fail: ``damaged`` (a MediaError), ``strange`` (an exception that does not
+pickle), ``abort-at N`` (the worker process dies before its N-th embedding call: an aborted slot), ``fast``
+(rows from a stub instead of the model, for the 30-minute upload). With ``emulated``: ``main_emulated``
+(ZeroGPU's CUDA emulation left as it is).
 """
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import pickle
 import sys
+import tempfile
 import threading
+import weakref
 from pathlib import Path
 
 import numpy as np
@@ -52,11 +61,13 @@ MAIN_PID = os.getpid()
 OUT = Path(sys.argv[1])
 calls: list[tuple] = []  # what the stand-in scheduler saw, in this (the main) process
 arg_sizes: list[int] = []  # pickled size of each (args, kwargs) handed to a worker
+timeline: list[str] = []  # the scheduler's calls and the progress reports, in the order they happened
 
 
 def schedule(task_id: int, request: object = None, duration: object = None, gpu_size: object = None,
              _first_attempt: bool = True) -> ScheduleResponse:
     calls.append(("schedule", duration.total_seconds() if duration is not None else None))
+    timeline.append("schedule")
     return ScheduleResponse(idle=False, nvidiaIndex=0, nvidiaUUID="GPU-stand-in", allowToken="stand-in")
 
 
@@ -83,12 +94,41 @@ def measured_put(self: SimpleQueue, obj: object) -> None:
 
 SimpleQueue.put = measured_put
 
-import extract.pipeline  # noqa: E402
-from extract import zerogpu  # noqa: E402
+import av  # noqa: E402
+import decord  # noqa: E402
+
 from extract.decode import CorruptVideo  # noqa: E402
+from extract.pipeline import VideoExtractor  # noqa: E402
+from prvr.serve.zerogpu import SlotRule, ZeroGpuExtractor  # noqa: E402
 from tests.clips import write_clip  # noqa: E402
 
-_rows = extract.pipeline.VideoExtractor.rows
+_embed, _av_open, _video_reader = VideoExtractor.embed, av.open, decord.VideoReader
+
+
+def event(text: str) -> None:
+    """One line in OUT/events.txt, with the process it happened in."""
+    with open(OUT / "events.txt", "a") as f:
+        f.write(f"{os.getpid()} {text}\n")
+
+
+def events() -> list[tuple[int, str]]:
+    """The recorded events: (pid, what)."""
+    path = OUT / "events.txt"
+    lines = path.read_text().splitlines() if path.exists() else []
+    return [(int(pid), what) for pid, what in (line.split(" ", 1) for line in lines)]
+
+
+def opening_av(file: object, *args: object, **kwargs: object) -> object:
+    event(f"open {Path(str(file)).name}")  # every PyAV open (probe, sequential decoding)
+    return _av_open(file, *args, **kwargs)
+
+
+def opening_decord(uri: str, *args: object, **kwargs: object) -> object:
+    event(f"open {Path(str(uri)).name}")  # every decord open (random-access decoding)
+    return _video_reader(uri, *args, **kwargs)
+
+
+av.open, decord.VideoReader = opening_av, opening_decord
 
 
 def seven_by_seven() -> None:
@@ -96,121 +136,157 @@ def seven_by_seven() -> None:
     torch.nn.functional.conv2d(torch.ones(8, 3, 224, 224), torch.ones(64, 3, 7, 7), stride=2)
 
 
-def rows_recording_pid(self: extract.pipeline.VideoExtractor, path: str, info: object,
-                       **kwargs: object) -> tuple:
-    """VideoExtractor.rows, which also records the process it ran in (and fails on request)."""
-    (OUT / f"pid-{Path(path).stem}.txt").write_text(str(os.getpid()))
-    seven_by_seven()  # the OpenMP fork hazard (see the module docstring)
-    if "damaged" in Path(path).name:
-        raise CorruptVideo(path, "stand-in damage found inside the GPU worker.", "Re-encode it.")
-    if "strange" in Path(path).name:
-        raise RuntimeError("an error holding a lock", threading.Lock())  # does not pickle
-    return _rows(self, path, info, **kwargs)
+def embed_recording(self: VideoExtractor, windows: np.ndarray) -> np.ndarray:
+    """VideoExtractor.embed, which records where it ran and fails as OUT/mode says."""
+    counter = OUT / "embeds"
+    n = int(counter.read_text() or 0) + 1 if counter.exists() else 1
+    counter.write_text(str(n))
+    event(f"embed {len(windows)}")
+    mode = (OUT / "mode").read_text() if (OUT / "mode").exists() else ""
+    if os.getpid() != MAIN_PID:
+        seven_by_seven()  # the OpenMP fork hazard (see the module docstring)
+        if mode == "damaged":
+            raise CorruptVideo("damaged.mp4", "stand-in damage found inside the GPU worker.", "Re-encode it.")
+        if mode == "strange":
+            raise RuntimeError("an error holding a lock", threading.Lock())  # does not pickle
+        if mode == f"abort-at {n}":
+            (OUT / "mode").write_text("")  # once
+            os._exit(1)  # the worker dies: spaces answers "GPU task aborted"
+    if mode == "fast":
+        return np.random.default_rng(n).random((len(windows), self.profile.visual_dim), dtype=np.float32)
+    return _embed(self, windows)
 
 
-extract.pipeline.VideoExtractor.rows = rows_recording_pid
+VideoExtractor.embed = embed_recording
+
+
+def reset(mode: str = "") -> None:
+    """A new run: the failure mode, empty records."""
+    (OUT / "mode").write_text(mode)
+    (OUT / "embeds").write_text("0")
+    (OUT / "events.txt").write_text("")
+    calls.clear()
+    arg_sizes.clear()
+    timeline.clear()
+
+
+def run(name: str, extractor: ZeroGpuExtractor, video: Path, mode: str = "") -> dict:
+    """One extraction through the slots: its features (saved as OUT/<name>.npy) or its error, and what the
+    scheduler, the processes and the progress saw."""
+    reset(mode)
+    reports: list[tuple[float, str]] = []
+    out: dict = {}
+    with tempfile.TemporaryDirectory(dir=OUT) as work:
+        try:
+            features = extractor.extract(video, None, "0" * 64, Path(work), lambda *r: reports.append(r))
+        except Exception as error:
+            out["error"] = {"type": f"{type(error).__module__}.{type(error).__name__}", "message": str(error),
+                            "notes": getattr(error, "__notes__", [])}
+        else:
+            np.save(OUT / f"{name}.npy", features.features)
+            out["rows"] = len(features.features)
+    return dict(out, calls=list(calls), arg_sizes=list(arg_sizes), events=events(), reports=reports)
 
 
 def main() -> None:
-    video = write_clip(OUT / "clip.mp4", 60, 10)
-    result: dict = {"main_pid": MAIN_PID, "on_zerogpu": zerogpu.on_zerogpu()}
-    zerogpu.prepare("lite")
+    from prvr.serve.model_choice import search_device
+    from prvr.serve.settings import on_zerogpu
+
+    video = write_clip(OUT / "clip.mp4", 60, 10)  # 6 s: six 1 s windows of the lite profile
+    result: dict = {"main_pid": MAIN_PID, "on_zerogpu": on_zerogpu(), "search_device": search_device()}
     # in-process first: the parent runs multi-threaded torch CPU ops before any fork (the OpenMP hazard)
-    local = zerogpu.extractor_for("lite").extract(video)
+    local = VideoExtractor("lite", device="cpu").extract(video)
     torch.set_num_threads(2)
     seven_by_seven()
     np.save(OUT / "local.npy", local.features)
-
-    calls.clear()
-    progress: list[tuple[float, float]] = []
-    slot = zerogpu.extract_video(video, "lite", progress=lambda done, total: progress.append((done, total)))
-    result["progress"] = progress
-    np.save(OUT / "slot.npy", slot.features)
-    result.update(slot_calls=list(calls), arg_sizes=list(arg_sizes), slot_sha=slot.sha256 == local.sha256,
-                  slot_start=slot.start.tolist(), local_start=local.start.tolist(),
-                  expected_seconds=zerogpu.gpu_seconds_for(slot.duration, "lite"),
-                  worker_pid=int((OUT / "pid-clip.txt").read_text()))
-
-    calls.clear()
-    startup = zerogpu.extract_video(video, "lite", startup=True)
-    np.save(OUT / "startup.npy", startup.features)
-    result.update(startup_calls=list(calls), startup_pid=int((OUT / "pid-clip.txt").read_text()))
-
-    for name in ("damaged", "strange"):
-        calls.clear()
-        copy = OUT / f"{name}.mp4"
-        copy.write_bytes(video.read_bytes())
-        try:
-            zerogpu.extract_video(copy, "lite")
-        except Exception as error:
-            result[name] = {"type": f"{type(error).__module__}.{type(error).__name__}", "message": str(error),
-                            "notes": getattr(error, "__notes__", []), "calls": list(calls),
-                            "pid": int((OUT / f"pid-{name}.txt").read_text())}
-        else:
-            result[name] = None
-    try:
-        zerogpu.extract_video(video, "paper_test")  # never prepared
-    except RuntimeError as error:
-        result["unprepared"] = str(error)
-    result["upload"] = upload_through_the_app()
+    # three windows a slot (1 s + 3 frames x 1 s = 4 s asked), one window a batch: two slots of three batches
+    rule = SlotRule(start_s=1.0, per_frame_s=(("lite", 1.0),), slot_s=4)
+    extractor = ZeroGpuExtractor(VideoExtractor("lite", batch_frames=1),
+                                 lambda: VideoExtractor("lite", device="cpu"), rule)
+    result["plan"] = [list(s) for s in extractor.rule.plan(extractor.profile, 6.0).slots]
+    runs = (("slots", ""), ("resumed", "abort-at 5"), ("damaged", "damaged"), ("strange", "strange"))
+    for name, mode in runs:  # abort-at 5: the worker dies before window 4, its slot's second
+        result[name] = run(name, extractor, video, mode)
+    predictor = app_predictor(OUT / "data")
+    result["upload"] = upload_through_the_app(predictor)
+    result["long"] = thirty_minutes(predictor)
     (OUT / "result.json").write_text(json.dumps(result))
 
 
-def upload_through_the_app() -> dict:
-    """The app's upload path (``prvr.serve.uploads.Uploads``) under the wrapper: the upload is extracted in a
-    GPU slot, indexed, and a search (on the CPU, no slot) finds it."""
-    from extract.pipeline import TextEncoder
-    from prvr.index import IndexConfig, VideoIndex
+def app_predictor(data: Path):
+    """The app's parts on "ZeroGPU" (``assemble`` chooses the extractor: it must be ZeroGPU's)."""
     from prvr.models.bridge import BridgeModel
-    from prvr.results.search import search_text
-    from prvr.serve.media import MediaStore
+    from prvr.serve.bootstrap import assemble
+    from prvr.serve.model_choice import ModelInfo, search_device
     from prvr.serve.settings import AppSettings
-    from prvr.serve.uploads import Uploads
 
-    model = BridgeModel.from_pretrained(device=zerogpu.search_device())
-    gallery = VideoIndex.create(OUT / "index", model, IndexConfig())
-    settings = AppSettings(data_dir=OUT / "data", host="127.0.0.1")
-    uploads = Uploads(settings, "lite", None, gallery, MediaStore(settings.data_dir))
+    model = BridgeModel.from_pretrained(device=search_device())
+    settings = AppSettings(data_dir=data, host="127.0.0.1", uploads="shared")
+    return assemble(settings, model, ModelInfo("m", "d"), "lite")
+
+
+def upload_through_the_app(predictor) -> dict:
+    """The app's upload path (``Predictor.add_video``, the ingest service) under the wrapper: the upload is
+    extracted in a GPU slot, indexed, and a search (on the CPU, no slot) finds it."""
     stages: list[str] = []
-    calls.clear()
+    reset()
     source = write_clip(OUT / "upload source.mp4", 80, 10)
-    outcome = uploads.add(source, progress=lambda _, stage: stages.append(stage), name="my holiday.mp4")
-    slot_calls = list(calls)
+    outcome = predictor.add_video(source, progress=lambda _, stage: stages.append(stage),
+                                  name="my holiday.mp4")
+    slot_calls, worker_events = list(calls), events()
     calls.clear()
-    text = TextEncoder("lite", device=zerogpu.search_device())
-    found = search_text([gallery], "a red screen", text.encode, k=1)
-    newest = max(OUT.glob("pid-*.txt"), key=lambda p: p.stat().st_mtime)
+    found = predictor.search("a red screen", k=1)
     return {"outcome": outcome, "slot_calls": slot_calls, "search_calls": list(calls),
-            "worker_pid": int(newest.read_text()), "found": [r["video_id"] for r in found.results],
-            "stages": stages}
+            "events": worker_events, "found": [r["video_id"] for r in found.results], "stages": stages,
+            "extractor": type(predictor.ingest.extractor).__name__}
+
+
+def thirty_minutes(predictor) -> dict:
+    """A 30-minute upload through the app's path with the default rule (the model's rows stubbed: the
+    point is what is accepted and asked for): the visitor is told the GPU seconds before the first slot."""
+    source = write_clip(OUT / "half an hour.mp4", 1800, 1, size=(32, 24))
+    reset("fast")
+    outcome = predictor.add_video(source, progress=lambda _, stage: timeline.append(stage),
+                                  name="lecture.mp4")
+    record = predictor.index.record(outcome["video_id"]) if outcome["video_id"] else None
+    return {"outcome": outcome, "calls": list(calls), "timeline": list(timeline),
+            "duration": record["duration"] if record else None}
 
 
 def main_emulated() -> None:
-    """ZeroGPU's CUDA emulation in the main process, untouched: the models of ``prepare`` go to (emulated)
-    ``cuda`` and are packed to disk as at ``launch()``; start-up extraction and query encoding, which run in
-    the main process, must keep working on their CPU models."""
+    """ZeroGPU's CUDA emulation in the main process, untouched: the slots' models go to (emulated) ``cuda``
+    and are packed to disk as at ``launch()``; start-up extraction and query encoding, which run in the
+    main process, must keep working, on CPU models, which are released after the start-up."""
     from spaces.zero.torch import pack
 
     from extract.decode import probe
     from extract.pipeline import TextEncoder
+    from prvr.serve.extraction import choose_extractor
+    from prvr.serve.model_choice import search_device
 
     video = write_clip(OUT / "clip.mp4", 60, 10)
-    extractor = zerogpu.prepare("lite")
-    result = {"emulated_cuda": torch.cuda.is_available(),
-              "param_device": str(next(extractor.backbones[0].net.parameters()).device)}
-    before = zerogpu.extract_video(video, "lite", startup=True).features
-    emulated, _ = extractor.rows(str(video), probe(video))  # before packing: emulated CUDA, CPU data
+    extractor = choose_extractor("lite")
+    result = {"emulated_cuda": torch.cuda.is_available(), "kind": type(extractor).__name__,
+              "param_device": str(next(extractor.models.backbones[0].net.parameters()).device)}
+    with extractor.at_start() as start:
+        before = start.models.extract(video).features
+        start_models = weakref.ref(start.models)
+    del start  # this script's own reference; the extractor must hold none after the block
+    gc.collect()
+    result["start_models_released"] = start_models() is None and extractor.start_models is None
+    emulated, _ = extractor.models.rows(str(video), probe(video))  # before packing: emulated CUDA, CPU data
     result["emulated_equal"] = bool(np.allclose(emulated, before, atol=1e-5))
     result["packed_bytes"] = pack()  # what the patched launch() does first
     try:
-        extractor.rows(str(video), probe(video))
+        extractor.models.rows(str(video), probe(video))
         result["after_pack"] = "ran"
     except Exception as error:
         result["after_pack"] = str(error)[:80]
-    after = zerogpu.extract_video(video, "lite", startup=True).features
+    with extractor.at_start() as start:
+        after = start.models.extract(video).features
     result["startup_equal"] = bool(np.array_equal(after, before))
-    result["search_device"] = zerogpu.search_device()
-    encoder = TextEncoder("lite", device=zerogpu.search_device())
+    result["search_device"] = search_device()
+    encoder = TextEncoder("lite", device=search_device())
     result["query_shape"] = list(encoder.encode(["a cat"])[0].shape)
     (OUT / "emulated.json").write_text(json.dumps(result))
 

@@ -5,9 +5,12 @@ an annotated set (prints a table, or JSON with ``--json``)::
     python -m prvr.evaluate --checkpoint CKPT --features V.h5 --captions C.h5 [--splits test=test.txt]
     python -m prvr.evaluate --gallery demo [--root DIR] [--json]     # the default model on the demo gallery
     python -m prvr.evaluate --videos DIR --moments FILE.json [--json]  # any annotated folder
+    python -m prvr.evaluate --videos DIR --moments FILE.json --profile clip --weights clip=DIR_OR_HUB_ID
     (prvr.evaluate.annotated)
 
-The last two evaluate the default (training-free) model, or ``--checkpoint``'s, with
+The last ones evaluate a training-free model (``--profile``: ``lite``, the default, or ``clip`` /
+``clip_whole`` with ``--weights clip=...``: any CLIP-family model from a folder or the hub), or
+``--checkpoint``'s, with
 ``prvr.evaluate.annotated``: first-relevant-video R@1/5/10, SumR, and the localisation of the key moment,
 MS-SL's raw key clip and a random window on that video (IoU >= 0.3/0.5/0.7, mean IoU, centre inside).
 ``--videos/--moments`` reports every number with a 95 % bootstrap interval (seeded; per clip when the moments
@@ -25,18 +28,27 @@ from pathlib import Path
 
 import torch
 
+from extract.pipeline import parse_weights
 from prvr.data.official import add_source_args, check_compatible, prepare_split, source_from_args
-from prvr.evaluate.annotated import evaluate_set, format_report, load_moments_file
+from prvr.evaluate.annotated import evaluate_set, format_report, load_moments_file, training_free_model
 from prvr.evaluate.demo import evaluate_demo
 from prvr.evaluate.retrieval import evaluate_split, format_table
 from prvr.models.checkpoint import load_checkpoint
 
 
-def evaluate_folder(videos: Path, moments: Path, checkpoint: str | None, device: str, as_json: bool) -> dict:
+def evaluate_folder(videos: Path, moments: Path, checkpoint: str | None, device: str, as_json: bool,
+                    profile: str | None = None, weights: dict[str, str] | None = None) -> dict:
     """``--videos DIR --moments FILE``: the annotated folder's report (printed as JSON or a table)."""
-    model = load_checkpoint(checkpoint, map_location=device) if checkpoint else None
-    report = {"videos_dir": str(videos), "moments": str(moments),
-              **evaluate_set(load_moments_file(videos, moments), model)}
+    if checkpoint:
+        model = load_checkpoint(checkpoint, map_location=device)
+        profile = profile or (model.profile or {}).get("name") or "lite"
+    else:
+        profile = profile or "lite"
+        model = training_free_model(profile, weights, device)
+    aset = load_moments_file(videos, moments, profile=profile, weights=weights)
+    report = {"videos_dir": str(videos), "moments": str(moments), "profile": profile,
+              "model": model.describe() if hasattr(model, "describe") else {"checkpoint": str(checkpoint)},
+              **evaluate_set(aset, model)}
     print(json.dumps(report, indent=1) if as_json else format_report(report))
     return report
 
@@ -52,6 +64,11 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--videos", type=Path, help="instead: a folder of videos annotated by --moments")
     parser.add_argument("--moments", type=Path,
                         help="the moments file of --videos (format: prvr.evaluate.annotated)")
+    parser.add_argument("--profile", help="with --videos: the training-free model's feature profile (lite, "
+                        "the default; clip or clip_whole with --weights clip=...)")
+    parser.add_argument("--weights", action="append", default=[], metavar="BACKBONE=SPEC",
+                        help="with --videos: weights of the profile's backbones, e.g. clip=/models/clip-b32 "
+                        "or clip=hf-hub:laion/CLIP-ViT-B-32-laion2B-s34B-b79K (repeatable)")
     add_source_args(parser)
     parser.add_argument("--split", default=None, help="split to evaluate (default: test; 'all' for "
                         "--features/--captions without --splits)")
@@ -68,7 +85,14 @@ def main(argv: list[str] | None = None) -> dict:
     if args.videos or args.moments:
         if not (args.videos and args.moments):
             parser.error("--videos and --moments go together")
-        return evaluate_folder(args.videos, args.moments, args.checkpoint, args.device, args.json)
+        try:
+            weights = parse_weights(args.weights)
+        except ValueError as e:
+            parser.error(str(e))
+        if isinstance(weights, str):
+            parser.error(f"--weights {weights}: write it as BACKBONE=SPEC, e.g. clip={weights}")
+        return evaluate_folder(args.videos, args.moments, args.checkpoint, args.device, args.json,
+                               args.profile, weights)
     if not args.checkpoint:
         parser.error("--checkpoint is required (or --gallery demo, or --videos DIR --moments FILE)")
     source = source_from_args(parser, args)

@@ -36,6 +36,7 @@ values stay where they were (``metrics``, ``localisation``: plain numbers); ``ci
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import math
@@ -81,11 +82,16 @@ class AnnotatedSet:
     videos: tuple[tuple[str, Path], ...]  # (id, file), the gallery in order
     queries: tuple[Query, ...]
     features: Path  # feature cache (HDF5, prvr-features) of the videos and the query texts
+    profile: str = "lite"  # the feature profile the cache holds
+    weights: dict[str, str] | None = None  # --weights of that profile's backbones (None: its defaults)
 
 
-def load_moments_file(videos_dir: str | Path, moments_file: str | Path, features: Path | None = None
-                      ) -> AnnotatedSet:
-    """Read a moments file (module docstring) over the videos in ``videos_dir``; errors name the bad entry."""
+def load_moments_file(videos_dir: str | Path, moments_file: str | Path, features: Path | None = None,
+                      profile: str = "lite", weights: dict[str, str] | None = None) -> AnnotatedSet:
+    """Read a moments file (module docstring) over the videos in ``videos_dir``; errors name the bad entry.
+
+    ``profile`` / ``weights``: the features to evaluate on (default: the offline ``lite``); each profile and
+    weights identity has its own feature cache in ``videos_dir``."""
     videos_dir, moments_file = Path(videos_dir), Path(moments_file)
     if not videos_dir.is_dir():
         raise FileNotFoundError(f"--videos {videos_dir}: not a directory")
@@ -118,12 +124,44 @@ def load_moments_file(videos_dir: str | Path, moments_file: str | Path, features
         raise ValueError(f"{moments_file}: no queries")
     queries = [Query(f"q{k:05d}", text, {vid: tuple(m) for vid, m in per_video.items()}, *extra[text])
                for k, (text, per_video) in enumerate(spans.items())]
-    cache = features or videos_dir / ".prvr-features-lite.h5"
-    return AnnotatedSet(tuple((p.name, p) for p in files), tuple(queries), cache)
+    cache = features or videos_dir / feature_cache_name(profile, weights)
+    return AnnotatedSet(tuple((p.name, p) for p in files), tuple(queries), cache, profile, weights)
 
 
-def extract_features(aset: AnnotatedSet, profile: str = "lite") -> Path:
+def feature_cache_name(profile: str, weights: dict[str, str] | None) -> str:
+    """The set's feature cache file for a profile and its weights (``lite`` with its defaults keeps the name
+    it always had)."""
+    if not weights:
+        return f".prvr-features-{profile}.h5"
+    from extract.pipeline import resolve_profile, weights_for
+    from extract.profiles import get_profile
+
+    spec = get_profile(profile)
+    named = resolve_profile(spec, weights_for(spec, weights, tuple(b for b, _ in spec.weights))).identity()
+    digest = hashlib.sha256(json.dumps(named["weights"], sort_keys=True).encode()).hexdigest()[:12]
+    return f".prvr-features-{profile}-{digest}.h5"
+
+
+def training_free_model(profile: str = "lite", weights: dict[str, str] | None = None,
+                        device: str | None = None):
+    """The training-free model that reads ``profile``: the bridge (``lite``, packaged weights) or the
+    CLIP-family model (``clip``, ``clip_whole``; ``weights["clip"]``: a folder or hf-hub:ID, default the
+    profile's hub model)."""
+    from extract.profiles import get_profile
+    from prvr.models.zero_shot import ZeroShotModel
+
+    if profile == "lite":
+        if weights:
+            raise ValueError("the lite profile's bridge uses its packaged weights; --weights is for clip")
+        return BridgeModel.from_pretrained(device=device)
+    if get_profile(profile).text == "clip_text":
+        return ZeroShotModel.from_pretrained((weights or {}).get("clip"), device=device, profile=profile)
+    raise ValueError(f"no training-free model reads profile {profile!r}: give --checkpoint trained on it")
+
+
+def extract_features(aset: AnnotatedSet, profile: str | None = None) -> Path:
     """Write the set's video and query features into its cache file; only new or changed items run."""
+    profile = profile or aset.profile
     path = aset.features
     have_videos, have_captions = {}, {}
     if path.exists():
@@ -134,8 +172,8 @@ def extract_features(aset: AnnotatedSet, profile: str = "lite") -> Path:
     captions = [(q.id, q.text) for q in aset.queries if have_captions.get(q.id) != q.text]
     if not videos and not captions:
         return path
-    extractor = VideoExtractor(profile) if videos else None
-    encoder = TextEncoder(profile) if captions else None
+    extractor = VideoExtractor(profile, aset.weights) if videos else None
+    encoder = TextEncoder(profile, aset.weights) if captions else None
     path.parent.mkdir(parents=True, exist_ok=True)
     with FeatureWriter(path, (extractor or encoder).profile) as writer:
         for vid, p, sha in videos:
@@ -211,10 +249,10 @@ def proposal_spans(start: np.ndarray, end: np.ndarray, map_size: int = 32) -> np
 # ---------------------------------------------------------------------------------------------- scoring
 
 
-def reference_bank(model, profile: str = "lite"):
+def reference_bank(model, profile: str = "lite", weights: dict[str, str] | None = None):
     """The app's reference caption bank (``prvr.results.confidence``) encoded by ``model`` for an index: its
     ``ReferenceQueries`` (caption tokens by ``profile``'s text encoder, cached as the app caches them)."""
-    calibrator = Calibrator.for_model(model, TextEncoder(profile), cache_dir=cache_dir("confidence"))
+    calibrator = Calibrator.for_model(model, TextEncoder(profile, weights), cache_dir=cache_dir("confidence"))
     return calibrator.reference_queries
 
 
@@ -223,8 +261,7 @@ def evaluate_set(aset: AnnotatedSet, model=None, references=None) -> dict:
     through the search path (module docstring); ``references``: the index's ``ReferenceQueries`` (default:
     ``reference_bank(model)``, as the app)."""
     if model is None:
-
-        model = BridgeModel.from_pretrained()
+        model = training_free_model(aset.profile, aset.weights)
     path = extract_features(aset)
     ids = [vid for vid, _ in aset.videos]
     with FeatureFile(path) as ff:
@@ -237,8 +274,8 @@ def evaluate_set(aset: AnnotatedSet, model=None, references=None) -> dict:
     rows_weights = {"two_branch": None, "clip": (1.0, 0.0), "frame": (0.0, 1.0)}
     metrics, judged, values = {}, {}, {}  # values: per-query numbers whose means are the metrics
     with tempfile.TemporaryDirectory(prefix="prvr-evaluate-") as tmp:
-        index = VideoIndex.create(Path(tmp) / "index", model, IndexConfig(),
-                                  references if references is not None else reference_bank(model))
+        bank = references if references is not None else reference_bank(model, aset.profile, aset.weights)
+        index = VideoIndex.create(Path(tmp) / "index", model, IndexConfig(), bank)
         index.add([GalleryVideo.from_features(vid, r) for vid, r in zip(ids, rows, strict=True)])
         for name, weights in rows_weights.items():
             ranks, found = [], []

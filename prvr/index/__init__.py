@@ -22,6 +22,7 @@ from prvr.index.ingest import (
     half_up,
     localisation_arrays,
 )
+from prvr.index.move import move as move_gallery
 from prvr.index.qdrant import QdrantConfig, QdrantIndex
 from prvr.index.qdrant_store import QdrantConnectionError, QdrantTarget
 from prvr.index.schema import FIXED, RAGGED, RECORD, SCHEMA_VERSION
@@ -34,5 +35,6 @@ __all__ = ["FIXED", "RAGGED", "RECORD", "SCHEMA_VERSION", "Evidence", "Gallery",
            "GalleryVideo", "IndexConfig", "IndexMismatchError", "IndexStoreError", "QdrantConfig",
            "QdrantConnectionError", "QdrantIndex", "QdrantTarget", "QueryError", "ReferenceQueries",
            "VideoArrays", "VideoEvidence", "VideoIndex", "Weights", "bank_vectors", "check_k",
-           "check_weights", "frame_factors", "gallery_dir", "half_up", "localisation_arrays", "open_gallery",
+           "check_weights", "frame_factors", "gallery_dir", "half_up", "localisation_arrays", "move_gallery",
+           "open_gallery",
            "query_vector", "stored_media_paths"]

@@ -87,13 +87,17 @@ class ZeroShotModel(TrainingFreeModel):
 
     @classmethod
     def from_pretrained(cls, weights: str | None = None, cfg: ZeroShotConfig = ZeroShotConfig(),
-                        device: str | torch.device | None = None) -> ZeroShotModel:
-        """Load the ``clip`` profile's model (its default hub id, or ``weights``: a folder or hf-hub:ID).
+                        device: str | torch.device | None = None, profile: str = PROFILE) -> ZeroShotModel:
+        """Load the ``clip`` profile's model (its default hub id, or ``weights``: a folder or hf-hub:ID);
+        ``profile``: another profile of the same towers (e.g. ``clip_whole``, another frame fit).
 
         A hub id on a host that cannot reach the hub loads from the local cache or fails within seconds
         (``WeightsUnavailable`` naming the model and the cause), never after network time-outs.
         """
-        profile = get_profile(PROFILE)
+        profile = get_profile(profile)
+        if profile.visual != (PROFILE,) or profile.text != "clip_text":
+            raise ValueError(f"profile {profile.name!r} reads {profile.visual} + {profile.text}; the "
+                             "CLIP-family model reads the clip and clip_text towers")
         spec = weights or get_backbone_cfg(profile.visual[0]).weights
         resolved = resolve_weights(spec)
         offline = hub_offline_reason() if resolved.kind == "hub" else None
@@ -121,7 +125,8 @@ class ZeroShotModel(TrainingFreeModel):
 
     def describe(self) -> dict:
         """What the app and README show about the model in use."""
-        return {"name": NAME, "profile": PROFILE, "weights": self.source, "settings": self.cfg.to_dict(),
+        return {"name": NAME, "profile": (self.profile or {}).get("name", PROFILE), "weights": self.source,
+                "settings": self.cfg.to_dict(),
                 "fingerprint": self.fingerprint()}
 
     def fingerprint(self) -> str:

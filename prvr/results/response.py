@@ -4,9 +4,10 @@
   to 2 more moments, heatmap) comes from ``prvr.results.moments.find_moments`` on the hit's fine rows and
   segments (seconds, independent of the video's length); MS-SL's own key clip stays beside it as ``key_clip``.
 - ``unit_spans`` / ``frame_times``: clip units and attended frames -> seconds, through the official binning.
-- ``Confidence``: what labels each hit high / medium / low and says whether there is a strong match; one
-  object judges all hits of a response (shared and session alike):
-  ``prvr.results.confidence.CalibratedConfidence``.
+- ``Confidence``: what labels each hit high / medium / low / none and says whether there is a strong match;
+  one object judges all hits of a response (shared and session alike):
+  ``prvr.results.confidence.CalibratedConfidence``. ``LABEL_WORDS``: the one vocabulary, each label's words
+  on the page; every result dict carries both (``confidence``, ``confidence_label``).
 """
 
 from __future__ import annotations
@@ -51,12 +52,17 @@ def frame_times(row_start: np.ndarray, row_end: np.ndarray, max_ctx_l: int = 128
     return spans.mean(axis=1)
 
 
+# the machine value of a result's confidence -> the words the page shows (the API and MCP carry both)
+LABEL_WORDS = {"high": "strong match", "medium": "possible match", "low": "unconfirmed", "none": "no match"}
+
+
 @dataclass(frozen=True)
 class Assessment:
     """What a confidence object says about one response."""
 
-    labels: tuple[str, ...]  # one per hit, best first: "high" | "medium" | "low"
+    labels: tuple[str, ...]  # one per hit, best first: "high" | "medium" | "low" | "none"
     strong: bool  # False: the app says "no strong match" instead of presenting rank 1 as an answer
+    calibrated: bool = True  # False: the model's labels were never calibrated (all "low")
 
 
 class Confidence(Protocol):
@@ -90,7 +96,7 @@ def result_dict(rank: int, hit: VideoEvidence, confidence: str, q: np.ndarray, m
         "rank": rank, "video_id": hit.video["id"], "title": hit.video.get("title", ""),
         "path": hit.video.get("path", ""), "duration": round(float(hit.video.get("duration", 0.0)), 3),
         "score": round(hit.total, 6), "clip_score": round(hit.clip, 6), "frame_score": round(hit.frame, 6),
-        "confidence": confidence, **where, "key_clip": key_clip,
+        "confidence": confidence, "confidence_label": LABEL_WORDS[confidence], **where, "key_clip": key_clip,
         "attention": {"time": _floats(times[: len(hit.attention)]), "weight": _floats(hit.attention)},
     }
 
@@ -112,6 +118,12 @@ class SearchResponse:
     weights: tuple[float, float]  # (clip_w, frame_w) used
     approximate: bool
     stats: dict = field(default_factory=dict)  # scanned / exactly scored videos, milliseconds
+    calibrated: bool = True  # False: the model's labels were never calibrated (no strong match, no "none")
+
+    @property
+    def no_match(self) -> bool:
+        """Every hit is labelled "none": nothing like the query seems to be in the gallery."""
+        return bool(self.results) and all(r["confidence"] == "none" for r in self.results)
 
     def __iter__(self) -> Iterator[dict]:
         return iter(self.results)
@@ -125,4 +137,5 @@ class SearchResponse:
     def to_dict(self) -> dict:
         """Everything as one JSON-able dict."""
         return {"results": self.results, "query": self.query, "no_strong_match": self.no_strong_match,
-                "weights": list(self.weights), "approximate": self.approximate, "stats": self.stats}
+                "no_match": self.no_match, "calibrated": self.calibrated, "weights": list(self.weights),
+                "approximate": self.approximate, "stats": self.stats}

@@ -21,7 +21,7 @@ import torch
 
 from prvr.index import Evidence, Gallery, QueryError, check_k, check_weights
 from prvr.models.branches import EncodedQueries
-from prvr.results.confidence import CalibratedConfidence
+from prvr.results.confidence import UNCALIBRATED, CalibratedConfidence
 from prvr.results.query import clean_query
 from prvr.results.response import Confidence, SearchResponse, result_dicts
 
@@ -51,7 +51,7 @@ def search(indexes: Sequence[Gallery], tokens: np.ndarray | torch.Tensor, k: int
            confidence: Confidence | None = None, query: dict | None = None) -> SearchResponse:
     """Rank every index (all over one model) for the query's token features; the best k over all of them.
 
-    ``confidence`` defaults to ``CalibratedConfidence()`` (from the reference scores the indexes store);
+    ``confidence`` defaults to ``CalibratedConfidence(UNCALIBRATED)`` (no model calibration: every hit "low");
     ``query``: what the response reports about the query (default: the token count).
     """
     if not indexes:
@@ -65,14 +65,14 @@ def search(indexes: Sequence[Gallery], tokens: np.ndarray | torch.Tensor, k: int
     evidence = Evidence.merge([ix.rank(q, k, w, approximate) for ix in indexes if len(ix)] or
                               [indexes[0].rank(q, k, w, approximate)], k)
     t2 = time.perf_counter()
-    judged = (confidence or CalibratedConfidence()).assess(q, evidence)
+    judged = (confidence or CalibratedConfidence(UNCALIBRATED)).assess(q, evidence)
     results = result_dicts(evidence, judged.labels, q)
     t3 = time.perf_counter()
     stats = {"videos": evidence.searched, "scored_exactly": evidence.scored_exactly,
              "encode_ms": 1e3 * (t1 - t0), "rank_ms": 1e3 * (t2 - t1), "results_ms": 1e3 * (t3 - t2),
              "total_ms": 1e3 * (t3 - t0)}
     info = query if query is not None else {"tokens": int(np.shape(tokens)[0])}
-    return SearchResponse(results, info, not judged.strong, w, approximate, stats)
+    return SearchResponse(results, info, not judged.strong, w, approximate, stats, judged.calibrated)
 
 
 def search_text(indexes: Sequence[Gallery], text: str | bytes, text_encoder: TextEncoder, k: int = 10,

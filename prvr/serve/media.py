@@ -7,19 +7,20 @@ interrupted uploads and stored files no index names.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import shutil
 import tempfile
-from collections.abc import Callable
+from collections.abc import Iterator
 from pathlib import Path
 
 from extract.transcode import EncodeSettings, transcode, unplayable_reason
 from prvr.index import stored_media_paths
+from prvr.serve.progress import Progress
 
 log = logging.getLogger(__name__)
 
-Progress = Callable[[float, str], None]  # (fraction of this video done, stage in words)
 KEEP_ALL = {Path("/")}  # what ``referenced`` answers when it cannot tell: delete nothing
 # left among the data dir's indexes by a gallery this module cannot list (a Qdrant collection)
 SHARED_MARKER = "media-named-by-a-qdrant-collection.txt"
@@ -41,6 +42,17 @@ class MediaStore:
     def locate(self, stored: str) -> Path:
         """The file a stored path names (joins a relative path, keeps an absolute one)."""
         return self.data_dir.resolve() / stored
+
+    @contextlib.contextmanager
+    def work(self) -> Iterator[Path]:
+        """An empty folder for one video's temporary files (a frame file), deleted after the block (and by
+        ``sweep`` after a crash)."""
+        self.dir.mkdir(parents=True, exist_ok=True)
+        folder = Path(tempfile.mkdtemp(prefix="work-", dir=self.dir))
+        try:
+            yield folder
+        finally:
+            shutil.rmtree(folder, ignore_errors=True)
 
     def store_playable(self, path: Path, sha: str, target_dir: Path, report: Progress) -> tuple[Path, bool]:
         """Copy (or re-encode) a video into ``target_dir`` as ``<sha>.mp4``, whole or not at all (an upload:
@@ -86,11 +98,11 @@ class MediaStore:
         return {self.locate(p).resolve() for p in paths if p}
 
     def sweep(self, keep: set[Path]) -> None:
-        """Delete ``upload-*`` work dirs, half-written copies and stored files not in ``keep``."""
+        """Delete ``upload-*`` and ``work-*`` folders, half-written copies, stored files not in ``keep``."""
         if not self.dir.is_dir() or keep == KEEP_ALL:
             return
         removed = 0
-        for work in self.dir.glob("upload-*"):
+        for work in [*self.dir.glob("upload-*"), *self.dir.glob("work-*")]:
             shutil.rmtree(work, ignore_errors=True)
             removed += 1
         for path in sorted(self.dir.rglob("*"), key=lambda p: -len(p.parts)):  # files before dirs

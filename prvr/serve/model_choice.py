@@ -17,14 +17,13 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from extract import zerogpu
 from extract.backbones import get_backbone_cfg
 from extract.profiles import get_profile
 from prvr.index import GalleryVideo, IndexConfig, VideoIndex
 from prvr.models import bridge, zero_shot
 from prvr.models.checkpoint import load_checkpoint
 from prvr.results.search import search
-from prvr.serve.settings import AppSettings
+from prvr.serve.settings import AppSettings, on_zerogpu
 
 log = logging.getLogger(__name__)
 
@@ -121,9 +120,10 @@ def _checkpoint(settings: AppSettings) -> tuple[object, ModelInfo, str]:
 
 
 def search_device() -> str:
-    """Where the served model runs: the CPU on ZeroGPU (its CUDA is emulated outside a GPU slot, and a
-    search must spend no visitor's quota), else CUDA when present."""
-    return zerogpu.search_device() or ("cuda" if torch.cuda.is_available() else "cpu")
+    """Where searches run (the served model, query encoding): the CPU on ZeroGPU (its CUDA is emulated
+    outside a GPU slot, and a search must spend no visitor's quota), else CUDA when present. The one
+    answer to "which device searches"."""
+    return "cpu" if on_zerogpu() else ("cuda" if torch.cuda.is_available() else "cpu")
 
 
 def warm_search_kernels(model: object) -> threading.Thread:

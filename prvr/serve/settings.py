@@ -4,6 +4,7 @@ defaults (``python app.py --help`` lists them)."""
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field, fields
@@ -21,6 +22,15 @@ def on_spaces() -> bool:
     return bool(os.environ.get("SPACE_ID"))
 
 
+def on_zerogpu() -> bool:
+    """True on ZeroGPU hardware: ``SPACES_ZERO_GPU`` is true (read as the ``spaces`` package reads it) and
+    ``spaces`` is installed. The one answer to "are we on ZeroGPU" (the extractor is chosen by it, once, at
+    start: ``prvr.serve.extraction.choose_extractor``)."""
+    if os.environ.get("SPACES_ZERO_GPU", "").lower() not in ("1", "t", "true"):
+        return False
+    return importlib.util.find_spec("spaces") is not None
+
+
 @dataclass
 class AppSettings:
     """Everything the app can be told; CLI flags override ``PRVR_*`` environment variables."""
@@ -35,7 +45,9 @@ class AppSettings:
     uploads: str = field(default_factory=lambda: "session" if on_spaces() else "shared")
     max_upload_mb: int = 200
     max_uploads_per_session: int = 10
-    max_duration_s: float = 20 * 60.0  # longer uploads are refused (extraction runs ~1 s of video per 50 ms)
+    # longer uploads are refused (on this project's 2-core CPU lite extracts 3-6 s of video a second: an
+    # hour in 10-20 minutes; on ZeroGPU an hour of lite asks for 220 GPU seconds, prvr.serve.zerogpu)
+    max_duration_s: float = 60 * 60.0
     session_ttl_s: float = 6 * 3600.0  # a session's private uploads are deleted after this much idle time
     demo_videos: str | None = None  # comma-separated demo video ids to index; None: all (fewer: faster start)
     mcp: bool = False  # also serve the named endpoints as MCP tools at /gradio_api/mcp/ (needs gradio[mcp])

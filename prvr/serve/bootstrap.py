@@ -1,0 +1,144 @@
+"""What the app does once, at start: its parts made and the shared gallery brought up to date.
+
+    start(settings) -> Predictor       # the whole start (``Predictor.from_settings`` calls it)
+    assemble(settings, model, info, profile, extractor=None) -> Predictor   # the parts only (scripts, tests)
+
+``start``, in order: claim the data dir (``prvr.serve.owner``: a second app on it is refused before any
+loading); on ZeroGPU import ``spaces`` before any model (it patches torch); load the model
+(``prvr.serve.model_choice``) and warm the search kernels in the background; ``assemble`` the parts (the
+extractor chosen once, ``prvr.serve.extraction.choose_extractor``; the text encoder on the search device;
+the confidence references; the shared gallery; the media store; --persist's folder; the ingest service);
+sweep what a crash left in the media dir; then, on the extractor's start-up models (CPU on ZeroGPU,
+released afterwards), through the ingest service: restore --persist's videos, index the demo gallery, sync
+--gallery's folder, and save to --persist the shared videos it lacks; delete a previous run's session
+galleries; wait for the kernels and run one search, so no visitor's search compiles them.
+"""
+
+from __future__ import annotations
+
+import logging
+import shutil
+import threading
+import time
+
+from extract.pipeline import TextEncoder
+from extract.profiles import ProfileMismatch, check_identity
+from prvr.demo.gallery import build_demo_gallery, interleaved
+from prvr.index import VideoIndex, open_gallery
+from prvr.results.confidence import Calibrator
+from prvr.serve.extraction import Extractor, choose_extractor
+from prvr.serve.ingest import IngestService
+from prvr.serve.media import SHARED_MARKER, MediaStore
+from prvr.serve.model_choice import ModelInfo, load_model, profile_weights, search_device, warm_search_kernels
+from prvr.serve.owner import DataDirLock
+from prvr.serve.persist import PersistentStore
+from prvr.serve.predictor import Predictor, Serialised
+from prvr.serve.settings import AppSettings, on_zerogpu
+from prvr.serve.startup import quiet_libraries
+
+log = logging.getLogger(__name__)
+
+
+def start(settings: AppSettings) -> Predictor:
+    """The app's predictor, started (see the module docstring); the data dir stays locked until its
+    ``close``."""
+    t0 = time.perf_counter()
+    owner = DataDirLock(settings.data_dir).acquire()
+    try:
+        return _start(settings, owner, t0)
+    except BaseException:
+        owner.release()
+        raise
+
+
+def _start(settings: AppSettings, owner: DataDirLock, t0: float) -> Predictor:
+    """``start`` once the data dir is ours."""
+    quiet_libraries()
+    if on_zerogpu():
+        import prvr.serve.zerogpu  # noqa: F401  - imports spaces, which patches torch: before any model
+    log.info("loading the model and its feature extractors")
+    model, info, profile = load_model(settings)
+    kernels = warm_search_kernels(model)  # compiles while the gallery renders and extracts
+    log.info("loading the feature extractor and text encoder, and the confidence references")
+    predictor = assemble(settings, model, info, profile)
+    predictor.owner = owner
+    sweep_media(predictor)
+    ingest = predictor.ingest
+    with ingest.starting():
+        ingest.restore()
+        if not len(predictor.index):
+            log.info("first start with %s: rendering and indexing the demo gallery (about a minute on 2 "
+                     "cores; later starts reuse it)", settings.data_dir)
+        add_demo_gallery(predictor)
+        if settings.gallery is not None:
+            ingest.sync_folder(settings.gallery)
+        ingest.save_unsaved()
+    shutil.rmtree(predictor.sessions_dir, ignore_errors=True)  # sessions of a previous run are gone
+    if kernels.is_alive():
+        log.info("waiting for the search kernels (still compiling)")
+    kernels.join()
+    if len(predictor.index):  # load the search kernels now (compiled above), not in a user's search
+        predictor.search(predictor.examples[0] if predictor.examples else "a video", k=1)
+    log.info("ready in %.1f s: %d videos in %s", time.perf_counter() - t0, len(predictor.index),
+             predictor.gallery_words())
+    # searches run the text model eagerly until its TorchScript trace is ready and checked (seconds); not a
+    # daemon: exit waits for it instead of killing it inside torch
+    predictor.tracing = threading.Thread(target=predictor.text.backbone.trace, name="trace-text-model")
+    predictor.tracing.start()
+    return predictor
+
+
+def assemble(settings: AppSettings, model: object, info: ModelInfo, profile: str,
+             extractor: Extractor | None = None) -> Predictor:
+    """The predictor's parts over a loaded model, without the start-up steps. ``extractor``: default
+    ``choose_extractor`` (build it in the main thread, before ``launch()``)."""
+    weights = profile_weights(settings, profile) or None
+    extractor = extractor or choose_extractor(profile, weights)
+    # queries are encoded in this process: on the CPU on ZeroGPU (a search spends no quota)
+    text = TextEncoder(profile, weights, device=search_device())
+    if getattr(model, "profile", None) is not None:  # features of other weights would be meaningless
+        try:
+            check_identity(extractor.profile.identity(), model.profile, "the model")
+        except ProfileMismatch as err:
+            raise ProfileMismatch(f"{err} Pass the weights the model was made with (--weights).") from None
+    # HF's fast tokenizers refuse concurrent calls ("Already borrowed"): only the tokenizer is serialised,
+    # the text model runs in parallel for concurrent searches
+    text.backbone.tokenizer = Serialised(text.backbone.tokenizer)
+    # confidence: the reference captions, encoded once per model (token features cached in the data dir);
+    # every gallery stores each video's scores on them, every search labels hits from those
+    calibrator = Calibrator.for_model(model, text, cache_dir=settings.data_dir / "confidence")
+    index = open_gallery(model, calibrator.reference_queries, url=settings.index, data_dir=settings.data_dir,
+                         profile=profile)
+    media = MediaStore(settings.data_dir)
+    # --persist: the shared gallery's write-once copy in a bucket folder (prvr.serve.persist)
+    persist = (PersistentStore(settings.persist, extractor.profile.identity())
+               if settings.persist is not None else None)
+    ingest = IngestService(index, media, extractor, settings, persist)
+    return Predictor(settings, model, info, profile, text, calibrator, index, media, ingest)
+
+
+def sweep_media(predictor: Predictor) -> None:
+    """Delete what a crash left in the media dir (``MediaStore.sweep``). A Qdrant gallery leaves a marker
+    among the data dir's indexes, so that a later start with the built-in index, which cannot read the
+    collection, keeps every file it may name instead of deleting them."""
+    index, settings = predictor.index, predictor.settings
+    if isinstance(index, VideoIndex):
+        own = index.root
+    else:
+        own = settings.data_dir / "indexes" / f"qdrant-{index.describe()['name']}"
+        own.mkdir(parents=True, exist_ok=True)
+        marker = own / SHARED_MARKER
+        if not marker.exists():
+            marker.write_text(f"{settings.index}\n")
+    predictor.media.sweep(predictor.media.referenced([index], own))
+
+
+def add_demo_gallery(predictor: Predictor) -> None:
+    """Render the demo videos (first start only), index those not indexed yet, and take its example
+    queries."""
+    chosen = predictor.settings.demo_videos
+    gallery = build_demo_gallery(predictor.settings.data_dir / "demo",
+                                 video_ids=[v.strip() for v in chosen.split(",")] if chosen else None)
+    # the recipe's measured examples (captions the offline default ranks first), else every caption
+    predictor.examples = list(gallery.examples) or interleaved(gallery.captions, limit=24)
+    predictor.ingest.add_demo(gallery.videos)

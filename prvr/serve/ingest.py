@@ -1,0 +1,422 @@
+"""One way in for every video: validate -> playable copy -> features -> index -> persist.
+
+Every video enters the app through ``IngestService``; each way in is a ``Way`` (its policy, declared once)
+and a method that hands the service ``Arrival``s:
+
+    ingest.upload(path, session, progress, name) -> Outcome   # the page, the API and MCP's add_video
+    ingest.add_demo(videos)                      -> [Outcome]  # the demo gallery, at start
+    ingest.sync_folder(folder)                   -> [Outcome]  # --gallery: new or changed files by sha256
+    ingest.restore()                             -> int        # --persist: the bucket's videos, features kept
+    ingest.save_unsaved()                        -> int        # --persist: shared videos the bucket lacks
+    with ingest.starting(): ...                  # start-up work on the extractor's start-up models
+
+| way     | limits                         | playable copy                  | --persist   | extractor |
+|---------|--------------------------------|--------------------------------|-------------|-----------|
+| upload  | size, count, --max-duration-s  | always, in the gallery's media | shared only | request   |
+| demo    | the decoder's                  | none: served in place          | never       | start-up  |
+| folder  | the decoder's                  | re-encoded if browsers can't   | yes         | start-up  |
+| restore | the bucket's files verified    | none: the bucket's media       | (is there)  | none      |
+
+The contract: an outcome per arrival, in order: "added", "duplicate" (the same bytes are indexed already;
+the video id is the existing one), "rejected" (``MediaError``: the message says what is wrong with the file,
+naming the file its owner knows, never a server copy) or "error" (the GPU was refused, with ZeroGPU's words;
+or unexpected: logged with an error id, never shown as a stack trace). A video that is not added changes no
+gallery and leaves no file behind. The videos of one call that are added join their gallery in one update;
+then, where the way persists and the gallery is the shared one, each is written to ``--persist``. Session
+galleries and the demo gallery are never written there. Progress ``(fraction, words)`` moves at least once a
+second during an upload (``prvr.serve.progress``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import time
+import uuid
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from extract.decode import DecodeLimits, MediaError, find_videos, probe, sha256_file
+from extract.transcode import ensure_browser_playable
+from prvr.index import Gallery, GalleryVideo
+from prvr.serve.extraction import Extractor, GpuUnavailable, seconds_words
+from prvr.serve.media import MediaStore
+from prvr.serve.persist import PersistentStore
+from prvr.serve.progress import LiveProgress, Progress, Throttled
+from prvr.serve.sessions import SessionGallery
+from prvr.serve.settings import AppSettings, on_spaces
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Way:
+    """How one way in treats its videos (see the module docstring's table)."""
+
+    name: str  # in logs: "upload", "demo", "folder"
+    prefix: str | None  # of the video ids it makes (None: the ids it is given, e.g. the demo recipe's)
+    limits: bool  # the app's upload limits apply (size, per-session count, --max-duration-s)
+    copy: str  # "store": a whole copy in the gallery's media dir; "playable": re-encoded there only when
+    # a browser cannot play it (else served in place); "none": served in place
+    persist: bool  # its videos in the shared gallery are written to --persist
+    at_start: bool  # extracted by the extractor's start-up models (no visitor's GPU quota)
+    by_content: bool = False  # its id comes from its bytes: the same bytes again are a duplicate
+
+
+UPLOAD = Way("upload", "upload:", limits=True, copy="store", persist=True, at_start=False, by_content=True)
+DEMO = Way("demo", None, limits=False, copy="none", persist=False, at_start=True)
+FOLDER = Way("folder", "folder:", limits=False, copy="playable", persist=True, at_start=True)
+WAYS = (UPLOAD, DEMO, FOLDER)
+
+
+@dataclass(frozen=True)
+class Arrival:
+    """One video handed to the service."""
+
+    path: Path  # the file to read
+    name: str  # the name its owner knows it by (messages name it, never a server copy)
+    video_id: str | None = None  # None: the way's prefix and the first 12 hex digits of its sha256
+    titles: tuple[str, ...] = ()  # title candidates, the first no listed video has wins (default: stem, name)
+    sha256: str | None = None  # where the caller hashed it already
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What became of one arrival (see the module docstring)."""
+
+    status: str  # "added" | "duplicate" | "rejected" | "error"
+    video_id: str | None
+    message: str
+
+    def to_dict(self) -> dict:
+        """``{status, video_id, message}``: what the API and the page show."""
+        return {"status": self.status, "video_id": self.video_id, "message": self.message}
+
+
+@dataclass
+class _Ready:
+    """An arrival extracted and ready to index."""
+
+    video: GalleryVideo
+    shown: str
+    copy: Path | None  # a file this arrival made in a media dir (deleted if it is not indexed)
+    playable: Path  # the file the gallery serves
+    notes: str  # for the outcome's message (decoder warnings, GPU seconds asked)
+
+
+class UploadRefused(MediaError):
+    """An upload refused by the app's limits (size, count), before any decoding."""
+
+
+def upload_limits(settings: AppSettings) -> DecodeLimits:
+    """Decoder limits for uploads: the app's maximum duration, the decoder's other defaults."""
+    return DecodeLimits(max_duration_s=settings.max_duration_s)
+
+
+def _quiet(fraction: float, stage: str) -> None:
+    """No one is watching (start-up work logs instead)."""
+
+
+class IngestService:
+    """Brings videos into the shared gallery or a session's (see the module docstring). Thread-safe: each
+    gallery serialises its own updates; nothing else here is shared mutable state."""
+
+    def __init__(self, shared: Gallery, media: MediaStore, extractor: Extractor, settings: AppSettings,
+                 persist: PersistentStore | None = None) -> None:
+        self.shared, self.media, self.extractor = shared, media, extractor
+        self.settings, self.persist = settings, persist
+        self._start: Extractor | None = None  # the start-up extractor, while ``starting`` lasts
+
+    @contextlib.contextmanager
+    def starting(self) -> Iterator[None]:
+        """Start-up work (demo, folder, bucket) runs on the extractor's start-up models for this block (on
+        ZeroGPU: CPU models in this process, released at its end)."""
+        with self.extractor.at_start() as extractor:
+            self._start = extractor
+            try:
+                yield
+            finally:
+                self._start = None
+
+    # ------------------------------------------------------------------ the ways in
+    def upload(self, path: str | Path, session: SessionGallery | None = None,
+               progress: Progress | None = None, name: str | None = None) -> Outcome:
+        """A visitor's file (the page, the API, MCP): into ``session``'s gallery, or the shared one.
+        ``name``: the file name the visitor knows (default: the path's)."""
+        live = LiveProgress(progress) if progress is not None else None
+        report = live or _quiet
+        try:
+            return self._add([Arrival(Path(path), Path(name).name if name else Path(path).name)], UPLOAD,
+                             session, report)[0]
+        finally:
+            if live is not None:
+                live.close()
+            report(1.0, "done")
+
+    def add_demo(self, videos: Sequence) -> list[Outcome]:
+        """The demo gallery's videos (``prvr.demo.gallery`` records: id, path, title) not indexed yet."""
+        missing = [Arrival(v.path, v.path.name, v.id, (v.title,), sha256_file(v.path)) for v in videos
+                   if self.shared.record(v.id) is None]
+        if missing:
+            log.info("hashing and indexing %d demo videos", len(missing))
+        return self._add(missing, DEMO, None, _quiet, "demo gallery")
+
+    def sync_folder(self, folder: Path) -> list[Outcome]:
+        """Index the new or changed videos of a folder (by sha256) and drop those that left it."""
+        if not folder.is_dir():
+            raise NotADirectoryError(f"--gallery {folder} is not a directory")
+        wanted: list[Arrival] = []
+        present: set[str] = set()
+        for path in find_videos([folder]):
+            rel = path.relative_to(folder).as_posix()
+            video_id = f"{FOLDER.prefix}{rel}"
+            present.add(video_id)
+            try:
+                sha = sha256_file(path)
+            except OSError as err:
+                log.warning("skipping %s: %s", path, err)
+                continue
+            known = self.shared.record(video_id)
+            if known is None or known.get("sha256") != sha:
+                # titles of different files never collide in a result list: a folder's clip.flv beside
+                # clip.mpg keeps its extension, a/clip.mp4 beside b/clip.mp4 its folder
+                wanted.append(Arrival(path, path.name, video_id, (Path(rel).stem, path.name, rel), sha))
+        changed = {a.video_id for a in wanted}
+        self.remove([i for i in self.shared.ids
+                     if i.startswith(FOLDER.prefix) and (i not in present or i in changed)])
+        return self._add(wanted, FOLDER, None, _quiet, f"folder {folder}")
+
+    def remove(self, ids: Sequence[str]) -> None:
+        """Drop videos from the shared gallery, and from --persist (a tombstone each)."""
+        if not ids:
+            return
+        shas = {i: (self.shared.record(i) or {}).get("sha256", "") for i in ids}
+        self.shared.remove(list(ids))
+        if self.persist is not None:
+            for video_id in ids:
+                self.persist.record_remove(video_id, shas[video_id])
+
+    def restore(self) -> int:
+        """Add the videos kept in --persist that the shared gallery lacks (their features: no extraction),
+        and log where the shared gallery lives and whether it persists; the videos restored."""
+        if self.persist is None:
+            (log.warning if on_spaces() else log.info)(
+                "the shared gallery lives in %s on this machine's disk%s", self.settings.data_dir,
+                ": a Space loses it at every restart; attach a Storage Bucket and set PRVR_PERSIST to its "
+                "mount path to keep it" if on_spaces() else " (--persist DIR keeps it in a second place)")
+            return 0
+        t0 = time.perf_counter()
+        kept = [v for v in self.persist.restore()
+                if (self.shared.record(v.id) or {}).get("sha256") != v.sha256]
+        stale = [v.id for v in kept if self.shared.record(v.id) is not None]
+        if stale:
+            self.shared.remove(stale)
+        if kept:
+            self.shared.add(kept)
+        log.info("%s", self.persist.words(time.perf_counter() - t0))
+        return len(kept)
+
+    def save_unsaved(self) -> int:
+        """Write to --persist every shared video of a persisting way that it does not hold (videos added
+        before --persist was given: their features are extracted again from their playable files, once);
+        the videos saved."""
+        if self.persist is None:
+            return 0
+        persisting = tuple(w.prefix for w in WAYS if w.persist and w.prefix)
+        unsaved = [r for r in self.shared.records()
+                   if r["id"].startswith(persisting) and r["id"] not in self.persist.live]
+        if not unsaved:
+            return 0
+        log.info("%d shared videos are not in the persistent folder %s yet (added before --persist was "
+                 "given): saving them now, extracting their features again", len(unsaved), self.persist.root)
+        saved = 0
+        for record in unsaved:
+            path = self.media.locate(record["path"])
+            try:
+                with self.media.work() as work:  # at start: the start-up models where ``starting`` lasts
+                    features = (self._start or self.extractor).extract(path, None, record.get("sha256", ""),
+                                                                       work, _quiet)
+                video = GalleryVideo.from_features(record["id"], features, record.get("title", ""),
+                                                   record["path"])
+                self.persist.record_add(video, self._kept_media(path))
+            except (MediaError, OSError) as err:
+                log.warning("%s could not be saved to the persistent folder: %s", record["id"], err)
+                continue
+            saved += 1
+        log.info("saved %d of the %d shared videos to the persistent folder", saved, len(unsaved))
+        return saved
+
+    # ------------------------------------------------------------------ the one pipeline
+    def _extractor(self, way: Way) -> Extractor:
+        """The start-up models for start-up ways while ``starting`` lasts, else the request extractor."""
+        return self._start if way.at_start and self._start is not None else self.extractor
+
+    def _add(self, arrivals: Sequence[Arrival], way: Way, session: SessionGallery | None, report: Progress,
+             what: str = "") -> list[Outcome]:
+        """Validate, copy and extract each arrival, index those that made it in one update, persist them."""
+        t0 = time.perf_counter()
+        gallery = session.index if session is not None else self.shared
+        galleries = [self.shared] + ([session.index] if session is not None else [])
+        given = {a.video_id for a in arrivals}
+        taken = {r.get("title", "") for g in galleries for r in g.records() if r.get("id") not in given}
+        outcomes: list[Outcome | None] = []
+        ready: list[_Ready] = []
+        for n, arrival in enumerate(arrivals, 1):
+            if what:
+                log.info("indexing %s: video %d of %d, %s", what, n, len(arrivals), arrival.name)
+            try:
+                found = self._prepare(arrival, way, session, taken, report)
+            except Exception as error:  # one place for every failure of one video
+                outcomes.append(self._failed(arrival.name, way, error))
+                continue
+            if isinstance(found, Outcome):
+                outcomes.append(found)
+                continue
+            taken.add(found.video.title)
+            ready.append(found)
+            outcomes.append(None)  # filled once indexed
+        if not ready:
+            return outcomes
+        try:
+            self._index(ready, gallery, way, report)
+        except Exception as error:  # nothing of this call was added
+            failed = iter(ready)
+            return [o if o is not None else self._failed(next(failed).shown, way, error) for o in outcomes]
+        if what:
+            log.info("indexed %d videos of the %s in %.1f s", len(ready), what, time.perf_counter() - t0)
+        if session is not None:
+            session.uploads += len(ready)
+        where = "in your session" if session is not None else "in the shared gallery"
+        done = iter(ready)
+        return [o if o is not None else self._added(next(done), where) for o in outcomes]
+
+    def _prepare(self, arrival: Arrival, way: Way, session: SessionGallery | None, taken: set[str],
+                 report: Progress) -> _Ready | Outcome:
+        """Validate, copy and extract one arrival (raises on failure, leaving no file behind)."""
+        path, shown = arrival.path, arrival.name
+        report(0.0, "checking the file")
+        if way.limits:
+            self._check_limits(path, session)
+        info = probe(path, upload_limits(self.settings) if way.limits else DecodeLimits())
+        extractor = self._extractor(way)
+        plan = extractor.cost(info)
+        notes = ""
+        if plan is not None:  # ZeroGPU: the visitor is told the GPU seconds before any is asked for
+            notes = f" It asked ZeroGPU for {plan.words()}."
+            report(0.02, f"checking the file: {info.duration / 60:.1f} minutes of video will ask ZeroGPU for "
+                         f"{plan.words()}")
+        sha = arrival.sha256 or sha256_file(path)
+        if way.by_content:
+            duplicate = self._find_sha(sha, session)
+            if duplicate is not None:
+                return Outcome("duplicate", duplicate["id"],
+                               f"{shown}: already in the gallery as “{duplicate['title']}”.")
+        copy, playable, reencoded = self._playable(path, sha, way, session, report)
+        try:
+            report(0.3, seconds_words(0, info.duration))
+            with self.media.work() as work:
+                # the copy has the probed bytes unless it was re-encoded (then it is probed again)
+                features = extractor.extract(playable, None if reencoded else info, sha, work,
+                                             Throttled(report))
+        except BaseException:
+            if copy is not None:
+                copy.unlink(missing_ok=True)  # nothing indexed: leave no orphan file behind
+            raise
+        video_id = arrival.video_id or f"{way.prefix}{sha[:12]}"
+        title = distinct_title(arrival.titles, taken) if arrival.titles else unique_title(shown, taken)
+        video = GalleryVideo.from_features(video_id, features, title, self.media.portable(playable))
+        notes = "".join(f" Note: {w}." for w in features.warnings) + notes
+        return _Ready(video, shown, copy, playable, notes)
+
+    def _playable(self, path: Path, sha: str, way: Way, session: SessionGallery | None,
+                  report: Progress) -> tuple[Path | None, Path, bool]:
+        """(the copy made or None, the file to extract and serve, whether it was re-encoded)."""
+        if way.copy == "store":
+            media_dir = session.media if session is not None else self.media.dir
+            stored, reencoded = self.media.store_playable(path, sha, media_dir, report)
+            return stored, stored, reencoded
+        if way.copy == "playable":  # a folder per content hash: equal names in other folders never clash
+            playable = ensure_browser_playable(path, self.media.dir / sha[:16])
+            return (None if playable == path else playable), playable, playable != path
+        return None, path, False
+
+    def _index(self, ready: list[_Ready], gallery: Gallery, way: Way, report: Progress) -> None:
+        """Add the ready videos in one update (raises, deleting their copies, when it fails), then persist
+        them."""
+        report(0.9, "indexing")
+        try:
+            gallery.add([r.video for r in ready])
+        except BaseException:
+            for r in ready:
+                if r.copy is not None:
+                    r.copy.unlink(missing_ok=True)
+            raise
+        if way.persist and gallery is self.shared and self.persist is not None:
+            for r in ready:
+                try:
+                    self.persist.record_add(r.video, self._kept_media(r.playable))
+                except OSError:
+                    log.exception("%s is in the shared gallery but could not be saved to the persistent "
+                                  "folder: it will be gone after a restart", r.shown)
+
+    def _kept_media(self, playable: Path) -> Path | None:
+        """The file --persist keeps with a video: the app's own copy; None for a file served in place (a
+        folder's original: the entry keeps its path)."""
+        return playable if playable.resolve().is_relative_to(self.media.dir.resolve()) else None
+
+    def _added(self, ready: _Ready, where: str) -> Outcome:
+        """The outcome of an indexed video."""
+        video = ready.video
+        return Outcome("added", video.id, f"{ready.shown}: added {where} as “{video.title}” "
+                                          f"({video.duration:.0f} s); searchable now.{ready.notes}")
+
+    def _failed(self, shown: str, way: Way, error: Exception) -> Outcome:
+        """The outcome of a video that was not added, logged once: one line for a known cause, the stack
+        for an unexpected one (never shown to the person)."""
+        if isinstance(error, MediaError):
+            log.warning("%s %s rejected: %s", way.name, shown, error.reason)
+            return Outcome("rejected", None, f"{shown}: {error.reason}")
+        if isinstance(error, GpuUnavailable):
+            log.warning("%s %s not added: %s", way.name, shown, error)
+            return Outcome("error", None, f"{shown}: {str(error).rstrip('.')}. Nothing was added.")
+        error_id = uuid.uuid4().hex[:8]
+        log.error("%s %s failed (error id %s)", way.name, shown, error_id, exc_info=error)
+        return Outcome("error", None, f"{shown}: unexpected server error (error id {error_id}); nothing was "
+                                      "added.")
+
+    def _find_sha(self, sha: str, session: SessionGallery | None) -> dict | None:
+        """The record of an indexed video with these bytes, in the shared or the session gallery."""
+        found = self.shared.find_sha256(sha)
+        return found if found is not None or session is None else session.index.find_sha256(sha)
+
+    def _check_limits(self, path: Path, session: SessionGallery | None) -> None:
+        """Refuse too-large files and sessions over their upload count, before any decoding."""
+        limit = self.settings.max_upload_mb
+        if path.is_file() and path.stat().st_size > limit * 1024 * 1024:
+            size_mb = path.stat().st_size / 2**20
+            raise UploadRefused(path, f"{size_mb:.0f} MB is more than the {limit} MB limit.",
+                                "Trim or compress the video first.")
+        if session is not None and session.uploads >= self.settings.max_uploads_per_session:
+            raise UploadRefused(path, f"this session already added {session.uploads} videos, the maximum "
+                                      "per session.", "Start a new session to add more (in a browser: reload "
+                                      "the page; through the API: connect a new client).")
+
+
+def unique_title(name: str, taken: Sequence[str] | set[str]) -> str:
+    """A title for a file named ``name`` that no listed video has: its stem, else its name with the
+    extension (``clip.flv`` beside ``clip``), else the name with a number (``clip.flv (2)``)."""
+    path = Path(name)
+    return distinct_title([path.stem or name, path.name or name], taken)
+
+
+def distinct_title(candidates: Sequence[str], taken: Sequence[str] | set[str]) -> str:
+    """The first candidate title not ``taken``, else the last one with the first free number: "x (2)"."""
+    taken = set(taken)
+    for title in candidates:
+        if title not in taken:
+            return title
+    n = 2
+    while f"{candidates[-1]} ({n})" in taken:
+        n += 1
+    return f"{candidates[-1]} ({n})"

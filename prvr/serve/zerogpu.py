@@ -1,0 +1,364 @@
+"""Extraction on Hugging Face ZeroGPU: the CPU decodes, the GPU slots run only the model.
+
+``ZeroGpuExtractor.extract(path, ...)`` (``prvr.serve.extraction.Extractor``):
+
+1. The video's sampled frames are decoded and cut to the model's input (``VideoExtractor.frames``: the
+   profile's square size, or an image-text model's own resize and crop) on the CPU of the Space, outside
+   any GPU slot, and streamed into a frame file in the work folder (``extract.frames.FrameFile``: one
+   ``.npy`` of uint8 windows on local disk).
+2. The windows are split into consecutive slots, each within ZeroGPU's default 60 s (``SlotRule.plan``);
+   a slot starts as soon as its windows are on disk (decoding goes on meanwhile). The GPU function
+   (``_slot_rows``) gets the file's path and a window range, reads those windows, runs the backbones and
+   streams their rows back batch by batch; it never opens the video.
+3. A slot that fails or is aborted is asked for again for the windows whose rows did not come back
+   (``SlotRule.retries`` times per video); ZeroGPU's own refusals (quota, queue, illegal duration) end the
+   upload with ZeroGPU's message (``GpuUnavailable``).
+
+GPU seconds asked (``SlotRule``): per slot ``start_s`` plus ``per_frame_s`` for each decoded frame it embeds.
+A visitor is told the total before the first slot. The constants are *conservative estimates*: no GPU was
+available where this was written, and ``benchmarks/gpu_check.py`` (run it on a CUDA machine) measures the
+numbers they should come from.
+
+- ``SLOT_SECONDS`` = 60: ZeroGPU's default duration (``spaces`` 0.51.3 ``client.DEFAULT_SCHEDULE_DURATION``;
+  hub-docs 2026-05: longer requests are refused for some visitors as "illegal duration").
+- ``START_SECONDS`` = 10 a slot: forking the worker, initialising CUDA and moving the weights to the GPU
+  (``spaces/zero/wrappers.py`` ``worker_init``). Estimated, charged on every slot although a reused worker
+  skips most of it.
+- ``SECONDS_PER_FRAME``: ``lite`` 0.05 (EfficientNet-Lite0, about 0.8 GFLOPs a frame), ``clip`` 0.06
+  (CLIP ViT-B/32, 8.7 GFLOPs a frame counted by ``benchmarks/clip_speed.py``), other profiles 0.1. Any CUDA
+  GPU of the last years runs these models at hundreds to thousands of frames a second (1-5 ms a frame);
+  the constants allow 10-50x that, for the page-cache read of the frame file, the copy to the GPU and a
+  shared card.
+
+So a 30-minute video (1,800 frames) asks for 110 s with ``lite`` (2 slots) and 138 s with ``clip`` (3 slots).
+``spaces`` itself multiplies the duration it sends to the scheduler by the card's ``duration_factor``
+(``spaces/zero/configs.json``: 1.0 on an H200, 1.5 on the RTX Pro 6000 that ZeroGPU runs now).
+
+How ZeroGPU runs a ``@spaces.GPU`` function (``spaces`` 0.51.3, read from its source): off ZeroGPU the
+decorator returns the function itself (here it is not even applied: ``settings.on_zerogpu``). On ZeroGPU a
+call computes ``duration`` (a callable gets the call's own arguments), asks the scheduler for a GPU (the
+visitor's quota, identified by the request's ``X-IP-Token``, is checked against it), then pickles the
+arguments into a queue read by a worker process ``fork``ed from the main process (kept and reused while
+idle), which moves every tensor the main process put on ``cuda`` onto the real GPU (``worker_init``) and
+runs the function in a thread; a generator's yields are pickled back as they come. An exception in the
+worker reaches the caller as a ``gradio.Error`` whose message is only its class name, except a
+``gradio.Error``, which is pickled back whole (``WorkerFailure`` carries the original exception that way);
+a dead worker (aborted slot) gives "GPU task aborted". The decoration must happen before ``launch()``
+(ZeroGPU's start-up report counts the decorated functions): ``_slot_in_gpu`` is decorated at import.
+Outside a slot the main process runs with CUDA emulated: the models built for the slots at start sit on
+``cuda`` but cannot run in the main process after launch (they are packed to disk), so start-up work runs
+on CPU models built for it and released after it (``at_start``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+import logging
+import math
+import os
+import pickle
+import threading
+import traceback
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+import gradio
+import numpy as np
+import torch
+
+from extract.decode import MediaError, VideoInfo, probe, window_times
+from extract.features import VideoFeatures
+from extract.frames import FrameFile, read_windows
+from extract.pipeline import FrameStream, VideoExtractor
+from extract.profiles import Profile
+from prvr.serve.extraction import GpuUnavailable, InProcess, Report, seconds_words
+from prvr.serve.settings import on_zerogpu
+
+log = logging.getLogger(__name__)
+
+SLOT_SECONDS = 60  # ZeroGPU's default duration; each slot asks for at most this (see the module docstring)
+START_SECONDS = 10.0  # per slot: worker fork, CUDA initialisation, weights to the GPU (estimate)
+SECONDS_PER_FRAME = (("lite", 0.05), ("clip", 0.06))  # conservative estimates (module docstring)
+SECONDS_PER_FRAME_DEFAULT = 0.1
+WORKER_ERROR = "ZeroGPU worker error"  # spaces' title for a slot that ran and failed or was aborted
+
+
+@dataclass(frozen=True)
+class GpuPlan:
+    """The GPU slots one video asks for: window ranges and the seconds each asks for."""
+
+    slots: tuple[tuple[int, int], ...]  # [first, end) windows of each slot, consecutive
+    seconds: tuple[int, ...]  # the duration each slot asks ZeroGPU for
+
+    @property
+    def total_s(self) -> int:
+        """GPU seconds asked for in all."""
+        return sum(self.seconds)
+
+    def words(self) -> str:
+        """The plan for a person: "110 GPU seconds (2 slots of at most 55 s)"."""
+        n = len(self.slots)
+        return (f"{self.total_s} GPU seconds ({n} slot{'s' if n > 1 else ''} of at most "
+                f"{max(self.seconds)} s)")
+
+
+@dataclass(frozen=True)
+class SlotRule:
+    """How many GPU seconds extraction asks for: ``start_s`` per slot plus ``per_frame_s`` per frame, in
+    consecutive slots of at most ``slot_s`` each; a failed or aborted slot is asked for again (for the
+    windows whose rows did not come back) at most ``retries`` times per video."""
+
+    start_s: float = START_SECONDS
+    per_frame_s: tuple[tuple[str, float], ...] = SECONDS_PER_FRAME  # (profile name, seconds a frame)
+    default_per_frame_s: float = SECONDS_PER_FRAME_DEFAULT
+    slot_s: int = SLOT_SECONDS
+    retries: int = 2
+
+    def frame_seconds(self, profile: Profile) -> float:
+        """Seconds of slot per decoded frame for this profile."""
+        return dict(self.per_frame_s).get(profile.name, self.default_per_frame_s)
+
+    def seconds(self, profile: Profile, windows: int) -> int:
+        """The duration one slot asks for to embed ``windows`` windows."""
+        frames = windows * profile.frames_per_window
+        return math.ceil(self.start_s + frames * self.frame_seconds(profile) - 1e-9)
+
+    def plan(self, profile: Profile, duration_s: float) -> GpuPlan:
+        """The slots for a video of ``duration_s`` seconds: as few as fit, of equal size."""
+        windows = len(window_times(duration_s, profile.window_s, 1)[0])
+        per_window = profile.frames_per_window * self.frame_seconds(profile)
+        fit = math.floor((self.slot_s - self.start_s) / per_window + 1e-9)  # windows one slot holds
+        if fit < 1:
+            raise ValueError(f"a {self.slot_s} s slot cannot hold one window of profile {profile.name}")
+        count = math.ceil(windows / fit)
+        size = math.ceil(windows / count)
+        slots = tuple((lo, min(lo + size, windows)) for lo in range(0, windows, size))
+        return GpuPlan(slots, tuple(self.seconds(profile, hi - lo) for lo, hi in slots))
+
+
+def minutes_table(profile: Profile, rule: SlotRule = SlotRule(),
+                  minutes: tuple[float, ...] = (1, 5, 10, 30, 60)) -> list[tuple[float, int, int]]:
+    """(minutes, GPU seconds asked, slots) for videos of these lengths (README's quota table)."""
+    return [(m, (p := rule.plan(profile, 60 * m)).total_s, len(p.slots)) for m in minutes]
+
+
+# ----------------------------------------------------------------------------- the GPU function
+# The slots' models, registered at start in the main process (a forked worker inherits them): a slot is
+# called with the key of its extractor, never with the models themselves or the names to build them again.
+_SLOTS: dict[int, tuple[VideoExtractor, SlotRule]] = {}
+_MAIN_PID = os.getpid()  # the process that imported this module first (a ZeroGPU worker is a fork of it)
+
+
+class GpuTaskError(RuntimeError):
+    """An error inside the GPU worker whose exception could not be carried back as itself."""
+
+
+@dataclass
+class _Failure:
+    """An exception raised in the worker, carried back as a value (see the module docstring)."""
+
+    pickled: bytes | None  # the exception itself, when it pickles and unpickles
+    kind: str
+    message: str
+    trace: str
+
+    @classmethod
+    def of(cls, error: Exception) -> _Failure:
+        try:
+            blob = pickle.dumps(error)
+            pickle.loads(blob)
+        except Exception:
+            blob = None
+        return cls(blob, f"{type(error).__module__}.{type(error).__qualname__}", str(error),
+                   "".join(traceback.format_exception(error)))
+
+    def error(self) -> Exception:
+        error = pickle.loads(self.pickled) if self.pickled is not None else \
+            GpuTaskError(f"{self.kind}: {self.message}")
+        error.add_note(f"raised in the GPU worker:\n{self.trace}")
+        return error
+
+
+class WorkerFailure(gradio.Error):
+    """Carries a ``_Failure`` out of the GPU worker (spaces pickles a ``gradio.Error`` back whole, other
+    exceptions as their class name only) and releases the slot as failed; the caller unwraps it into the
+    original exception."""
+
+    def __init__(self, message: str = "", failure: _Failure | None = None) -> None:
+        super().__init__(message, print_exception=False)
+        self.failure = failure
+
+
+def _slot_rows(frames: str, lo: int, hi: int, key: int) -> Iterator[tuple[int, np.ndarray]]:
+    """The GPU function: the backbones on windows [lo, hi) of the frame file ``frames``; yields ``(first
+    window, rows (w, D) float32)`` after each batch (spaces streams yields back as they come). Plain, small
+    arguments (a path and three numbers). Raises only ``WorkerFailure``."""
+    try:
+        if os.getpid() != _MAIN_PID:
+            # a forked worker: GNU OpenMP is not fork-safe; a multi-threaded CPU op that the parent already
+            # ran hangs in the child when the forking thread runs it again, unless the child uses one thread
+            # (docs: environment.md). On a GPU the models do not run OpenMP: it costs nothing there.
+            torch.set_num_threads(1)
+        models, _ = _SLOTS[key]
+        for first in range(lo, hi, models.batch_windows):
+            yield first, models.embed(read_windows(frames, first, min(hi, first + models.batch_windows)))
+    except Exception as error:
+        failure = _Failure.of(error)
+        raise WorkerFailure(f"{failure.kind}: {failure.message}", failure) from None
+
+
+def _slot_seconds(frames: str, lo: int, hi: int, key: int) -> int:
+    """``spaces.GPU``'s duration: called with the same arguments as ``_slot_rows``."""
+    models, rule = _SLOTS[key]
+    return rule.seconds(models.profile, hi - lo)
+
+
+def gpu_task(fn: Callable, duration: int | Callable) -> Callable:
+    """``fn`` under ``spaces.GPU(duration=...)`` (the ``spaces`` package is imported here)."""
+    import spaces
+
+    return spaces.GPU(duration=duration)(fn)
+
+
+# decorated at import, before launch(); off ZeroGPU the function is called as it is (in this process)
+_slot_in_gpu = gpu_task(_slot_rows, duration=_slot_seconds) if on_zerogpu() else _slot_rows
+
+
+# ----------------------------------------------------------------------------- the extractor
+class ZeroGpuExtractor:
+    """Frames prepared on the CPU, the backbones in GPU slots (see the module docstring)."""
+
+    def __init__(self, models: VideoExtractor, build_cpu: Callable[[], VideoExtractor],
+                 rule: SlotRule = SlotRule()) -> None:
+        self.models, self.profile, self.rule = models, models.profile, rule
+        self.key = len(_SLOTS)
+        _SLOTS[self.key] = (models, rule)
+        self._build_cpu = build_cpu
+        self.start_models: VideoExtractor | None = None  # CPU models, only while ``at_start`` lasts
+
+    @classmethod
+    def build(cls, profile: str, weights: str | Mapping[str, str] | None = None,
+              rule: SlotRule = SlotRule()) -> ZeroGpuExtractor:
+        """The slots' models on the default device ((emulated) CUDA on ZeroGPU), built now: call in the main
+        thread before ``launch()``."""
+        return cls(VideoExtractor(profile, weights), lambda: VideoExtractor(profile, weights, device="cpu"),
+                   rule)
+
+    def cost(self, info: VideoInfo) -> GpuPlan:
+        """The slots and GPU seconds this video will ask for."""
+        return self.rule.plan(self.profile, info.duration)
+
+    def quota_words(self) -> str:
+        """The rule with examples, for the upload page: " Each video asks ZeroGPU for ... "."""
+        examples = ", ".join(f"{s} s for {m:g} minute{'s' if m > 1 else ''}"
+                             for m, s, _ in minutes_table(self.profile, self.rule, (1, 10, 30)))
+        return (f" On this Space the features are extracted on a GPU, which spends your daily ZeroGPU quota "
+                f"(5 minutes with a free account, 40 with PRO): a video asks for {examples} of video; you "
+                "are told before it starts.")
+
+    @contextlib.contextmanager
+    def at_start(self) -> Iterator[InProcess]:
+        """Start-up work runs outside any visitor's request, so in this process, on CPU models built for the
+        block and released at its end (they would otherwise hold their memory for the app's life)."""
+        self.start_models = self._build_cpu()
+        try:
+            yield InProcess(self.start_models)
+        finally:
+            self.start_models = None
+            gc.collect()
+
+    def extract(self, path: Path, info: VideoInfo | None, sha256: str, work: Path,
+                report: Report) -> VideoFeatures:
+        """Decode into a frame file while consecutive GPU slots embed it (see the module docstring)."""
+        info = info or probe(path, self.models.limits)
+        plan = self.cost(info)
+        log.info("%s: %.0f s of video, asking ZeroGPU for %s", Path(path).name, info.duration, plan.words())
+        stream = self.models.frames(path, info)
+        frames = FrameFile.create(Path(work) / "frames.npy", stream.windows, stream.frame_shape)
+        run = _Run(stream, self.profile.visual_dim, plan, frames, report)
+        writer = threading.Thread(target=frames.fill, args=(stream,), kwargs={"stop": run.stopped},
+                                  name="zerogpu-frames", daemon=True)
+        writer.start()
+        try:
+            for number, (lo, hi) in enumerate(plan.slots, 1):
+                hi = run.wait_for(hi)  # fewer windows only at the end of a damaged video
+                if hi <= lo:
+                    break
+                self._slot(frames.path, lo, hi, run, number)
+            n = run.wait_for(stream.windows)  # every window written (or the video's damage found)
+        finally:
+            run.stopped.set()
+            writer.join(timeout=30)
+        return self.models.features(path, info, run.rows[:n], stream.warnings, sha256)
+
+    def _slot(self, frames: Path, lo: int, hi: int, run: _Run, number: int) -> None:
+        """Rows of windows [lo, hi) from GPU slots: asked again from the first window without rows after a
+        failed or aborted slot, at most ``rule.retries`` times per video."""
+        while lo < hi:
+            run.say(f"GPU slot {number} of {len(run.plan.slots)}")
+            try:
+                for first, rows in _slot_in_gpu(str(frames), lo, hi, self.key):
+                    run.rows[first : first + len(rows)] = rows
+                    lo = run.gpu_done = first + len(rows)
+                    run.say(f"GPU slot {number} of {len(run.plan.slots)}")
+            except Exception as error:
+                error = _original(error)
+                if isinstance(error, MediaError):
+                    raise error from None
+                if not _retryable(error):
+                    raise GpuUnavailable(f"ZeroGPU did not run the model: {_words(error)}") from None
+                if run.retries >= self.rule.retries:
+                    raise GpuUnavailable(f"the GPU slot failed {run.retries + 1} times ({_words(error)}); "
+                                         "try again later") from None
+                run.retries += 1
+                log.warning("GPU slot %d ended early (%s); asking again for windows %d-%d (retry %d of %d)",
+                            number, _words(error), lo, hi, run.retries, self.rule.retries)
+
+
+class _Run:
+    """One video's extraction in progress: its rows so far, what is decoded, what the visitor is told."""
+
+    def __init__(self, stream: FrameStream, dim: int, plan: GpuPlan, frames: FrameFile,
+                 report: Report) -> None:
+        self.stream, self.plan, self.frames, self.report = stream, plan, frames, report
+        self.rows = np.zeros((stream.windows, dim), np.float32)
+        self.gpu_done = 0  # windows whose rows came back (a prefix: slots run in order)
+        self.retries = 0
+        self.stopped = threading.Event()  # tells the frame writer to stop (the extraction ended early)
+        self.where = "preparing frames on the CPU"
+
+    def wait_for(self, windows: int) -> int:
+        """Block until ``windows`` windows are prepared (telling the visitor every quarter second); fewer
+        only when the writer stopped early. Raises the writer's error."""
+        while self.frames.wait(windows, timeout=0.25) < windows and not self.frames.done:
+            self.say(self.where)
+        return self.frames.wait(windows)
+
+    def say(self, where: str) -> None:
+        """Report both halves: windows prepared on the CPU and windows embedded on the GPU."""
+        self.where = where
+        decoded, total = self.frames.written, max(self.stream.windows, 1)
+        gpu_s, cpu_s = self.stream.seconds_done(self.gpu_done), self.stream.seconds_done(decoded)
+        self.report((decoded + self.gpu_done) / (2 * total),
+                    f"{seconds_words(gpu_s, self.stream.duration)} on the GPU ({where}; frames prepared on "
+                    f"the CPU: {cpu_s:.0f} s; {self.plan.words()} asked)")
+
+
+def _original(error: Exception) -> Exception:
+    """The exception raised in the worker, where it came back wrapped in a ``WorkerFailure``."""
+    failure = getattr(error, "failure", None)
+    return failure.error() if isinstance(failure, _Failure) else error
+
+
+def _words(error: Exception) -> str:
+    """An error's message for a person (a ``gradio.Error``'s own message, not its repr)."""
+    message = getattr(error, "message", None)
+    return message if isinstance(message, str) and message else str(error)
+
+
+def _retryable(error: Exception) -> bool:
+    """A slot that ran and failed or was aborted (asked again), not a refusal by the scheduler (quota,
+    queue, illegal duration: a ``gradio.Error`` with another title, whose message ends the upload)."""
+    return not isinstance(error, gradio.Error) or getattr(error, "title", None) == WORKER_ERROR
