@@ -53,7 +53,7 @@ from typing import NamedTuple, Protocol, TypeVar
 import numpy as np
 
 from prvr.index.schema import ENCODED, RECORD, SCHEMA_VERSION
-from prvr.index.sketch import BALLS, CLIP, NORM_EPS, cover_balls
+from prvr.index.sketch import BALLS, CLIP, NORM_EPS, frame_balls
 from prvr.index.store import IndexStoreError
 
 BOUNDS = "bounds"  # the named multivector of clip and frame balls (an upper bound of the total: MAX_SIM)
@@ -106,45 +106,37 @@ def bound_rows(units: np.ndarray, pnorm: np.ndarray, spans: np.ndarray, frames: 
                ) -> list[np.ndarray]:
     """The ``bounds`` multivector (B, H + 3) float16 of each of a batch of videos: units (n, M, H), proposal
     norms (n, P), their unit spans (n, P, 2), the frame balls of their frame-scale features
-    (``sketch.frame_balls``); see the module docstring."""
-    n, M, H = units.shape
-    csum = np.concatenate([np.zeros((n, 1, H)), np.cumsum(units.astype(np.float64), axis=1)], axis=1)
-    s, e = spans[..., 0], spans[..., 1]
-    idx = np.arange(n)[:, None]
-    mean = (csum[idx, e] - csum[idx, s]) / (e - s)[..., None]
-    directions = mean / np.maximum(pnorm.astype(np.float64), NORM_EPS)[..., None]  # what clip cosines dot
-    windows = _balls(directions, cover_balls(directions.astype(np.float32), WINDOW_BALLS))
-    out = []
-    for i in range(n):
-        kept = np.isfinite(frames["ball_radius"][i])
-        centres = frames["ball_codes"][i][kept] * frames["ball_scale"][i][kept, None].astype(np.float64)
-        c16 = centres.astype(np.float16)  # the distances were measured from the 8-bit centres: add the move
-        moved = np.linalg.norm(c16.astype(np.float64) - centres, axis=1)
-        radius = frames["ball_radius"][i][kept].astype(np.float64) + moved
-        frame_rows = np.concatenate([c16, _f16_up(radius)[:, None], np.zeros((len(c16), 1), np.float16),
-                                     np.ones((len(c16), 1), np.float16)], axis=1)
-        out.append(np.concatenate([windows[i], frame_rows]).astype(np.float16))
-    return out
+    (``sketch.frame_balls``); see the module docstring.
 
-
-def _balls(rows: np.ndarray, centres: np.ndarray) -> list[np.ndarray]:
-    """Window-ball rows [c16, r, 1, 0] per video of rows (n, P, H) float64 and centres (n, B, H): radii
-    measured from the float16 centres (float64 distances of unit-size rows, rounded up), empty balls
-    dropped."""
+    A window's direction (the mean of its units over its norm: what a clip cosine dots) lies in the span of
+    the video's M units, so its balls are made as the frame-scale features' are: ``sketch.frame_balls`` over
+    the directions' coefficients in an orthonormal basis of that span, with how far the coefficients miss the
+    directions (the basis's float32 rounding, and the float32 arithmetic: 1e-5 more) added to every radius."""
     import torch
 
-    c16 = centres.astype(np.float16)
-    x, c = torch.from_numpy(np.asarray(rows, np.float64)), torch.from_numpy(c16.astype(np.float64))
-    d2 = (x * x).sum(-1)[..., None] - 2 * x @ c.transpose(1, 2) + (c * c).sum(-1)[:, None, :]
-    near, ball = d2.min(-1)
-    dist = (torch.sqrt(near.clamp(min=0) + 1e-12) * (1 + 1e-6) + 1e-7).numpy()
+    n, M, H = units.shape
+    x = torch.from_numpy(np.asarray(units, np.float32))
+    _, _, basis = torch.linalg.svd(x, full_matrices=False)  # (n, M, H): orthonormal rows spanning the units
+    table = torch.zeros(n, spans.shape[1], M)  # each window's mean over its units
+    s, e = torch.from_numpy(spans[..., :1]), torch.from_numpy(spans[..., 1:])
+    t = torch.arange(M)
+    table += ((t >= s) & (t < e)) / (e - s)
+    directions = table @ x / torch.from_numpy(np.maximum(pnorm.astype(np.float32), NORM_EPS))[..., None]
+    coef = directions @ basis.transpose(1, 2)  # (n, P, M)
+    missed = torch.linalg.vector_norm(coef @ basis - directions, dim=-1).amax(-1).double().numpy() + 1e-5
+    windows = frame_balls(list(basis.numpy()), [c.reshape(-1) for c in coef.numpy()], WINDOW_BALLS)
     out = []
-    for i in range(len(rows)):
-        radius = np.full(c16.shape[1], -np.inf)
-        np.maximum.at(radius, ball[i].numpy(), dist[i])
-        used = np.isfinite(radius)
-        ones, zeros = np.ones((used.sum(), 1), np.float16), np.zeros((used.sum(), 1), np.float16)
-        out.append(np.concatenate([c16[i][used], _f16_up(radius[used])[:, None], ones, zeros], axis=1))
+    for i in range(n):
+        rows = []
+        for balls, selector, extra in ((windows, (1.0, 0.0), missed[i]), (frames, (0.0, 1.0), 0.0)):
+            kept = np.isfinite(balls["ball_radius"][i])
+            centres = balls["ball_codes"][i][kept] * balls["ball_scale"][i][kept, None].astype(np.float64)
+            c16 = centres.astype(np.float16)  # radii were measured from the 8-bit centres: add the move
+            moved = np.linalg.norm(c16.astype(np.float64) - centres, axis=1)
+            radius = balls["ball_radius"][i][kept].astype(np.float64) + moved + extra
+            flags = np.broadcast_to(np.array(selector, np.float16), (len(c16), 2))
+            rows.append(np.concatenate([c16, _f16_up(radius)[:, None], flags], axis=1))
+        out.append(np.concatenate(rows).astype(np.float16))
     return out
 
 
