@@ -70,7 +70,7 @@ def head_upper(arrays: dict, rows: np.ndarray, q: BoundQuery, table: np.ndarray 
     """rank.head_bounds (the first pass) of one segment's arrays."""
     basis = arrays["head_basis"].astype(np.float64)[None]
     head = HeadQuery.of(q, basis, basis @ basis.transpose(0, 2, 1))
-    return head_bounds(arrays, np.array([0, len(arrays["units"])]), rows, head, table, 1)
+    return head_bounds(*_one_segment(arrays), rows, head, table, 1)
 
 
 def frame_upper(arrays: dict, rows: np.ndarray, hi: np.ndarray, q: BoundQuery,

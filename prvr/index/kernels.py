@@ -221,7 +221,7 @@ def _clip_pass(codes, scale, err, norm, tail, pinv, pinv_scale, pidx, table, row
 @numba.njit(**KERNEL)
 def _frame_pass(err, norm, pinv, pinv_scale, ball_codes, ball_scale, ball_norm, ball_radius, ball_of,
                 ball_dist, zbasis, zcoef, zoff, zcoff, pidx, table, rows, hi, at, levels, step, q, qn, spread,
-                key_eps, enough, out):  # pragma: no cover - compiled
+                key_eps, enough, tight, out):  # pragma: no cover - compiled
     """out[i] >= q^.z_j* for video v = rows[i], j* its key clip, given hi[at[i]], the prefix sums of its unit
     upper bounds; below ``enough[i]`` where these bounds can show it, in three tiers, each only where the
     one before is not below ``enough[i]``.
@@ -238,7 +238,7 @@ def _frame_pass(err, norm, pinv, pinv_scale, ball_codes, ball_scale, ball_norm, 
     3. The stored z rows of the candidates whose own ball bound q^.c~_ball(j) + d_j is not below
        ``enough[i]``: q^.z_j itself (float64 sums of the float32 factors: zcoef_j . (zbasis q^)), until
        one reaches ``enough[i]`` (then the video keeps its tier-2 bound: it must be scored anyway). Not
-       without a threshold.
+       without a threshold, nor unless ``tight`` (the caller reads the rows from disk first, all at once).
     """
     M, B, H = err.shape[1], ball_codes.shape[1], q.shape[0]
     grid, W = table.shape[0] == 0, M + 1
@@ -313,7 +313,7 @@ def _frame_pass(err, norm, pinv, pinv_scale, ball_codes, ball_scale, ball_norm, 
         if out[i] < enough[i] or enough[i] == -np.inf:
             continue
         first, rank, coefs = zoff[v], zoff[v + 1] - zoff[v], zcoff[v]
-        if rank == 0:  # the factors were not read (a backend refining from the sketch alone): tier 2 it is
+        if rank == 0 or not tight:  # the factors not to be read (not yet, or not held): tier 2 it is
             continue
         tight = -np.inf  # the candidates' z rows
         projected = False
@@ -401,15 +401,16 @@ def _segment_run(seg_start, positions, a):  # pragma: no cover - compiled
 @numba.njit(**KERNEL)
 def _head_runs(codes, scale, err, norm, tail, pinv, pinv_scale, pidx, table, seg_start, rows, levels, step,
                qn, qerr, spread, qtail, out):  # pragma: no cover - compiled
-    """The head's ``_clip_pass`` over sorted global rows of the first pass's arrays (all segments in one
-    array each), each segment's run with that segment's head query (row s of levels, step, qerr, spread,
+    """The head's ``_clip_pass`` over sorted global rows, the arrays typed Lists over segments (as
+    ``Stored``), each segment's run with that segment's head query (row s of levels, step, qerr, spread,
     qtail)."""
-    none = np.empty((0, codes.shape[1] + 1))
+    none = np.empty((0, codes[0].shape[1] + 1))
     a = 0
     while a < rows.shape[0]:
         s, b = _segment_run(seg_start, rows, a)
-        _clip_pass(codes, scale, err, norm, tail, pinv, pinv_scale, pidx, table, rows[a:b], levels[s],
-                   step[s], qn, qerr[s], spread[s], qtail[s], out[a:b], none)
+        _clip_pass(codes[s], scale[s], err[s], norm[s], tail[s], pinv[s], pinv_scale[s], pidx[s], table,
+                   rows[a:b] - seg_start[s], levels[s], step[s], qn, qerr[s], spread[s], qtail[s], out[a:b],
+                   none)
         a = b
 
 
@@ -452,7 +453,7 @@ def _clip_scan(codes, scale, err, norm, pinv, pinv_scale, pidx, table, seg_start
 @numba.njit(**KERNEL)
 def _frame_runs(err, norm, pinv, pinv_scale, ball_codes, ball_scale, ball_norm, ball_radius, ball_of,
                 ball_dist, zbasis, zcoef, zoff, zcoff, pidx, table, seg_start, positions, hi, at, levels,
-                step, q, qn, spread, key_eps, enough, out):  # pragma: no cover - compiled
+                step, q, qn, spread, key_eps, enough, tight, out):  # pragma: no cover - compiled
     """``_frame_pass`` of sorted global positions, the arrays typed Lists over segments (as ``Stored``):
     one call per segment."""
     a = 0
@@ -461,7 +462,7 @@ def _frame_runs(err, norm, pinv, pinv_scale, ball_codes, ball_scale, ball_norm, 
         _frame_pass(err[s], norm[s], pinv[s], pinv_scale[s], ball_codes[s], ball_scale[s], ball_norm[s],
                     ball_radius[s], ball_of[s], ball_dist[s], zbasis[s], zcoef[s], zoff[s], zcoff[s],
                     pidx[s], table, positions[a:b] - seg_start[s], hi, at[a:b], levels, step, q, qn, spread,
-                    key_eps, enough[a:b], out[a:b])
+                    key_eps, enough[a:b], tight, out[a:b])
         a = b
 
 
@@ -481,14 +482,14 @@ def _exact_runs(units, pnorm, zbasis, zcoef, zoff, zcoff, pidx, table, seg_start
 @numba.njit(**PARALLEL)
 def _frame_scan(err, norm, pinv, pinv_scale, ball_codes, ball_scale, ball_norm, ball_radius, ball_of,
                 ball_dist, zbasis, zcoef, zoff, zcoff, pidx, table, seg_start, positions, hi, at, levels,
-                step, q, qn, spread, key_eps, enough, out, tasks):  # pragma: no cover - compiled
+                step, q, qn, spread, key_eps, enough, tight, out, tasks):  # pragma: no cover - compiled
     """``_frame_runs`` in parts."""
     n = positions.shape[0]
     for c in numba.prange(tasks):
         a, b = c * n // tasks, (c + 1) * n // tasks
         _frame_runs(err, norm, pinv, pinv_scale, ball_codes, ball_scale, ball_norm, ball_radius, ball_of,
                     ball_dist, zbasis, zcoef, zoff, zcoff, pidx, table, seg_start, positions[a:b], hi,
-                    at[a:b], levels, step, q, qn, spread, key_eps, enough[a:b], out[a:b])
+                    at[a:b], levels, step, q, qn, spread, key_eps, enough[a:b], tight, out[a:b])
 
 
 @numba.njit(**PARALLEL)

@@ -135,6 +135,9 @@ class Fetched:
         """One video's ragged array ``key`` (``schema.RAGGED``)."""
         return self.per_video[position][key]
 
+    def prefetch(self, keys: Sequence[str], positions: np.ndarray) -> None:
+        """Fetched points are in memory: nothing to read ahead."""
+
 
 class QdrantIndex(Gallery):
     """A Qdrant collection opened for one model; see the module docstring."""

@@ -135,6 +135,7 @@ def offsets(seg: Mapping[str, np.ndarray], count: str) -> np.ndarray:
     return np.concatenate([[0], np.cumsum(seg[count])]).astype(np.int64)
 
 
+HEAD_LISTS = (*HEAD, "pinv", "pinv_scale", "pidx")  # the Lists ``_head_runs`` takes, in order
 CLIP_LISTS = (*CLIP, "pinv", "pinv_scale", "pidx")  # the Lists ``_clip_runs`` takes, in order
 FRAME = ("err", "norm", "pinv", "pinv_scale", "ball_codes", "ball_scale", "ball_norm", "ball_radius",
          "ball_of", "ball_dist", "zbasis", "zcoef", "zoff", "zcoff", "pidx")  # what ``_frame_runs`` takes
@@ -174,16 +175,15 @@ class HeadQuery:
                    tail * (1 + SLACK) + 1e-30, max(q.norm, NORM_EPS))
 
 
-def head_bounds(first: Mapping[str, np.ndarray], seg_start: np.ndarray, candidates: np.ndarray, q: HeadQuery,
+def head_bounds(stored: Stored, seg_start: np.ndarray, candidates: np.ndarray, q: HeadQuery,
                 table: np.ndarray | None, threads: int) -> np.ndarray:
     """(V,) upper bounds of S_clip for the sorted global positions ``candidates``, from the head arrays of
-    the first pass (``sketch.FIRST_PASS``, all segments in one array each, kept in memory)."""
+    the first pass (``sketch.FIRST_PASS``)."""
     rows = np.ascontiguousarray(candidates, dtype=np.int64)
     out = np.empty(len(rows))
-    pidx = first["pidx"] if table is not None else NO_PIDX
-    launch(_head_scan, threads, *(first[f] for f in HEAD), first["pinv"], first["pinv_scale"], pidx,
-           _table(table), np.ascontiguousarray(seg_start, dtype=np.int64), rows, q.levels, q.step, q.norm,
-           q.qerr, q.spread, q.qtail, out, tasks_for(len(rows), threads))
+    launch(_head_scan, threads, *stored.lists(HEAD_LISTS), _table(table),
+           np.ascontiguousarray(seg_start, dtype=np.int64), rows, q.levels, q.step, q.norm, q.qerr, q.spread,
+           q.qtail, out, tasks_for(len(rows), threads))
     return out
 
 
@@ -201,14 +201,16 @@ def clip_bounds(stored: Stored, seg_start: np.ndarray, positions: np.ndarray, q:
 
 
 def frame_bounds(stored: Stored, seg_start: np.ndarray, positions: np.ndarray, hi: np.ndarray, at: np.ndarray,
-                 q: BoundQuery, table: np.ndarray | None, enough: np.ndarray, threads: int) -> np.ndarray:
+                 q: BoundQuery, table: np.ndarray | None, enough: np.ndarray, threads: int,
+                 tight: bool = True) -> np.ndarray:
     """(V,) upper bounds of S_frame for sorted global ``positions``, given their prefix sums hi[at]: below
-    ``enough`` (V,) where the three tiers of ``kernels._frame_pass`` can show it."""
+    ``enough`` (V,) where the three tiers of ``kernels._frame_pass`` can show it (``tight`` False: the first
+    two, which read no frame-scale factors)."""
     out = np.empty(len(positions))
     launch(_frame_scan, threads, *stored.lists(FRAME), _table(table),
            np.ascontiguousarray(seg_start, dtype=np.int64), np.ascontiguousarray(positions, dtype=np.int64),
            hi, np.ascontiguousarray(at, dtype=np.int64), q.levels, q.step, q.vector, q.norm, q.spread,
-           KEY_EPS * q.norm, np.ascontiguousarray(enough, dtype=np.float64), out,
+           KEY_EPS * q.norm, np.ascontiguousarray(enough, dtype=np.float64), tight, out,
            tasks_for(len(positions), threads))
     return np.minimum(_slack(out), 1.0)
 

@@ -43,6 +43,9 @@ class VideoArrays(Protocol):
     def ragged(self, key: str, position: int) -> np.ndarray:
         """One video's rows of the ragged array ``key``."""
 
+    def prefetch(self, keys: Sequence[str], positions: np.ndarray) -> None:
+        """Start reading these arrays' rows of these videos, all at once (where reading costs a disk read)."""
+
 
 def query_vector(q: np.ndarray | torch.Tensor | EncodedQueries) -> np.ndarray:
     """The (H,) float32 query vector of the model's encoding of one query."""
@@ -88,7 +91,12 @@ def refined_bounds(model, snap: VideoArrays, positions: np.ndarray, bq: BoundQue
     if len(at):
         enough = (tau - eps - w[0] * clip[at]) / w[1]
         frame = frame_bounds(snap.stored, snap.seg_start, positions[at], hi, at, bq, snap.windows, enough,
-                             threads)
+                             threads, tight=False)
+        more = frame >= enough  # the last tier reads their factors: from disk, all at once, first
+        if more.any():
+            snap.prefetch(("zbasis", "zcoef"), positions[at[more]])
+            frame[more] = frame_bounds(snap.stored, snap.seg_start, positions[at[more]], hi, at[more], bq,
+                                       snap.windows, enough[more], threads)
         total[at] = w[0] * clip[at] + w[1] * frame
     return total
 

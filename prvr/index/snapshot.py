@@ -23,7 +23,7 @@ from prvr.index import approximate, store
 from prvr.index.gallery import Catalog
 from prvr.index.rank import Stored
 from prvr.index.schema import RAGGED
-from prvr.index.sketch import SKETCH
+from prvr.index.sketch import FIRST_PASS, SKETCH
 
 BASIS = "head_basis"  # a segment's (d, H) head basis (one per segment, not per video)
 
@@ -34,47 +34,46 @@ class Snapshot:
     def __init__(self, root: Path, manifest: dict, verify: bool, table: np.ndarray,
                  previous: Snapshot | None = None) -> None:
         """The snapshot of one manifest; ``previous``: an earlier snapshot of the same index, whose segments
-        (immutable: a name is never reused) are not opened again."""
+        (immutable: a name is never reused) are not opened, nor their sketches copied, again."""
         self.manifest, self.table = manifest, table
-        self.segments: list[dict[str, np.ndarray]] = []
-        self.videos: list[dict] = []
         self.seg_start = np.cumsum([0] + [e["count"] for e in manifest["segments"]]).astype(np.int64)
         self._starts = self.seg_start.tolist()
         known = previous.opened if previous is not None else {}
-        self.opened = {e["name"]: known.get(e["name"]) or store.load_segment(root, e, verify)
-                       for e in manifest["segments"]}  # each segment's mapped arrays, records and mappings
-        loaded = [(dict(self.opened[e["name"]][0]), self.opened[e["name"]][1]) for e in manifest["segments"]]
+        self.opened = {e["name"]: known.get(e["name"]) or self._open(root, e, verify, table)
+                       for e in manifest["segments"]}  # each segment's arrays, records and mappings
+        self.segments = [self.opened[e["name"]][0] for e in manifest["segments"]]
+        self.videos = [v for e in manifest["segments"] for v in self.opened[e["name"]][1]]
         self.maps = [self.opened[e["name"]][2] for e in manifest["segments"]]
-        self.compact = bool(loaded) and loaded[0][0]["pnorm"].shape[1] != len(table)
-        resident = (*SKETCH, "pidx") if self.compact else SKETCH
-        # the sketch's arrays of all segments, each in one array (the segments hold views into it): a query
-        # scans any range of the gallery in one kernel call
-        self.first: dict[str, np.ndarray] = {}
-        alive = []
-        for s, ((arrays, videos), entry) in enumerate(zip(loaded, manifest["segments"], strict=True)):
-            for count in set(RAGGED.values()):  # where each video's rows of a ragged array start
-                arrays[f"{count}_offset"] = np.concatenate([[0], np.cumsum(arrays[count])]).astype(np.int64)
-            for f in resident:
-                if f not in self.first:
-                    self.first[f] = np.empty((self.seg_start[-1], *arrays[f].shape[1:]), arrays[f].dtype)
-                view = self.first[f][self.seg_start[s]:self.seg_start[s + 1]]
-                view[...] = arrays[f]
-                arrays[f] = view
-            self.segments.append(arrays)
-            self.videos.extend(videos)
-            keep = np.ones(entry["count"], dtype=bool)
-            keep[entry["removed"]] = False
-            alive.append(keep)
+        self.compact = bool(self.segments) and self.segments[0]["pnorm"].shape[1] != len(table)
         # the segments' head bases (float64 of the stored float32, for the query's head coordinates) and
         # their Gram matrices
         self.bases = (np.stack([np.asarray(seg[BASIS]) for seg in self.segments]).astype(np.float64)
                       if self.segments else np.zeros((0, 0, 0)))
         self.grams = np.einsum("sih,sjh->sij", self.bases, self.bases)
+        alive = []
+        for entry in manifest["segments"]:
+            keep = np.ones(entry["count"], dtype=bool)
+            keep[entry["removed"]] = False
+            alive.append(keep)
         self.alive = np.concatenate(alive) if alive else np.zeros(0, dtype=bool)
         self.live = np.flatnonzero(self.alive)
         self.catalog = Catalog.of(self.videos, self.live)
         self.position = self.catalog.position
         self._lazy = threading.Lock()  # builds the faiss index once
+
+    @staticmethod
+    def _open(root: Path, entry: dict, verify: bool, table: np.ndarray
+              ) -> tuple[dict[str, np.ndarray], list[dict], dict[str, store.Mapped]]:
+        """One segment: its sketch read into memory (its mapping dropped), the rest mapped, each ragged
+        array's offsets."""
+        arrays, videos, maps = store.load_segment(root, entry, verify)
+        compact = arrays["pnorm"].shape[1] != len(table)
+        for f in (*SKETCH, "pidx") if compact else SKETCH:
+            arrays[f] = np.array(arrays[f])  # a copy in memory; the mapping (and its pages) go
+            maps.pop(f, None)
+        for count in set(RAGGED.values()):  # where each video's rows of a ragged array start
+            arrays[f"{count}_offset"] = np.concatenate([[0], np.cumsum(arrays[count])]).astype(np.int64)
+        return arrays, videos, maps
 
     @property
     def windows(self) -> np.ndarray | None:
@@ -133,7 +132,12 @@ class Snapshot:
 
     def resident_bytes(self) -> int:
         """Bytes this snapshot holds in memory for its arrays (the sketch, bases, offsets, liveness)."""
-        offsets = sum(seg[f"{c}_offset"].nbytes + np.asarray(seg[c]).nbytes
-                      for seg in self.segments for c in set(RAGGED.values()))
-        return (sum(a.nbytes for a in self.first.values()) + self.bases.nbytes + self.grams.nbytes + offsets
-                + self.alive.nbytes + self.live.nbytes)
+        counts = set(RAGGED.values())
+        held = (*SKETCH, "pidx") if self.compact else SKETCH
+        offsets = sum(seg[f"{c}_offset"].nbytes for seg in self.segments for c in counts)
+        return (sum(seg[f].nbytes for seg in self.segments for f in held) + self.bases.nbytes
+                + self.grams.nbytes + offsets + self.alive.nbytes + self.live.nbytes)
+
+    def first_pass_bytes(self) -> int:
+        """Bytes the first pass reads for every video (the head of the sketch)."""
+        return sum(seg[f].nbytes for seg in self.segments for f in FIRST_PASS) + self.alive.nbytes

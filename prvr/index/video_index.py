@@ -51,7 +51,7 @@ from prvr.index.ingest import (
 from prvr.index.rank import BOUND_EPS, Exact, HeadQuery, Page, head_bounds, top_k
 from prvr.index.schema import EVIDENCE, FIXED, RAGGED, SCHEMA_VERSION
 from prvr.index.scoring import evidence_of, exact_of, is_csa, query_vector, refined_bounds
-from prvr.index.sketch import FIRST_PASS, BoundQuery, head_basis, sketch
+from prvr.index.sketch import BoundQuery, head_basis, sketch
 from prvr.index.snapshot import BASIS, Snapshot
 from prvr.models.branches import EncodedQueries
 from prvr.models.preprocess import window_table
@@ -167,8 +167,7 @@ class VideoIndex(Gallery):
     def first_pass_bytes(self) -> int:
         """Bytes an exact query reads for every video (the head of the sketch); the rest is read per
         candidate."""
-        snap = self.snapshot
-        return sum(snap.first[f].nbytes for f in FIRST_PASS) + snap.alive.nbytes
+        return self.snapshot.first_pass_bytes()
 
     def resident_bytes(self) -> int:
         """Bytes of the arrays this index keeps in memory (the first pass and what locates the rest)."""
@@ -323,7 +322,7 @@ class VideoIndex(Gallery):
             candidates = approximate.candidates(snap.ivf(cfg.nlist), bq.vector, snap.alive, cfg.nprobe,
                                                 cfg.candidate_units, cfg.candidate_videos)
         head = HeadQuery.of(bq, snap.bases, snap.grams)
-        first = w.clip * head_bounds(snap.first, snap.seg_start, candidates, head, table, threads) + w.frame
+        first = w.clip * head_bounds(snap.stored, snap.seg_start, candidates, head, table, threads) + w.frame
 
         def refine(positions: np.ndarray, tau: float) -> np.ndarray:
             return refined_bounds(self.model, snap, positions, bq, w, tau, threads)
