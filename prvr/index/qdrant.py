@@ -138,6 +138,9 @@ class Fetched:
     def prefetch(self, keys: Sequence[str], positions: np.ndarray) -> None:
         """Fetched points are in memory: nothing to read ahead."""
 
+    def release(self, keys: Sequence[str], positions: np.ndarray) -> None:
+        """Fetched points go with the query."""
+
 
 class QdrantIndex(Gallery):
     """A Qdrant collection opened for one model; see the module docstring."""

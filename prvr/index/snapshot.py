@@ -12,6 +12,7 @@ videos a query scores or returns. It implements ``scoring.VideoArrays``.
 from __future__ import annotations
 
 import bisect
+import mmap
 import threading
 from collections.abc import Iterable
 from functools import cached_property
@@ -91,6 +92,9 @@ class Snapshot:
             if getattr(self, "_ivf", None) is None:
                 self._ivf = approximate.build_ivf(
                     np.concatenate([np.asarray(seg["scenes"]) for seg in self.segments]), nlist)
+                for maps in self.maps:  # read once, into faiss's own lists: their pages can go
+                    if "scenes" in maps:
+                        store.advise(maps["scenes"], 0, len(maps["scenes"].map), mmap.MADV_DONTNEED)
             return self._ivf
 
     def segment_of(self, positions: np.ndarray | int) -> np.ndarray:
@@ -115,20 +119,32 @@ class Snapshot:
         return np.asarray(seg[key][offset[r]:offset[r + 1]])
 
     def prefetch(self, keys: Iterable[str], positions: np.ndarray) -> None:
-        """Start reading these arrays' rows of the videos at ``positions`` from disk, all at once
-        (``store.prefetch``), before a kernel or the evidence reads them one page at a time."""
-        for key in keys:
-            count = RAGGED.get(key)
-            for s in np.unique(self.segment_of(positions)):
-                mapping = self.maps[s].get(key)
+        """Start reading these arrays' rows of the videos at ``positions`` from disk, all at once, before a
+        kernel or the evidence reads them one page at a time (``store.advise``, MADV_WILLNEED)."""
+        self._advise(keys, positions, mmap.MADV_WILLNEED)
+
+    def release(self, keys: Iterable[str], positions: np.ndarray) -> None:
+        """Done with these arrays' rows of these videos: their pages leave this process's resident memory
+        (not the page cache: a query that reads them again maps them again)."""
+        self._advise(keys, positions, mmap.MADV_DONTNEED)
+
+    def _advise(self, keys: Iterable[str], positions: np.ndarray, advice: int) -> None:
+        """``store.advise`` over these arrays' rows of these videos."""
+        keys = tuple(keys)
+        for position in np.asarray(positions, dtype=np.int64).tolist():  # (plain ints: a few hundred calls)
+            s = bisect.bisect_right(self._starts, position) - 1
+            seg, maps, row = self.segments[s], self.maps[s], position - self._starts[s]
+            for key in keys:
+                mapping = maps.get(key)
                 if mapping is None:  # kept in memory
                     continue
-                seg, rows = self.segments[s], positions[self.segment_of(positions) == s] - self.seg_start[s]
-                array = seg[key]
-                width = array.itemsize * int(np.prod(array.shape[1:], dtype=np.int64))
-                first = seg[f"{count}_offset"][rows] if count else rows
-                end = seg[f"{count}_offset"][rows + 1] if count else rows + 1
-                store.prefetch(mapping, zip((first * width).tolist(), (end * width).tolist(), strict=True))
+                array, count = seg[key], RAGGED.get(key)
+                width = array.itemsize * (array.size // max(len(array), 1))
+                if count:
+                    offset = seg[f"{count}_offset"]
+                    store.advise(mapping, int(offset[row]) * width, int(offset[row + 1]) * width, advice)
+                else:
+                    store.advise(mapping, row * width, (row + 1) * width, advice)
 
     def resident_bytes(self) -> int:
         """Bytes this snapshot holds in memory for its arrays (the sketch, bases, offsets, liveness)."""

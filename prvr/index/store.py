@@ -35,7 +35,7 @@ import os
 import shutil
 import time
 import uuid
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import NamedTuple
 
@@ -173,18 +173,20 @@ def load_segment(root: Path, entry: dict, checksum: bool
     return arrays, read_records(directory), maps
 
 
-def prefetch(mapping: Mapped, ranges: Iterable[tuple[int, int]]) -> None:
-    """Ask the kernel to read these byte ranges (start, end) of a mapped array's data now, all at once, in the
-    background (``MADV_WILLNEED``): a query's later reads of scattered rows then wait for one round of disk
-    reads, not one per page."""
-    page = mmap.PAGESIZE
-    size = len(mapping.map)
-    for start, end in ranges:
-        first = (mapping.offset + start) // page * page
-        last = min(size, mapping.offset + end)
-        if last > first:
-            with contextlib.suppress(OSError, ValueError):  # advice only: a refusal changes nothing
-                mapping.map.madvise(mmap.MADV_WILLNEED, first, last - first)
+PAGE = mmap.PAGESIZE
+
+
+def advise(mapping: Mapped, start: int, end: int, advice: int) -> None:
+    """Advise the kernel about the byte range [start, end) of a mapped array's data (``mmap.madvise``):
+    ``MADV_WILLNEED`` (read it now, in the background: a query that asks for every row it will read first
+    then waits for one round of disk reads, not one read per page) or ``MADV_DONTNEED`` (this process is done
+    with it: its pages leave the process's resident memory, not the page cache; a later read maps them
+    again)."""
+    first = (mapping.offset + start) // PAGE * PAGE
+    last = min(len(mapping.map), mapping.offset + end)
+    if last > first:
+        with contextlib.suppress(OSError, ValueError):  # advice only: a refusal changes nothing
+            mapping.map.madvise(advice, first, last - first)
 
 
 def read_records(directory: Path) -> list[dict]:

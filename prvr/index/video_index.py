@@ -71,9 +71,9 @@ class IndexConfig:
     lock_timeout: float = 10.0  # seconds a writer waits for another writer
     verify_checksums: bool = True  # sha256 every file on open (sizes are always checked)
     nlist: int = 0  # approximate search: IVF lists (0: sqrt of the number of scene centres)
-    nprobe: int = 128  # approximate search: lists visited per query
+    nprobe: int = 64  # approximate search: lists visited per query (benchmarks.scale: recall@10 0.995)
     candidate_units: int = 8192  # approximate search: nearest scene centres retrieved by faiss
-    candidate_videos: int = 2048  # approximate search: videos (by their best scene centre) ranked exactly
+    candidate_videos: int = 512  # approximate search: videos (by their best scene centre) ranked exactly
 
 
 class VideoIndex(Gallery):
@@ -298,9 +298,14 @@ class VideoIndex(Gallery):
              approximate: bool) -> tuple[list[VideoEvidence], int, int]:
         """The k best live videos' evidence from one snapshot, how many were scored exactly, how many live."""
         snap = self.snapshot
-        positions, exact, scored = self._best(snap, q, k, w, approximate)
+        positions, exact, scored, read = self._best(snap, q, k, w, approximate)
         snap.prefetch(EVIDENCE, np.sort(positions))
-        return evidence_of(self.model, snap, positions, q, w, exact), scored, len(snap.live)
+        hits = evidence_of(self.model, snap, positions, q, w, exact)
+        # done with what this query read from disk: its pages leave the process's resident memory (the
+        # page cache keeps them; the hits' arrays read them again if used)
+        snap.release(EVIDENCE, np.sort(positions))
+        snap.release(SCORED, read)
+        return hits, scored, len(snap.live)
 
     def exact(self, positions: np.ndarray, q: np.ndarray | EncodedQueries,
               weights: Sequence[float] | None = None) -> Exact:
@@ -309,20 +314,24 @@ class VideoIndex(Gallery):
                         self.weights(weights))
 
     def _best(self, snap: Snapshot, q: np.ndarray | EncodedQueries, k: int, w: Weights,
-              approx: bool) -> tuple[np.ndarray, Exact | None, int]:
-        """Top-k live positions, their exact scores (best first) and how many videos were scored exactly:
-        one page of every live video (or of the approximate candidates) bounded by the head pass, refined
-        by the full codes and the frame balls (``rank.top_k``)."""
+              approx: bool) -> tuple[np.ndarray, Exact | None, int, np.ndarray]:
+        """Top-k live positions, their exact scores (best first), how many videos were scored exactly and
+        which: one page of every live video (or of the approximate candidates) bounded by the head pass,
+        refined by the full codes and the frame balls (``rank.top_k``)."""
         if not len(snap.live):
-            return np.zeros(0, dtype=np.int64), None, 0
+            return np.zeros(0, dtype=np.int64), None, 0, np.zeros(0, dtype=np.int64)
         bq, table, threads = BoundQuery.of(query_vector(q)), snap.windows, torch.get_num_threads()
         candidates = snap.live
         if approx and len(snap.live) > self.cfg.candidate_videos:
             cfg = self.cfg
             candidates = approximate.candidates(snap.ivf(cfg.nlist), bq.vector, snap.alive, cfg.nprobe,
                                                 cfg.candidate_units, cfg.candidate_videos)
-        head = HeadQuery.of(bq, snap.bases, snap.grams)
-        first = w.clip * head_bounds(snap.stored, snap.seg_start, candidates, head, table, threads) + w.frame
+        if approx:  # a few thousand candidates: the full codes bound them better, and at once
+            first = refined_bounds(self.model, snap, candidates, bq, w, -np.inf, threads)
+        else:
+            head = HeadQuery.of(bq, snap.bases, snap.grams)
+            clip = head_bounds(snap.stored, snap.seg_start, candidates, head, table, threads)
+            first = w.clip * clip + w.frame
 
         def refine(positions: np.ndarray, tau: float) -> np.ndarray:
             return refined_bounds(self.model, snap, positions, bq, w, tau, threads)
@@ -337,8 +346,8 @@ class VideoIndex(Gallery):
         pages = [Page(candidates, first, -np.inf)]
         positions, _, n = top_k(pages, k, score, refine, BOUND_EPS * (1 + w.clip + w.frame))
         if not scored:
-            return positions, None, n
+            return positions, None, n, np.zeros(0, dtype=np.int64)
         every = np.concatenate([p for p, _ in scored])  # distinct positions
         order = np.argsort(every)
         rows = order[np.searchsorted(every, positions, sorter=order)]
-        return positions, Exact.concat([ex for _, ex in scored]).take(rows), n
+        return positions, Exact.concat([ex for _, ex in scored]).take(rows), n, every[order]
