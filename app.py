@@ -58,6 +58,7 @@ from prvr.serve.predictor import Predictor
 from prvr.serve.sessions import SessionGallery
 from prvr.serve.settings import AppSettings
 from prvr.serve.startup import LOG_FORMAT, PortBusy, stop_heartbeat
+from prvr.words import counted
 
 log = logging.getLogger(__name__)
 
@@ -293,7 +294,7 @@ def info_markdown(info: dict) -> str:
                    for k, v in model["metrics"].items())
         lines.append("**Validation metrics:** " + ", ".join(metrics))
     lines += [f"**Features:** {info['profile']['name']} profile: {info['profile']['description']}",
-              f"**Gallery:** {info['videos']} videos ({info['shared_videos']} shared"
+              f"**Gallery:** {counted(info['videos'], 'video')} ({info['shared_videos']} shared"
               + (f", {info['session_videos']} only in your session)" if info.get("session_videos") else ")"),
               f"**Index:** {info['index']}", f"**Uploads:** {info['uploads']}"]
     if "confidence" in info:  # prvr.results.confidence.describe_calibration

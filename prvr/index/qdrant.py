@@ -57,6 +57,7 @@ from prvr.index.sketch import BoundQuery
 from prvr.index.store import IndexStoreError
 from prvr.models.branches import EncodedQueries
 from prvr.models.preprocess import window_table
+from prvr.words import counted
 
 log = logging.getLogger(__name__)
 
@@ -284,7 +285,7 @@ class QdrantIndex(Gallery):
             fixed, ragged = encode_for_index(self.model, videos, self.cfg.mode, self.cfg.encode_batch,
                                              self.references)
             self._upload([v.record() for v in videos], fixed, ragged)
-        log.info("indexed %d videos in %s (%d there)", len(videos), self.target.where, len(self))
+        log.info("indexed %s in %s (%d there)", counted(len(videos), "video"), self.target.where, len(self))
 
     def add_encoded(self, records: list[dict], fixed: dict[str, np.ndarray],
                     ragged: dict[str, list[np.ndarray]]) -> None:

@@ -54,6 +54,7 @@ from prvr.index.scoring import evidence_of, exact_of, is_csa, query_vector
 from prvr.index.sketch import FIRST_PASS, BoundQuery, sketch
 from prvr.index.snapshot import Snapshot
 from prvr.models.branches import EncodedQueries
+from prvr.words import counted
 
 log = logging.getLogger(__name__)
 
@@ -198,7 +199,7 @@ class VideoIndex(Gallery):
             return self._append(snap, manifest, [v.record() for v in videos], fixed, ragged)
 
         self._commit(change)
-        log.info("indexed %d videos (%d in the index)", len(videos), len(self))
+        log.info("indexed %s (%d in the index)", counted(len(videos), "video"), len(self))
 
     def _check_bank(self) -> None:
         """GalleryError when this process cannot store what the index's videos store (reference scores)."""

@@ -36,6 +36,7 @@ from prvr.serve.persist import PersistentStore
 from prvr.serve.predictor import Predictor, Serialised
 from prvr.serve.settings import AppSettings, on_zerogpu
 from prvr.serve.startup import quiet_libraries
+from prvr.words import counted
 
 log = logging.getLogger(__name__)
 
@@ -80,7 +81,7 @@ def _start(settings: AppSettings, owner: DataDirLock, t0: float) -> Predictor:
     kernels.join()
     if len(predictor.index):  # load the search kernels now (compiled above), not in a user's search
         predictor.search(predictor.examples[0] if predictor.examples else "a video", k=1)
-    log.info("ready in %.1f s: %d videos in %s", time.perf_counter() - t0, len(predictor.index),
+    log.info("ready in %.1f s: %s in %s", time.perf_counter() - t0, counted(len(predictor.index), "video"),
              predictor.gallery_words())
     # searches run the text model eagerly until its TorchScript trace is ready and checked (seconds); not a
     # daemon: exit waits for it instead of killing it inside torch
