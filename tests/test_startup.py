@@ -130,6 +130,37 @@ def test_busy_port_is_refused_at_once_in_one_line(tmp_path: Path) -> None:
     assert "GRADIO_SERVER_PORT" not in lines[0] and not list(tmp_path.iterdir())  # nothing loaded or written
 
 
+def test_help_answers_at_once_and_explains_every_option() -> None:
+    """Issue #38 item 6: ``--help`` prints the usage and nothing else before torch or gradio load, and each
+    option says what it does, its default and its environment variable (from AppSettings' fields)."""
+    from dataclasses import fields
+
+    from prvr.serve.settings import AppSettings
+
+    t = time.monotonic()
+    done = subprocess.run([sys.executable, "app.py", "--help"], cwd=REPO, env=env(), capture_output=True,
+                          text=True, timeout=60)
+    took = time.monotonic() - t
+    assert done.returncode == 0 and done.stdout.startswith("usage: python app.py"), done.stderr[-2000:]
+    assert done.stderr == "" and "starting" not in done.stdout  # no log line, no import step
+    assert took < 2.0, f"--help took {took:.1f} s"
+    imported = subprocess.run([sys.executable, "-X", "importtime", "app.py", "--help"], cwd=REPO, env=env(),
+                              capture_output=True, text=True, timeout=60).stderr
+    modules = {line.rsplit("|", 1)[-1].strip().split(".")[0] for line in imported.splitlines()}
+    assert not modules & {"torch", "gradio", "numpy", "transformers"}, sorted(modules)
+    text = " ".join(done.stdout.split())  # argparse wraps lines
+    for f in fields(AppSettings):
+        flag, variable = f"--{f.name.replace('_', '-')}", f"PRVR_{f.name.upper()}"
+        entry = text.split(f" {flag} ", 1)[1].split(" --", 1)[0] if f.name != "persist" else \
+            text.split(" --persist DIR ", 1)[1]
+        what = entry.split("(default:")[0].split()[1:]  # after the metavar: what the option does
+        assert len(what) >= 5 and "(default:" in entry and f"environment: {variable}" in entry, (flag, entry)
+    bad = subprocess.run([sys.executable, "app.py", "--uploads", "everyone"], cwd=REPO, env=env(),
+                         capture_output=True, text=True, timeout=60)
+    assert bad.returncode == 2 and "argument --uploads: invalid choice: 'everyone'" in bad.stderr
+    assert "starting" not in bad.stderr and "Traceback" not in bad.stderr  # refused before anything loads
+
+
 def test_first_start_has_no_library_noise(first_start: dict) -> None:
     text = first_start["app"].output()
     for noise in ("FutureWarning", "Loading weights", "loss_type", "it/s]", "Traceback", "warnings.warn"):

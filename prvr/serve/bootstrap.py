@@ -21,6 +21,7 @@ import shutil
 import threading
 import time
 
+from extract.backbones import loaded_once
 from extract.pipeline import TextEncoder
 from extract.profiles import ProfileMismatch, check_identity
 from prvr.demo.gallery import build_demo_gallery, interleaved
@@ -58,11 +59,14 @@ def _start(settings: AppSettings, owner: DataDirLock, t0: float) -> Predictor:
     quiet_libraries()
     if on_zerogpu():
         import prvr.serve.zerogpu  # noqa: F401  - imports spaces, which patches torch: before any model
-    log.info("loading the model and its feature extractors")
-    model, info, profile = load_model(settings)
-    kernels = warm_search_kernels(model)  # compiles while the gallery renders and extracts
-    log.info("loading the feature extractor and text encoder, and the confidence references")
-    predictor = assemble(settings, model, info, profile)
+    # the model, the extractor and the text encoder read the same backbones (the bridge: both of the lite
+    # profile's): each is loaded once
+    with loaded_once():
+        log.info("loading the model and its feature extractors")
+        model, info, profile = load_model(settings)
+        kernels = warm_search_kernels(model)  # compiles while the gallery renders and extracts
+        log.info("loading the feature extractor and text encoder, and the confidence references")
+        predictor = assemble(settings, model, info, profile)
     predictor.owner = owner
     sweep_media(predictor)
     ingest = predictor.ingest
