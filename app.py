@@ -319,17 +319,18 @@ def build_ui(predictor: Predictor, sessions: ClosedSessions | None = None) -> gr
         gr.HTML('<div class="prvr-header"><h1>Find the moment in long videos</h1><p>Partially Relevant Video '
                 "Retrieval with MS-SL: type what happens; every video that contains it is ranked, with where "
                 "it happens and how sure the model is.</p></div>")
+        examples = predictor.example_queries()  # demo captions the gallery really shows
         with gr.Tab("Search"):
             with gr.Row(equal_height=True):
                 query = gr.Textbox(label="What happens in the moment you are looking for?", scale=5,
-                                   max_lines=2, placeholder="e.g. a cat with green eyes looks at the camera")
+                                   max_lines=2, placeholder=f"e.g. {examples[0]}" if examples else
+                                   "describe what happens in the moment, in a few words")
                 search_btn = gr.Button("Search", variant="primary", scale=1, min_width=120)
             with gr.Row():
                 top_k = gr.Slider(1, MAX_CARDS, value=5, step=1, label="Videos to show (top-k)")
                 clip_weight = gr.Slider(0.0, 1.0, value=predictor.default_clip_weight, step=0.05,
                                         label="Clip-scale weight (the frame-scale branch gets the rest)")
-            examples = gr.Examples(predictor.example_queries(), inputs=[query], label="Try a demo caption",
-                                   examples_per_page=8)
+            examples = gr.Examples(examples, inputs=[query], label="Try a demo caption", examples_per_page=8)
             summary = gr.HTML()
             slots = [result_card() for _ in range(MAX_CARDS)]
         with gr.Tab("Add videos"):
@@ -527,7 +528,7 @@ def api_endpoints(predictor: Predictor, session: gr.State, sessions: ClosedSessi
     with gr.Row(visible=False):
         query_in, top_k_in = gr.Textbox(label="query"), gr.Number(value=5, precision=0, label="top_k")
         weight_in = gr.Number(value=predictor.default_clip_weight, label="clip_weight")
-        upload_in = gr.File(label="video")
+        upload_in, name_in = gr.File(label="video"), gr.Textbox(value="", label="name")
         results_out, status_out = gr.JSON(label="results"), gr.JSON(label="status")
         info_out = gr.JSON(label="info")
         search_trigger, add_trigger, info_trigger = gr.Button(), gr.Button(), gr.Button()
@@ -545,7 +546,7 @@ def api_endpoints(predictor: Predictor, session: gr.State, sessions: ClosedSessi
         "none", "calibrated" false when the model's labels were never calibrated (then all are "low").
 
         Args:
-            query: what happens in the moment, in a few words (e.g. "a cat looking at the camera").
+            query: what happens in the moment, e.g. "a clear glass flower figurine seen up close".
             top_k: how many videos to return (1-100).
             clip_weight: share of the clip-scale branch in the score, 0 to 1 (the model's default: 0.7).
         """
@@ -556,24 +557,25 @@ def api_endpoints(predictor: Predictor, session: gr.State, sessions: ClosedSessi
             raise gr.Error(str(problem), print_exception=False) from None
         return dict(response.to_dict(), results=[api_result(r) for r in response.results])
 
-    def add_video(video: str | None, state: SessionGallery | None, request: gr.Request,
+    def add_video(video: str | None, name: str | None, state: SessionGallery | None, request: gr.Request,
                   progress: gr.Progress = gr.Progress()) -> tuple[dict, SessionGallery | None]:  # noqa: B008
         """Add a video to the searchable gallery (validated, made playable, indexed).
 
         Returns {status, video_id, message}: status is "added", "duplicate" (the same file is already
         indexed; video_id is the existing one), "rejected" (the message says what is wrong with the file)
         or "error". With session-private uploads (a public host) the video is searchable only in the
-        session that added it; each MCP call is a session of its own.
+        session that added it; each MCP call is a session of its own. Through MCP the tool's input schema
+        says which forms of the file it takes (prvr.serve.mcp_tools.add_video_schema).
 
         Args:
-            video: the video file (MP4, MKV, MOV, WebM or AVI): through MCP, its bytes as base64 data
-                (data:video/mp4;base64,...) or an http(s) URL on a public host, or, where the operator
-                allows it (--mcp-allow-paths), a path on the server.
+            video: the video file (MP4, MKV, MOV, WebM or AVI).
+            name: the file name the video is known by, which titles it (default: the file's own name).
         """
         if not video:
             raise gr.Error("No file was sent.", print_exception=False)
         state = sessions.track(request, predictor.ensure_session(state))
-        name = os.path.basename(video)  # Gradio keeps the client's file name on its copy
+        # Gradio keeps the client's file name on its copy; a name given beside the file wins
+        name = name.strip() if name and name.strip() else os.path.basename(video)
         # the same moving progress as the page's (a gradio_client job's status shows it)
         outcome = predictor.add_video(video, state, progress=file_progress(progress, 0, 1, name), name=name)
         discard_upload_copy(video)
@@ -585,7 +587,7 @@ def api_endpoints(predictor: Predictor, session: gr.State, sessions: ClosedSessi
 
     search_trigger.click(search, [query_in, top_k_in, weight_in, session], results_out, api_name="search",
                          concurrency_id="search", concurrency_limit=8)
-    add_trigger.click(add_video, [upload_in, session], [status_out, session], api_name="add_video",
+    add_trigger.click(add_video, [upload_in, name_in, session], [status_out, session], api_name="add_video",
                       concurrency_id="heavy", concurrency_limit=1)
     info_trigger.click(info, [session], info_out, api_name="info", concurrency_limit=None)
 
@@ -599,7 +601,7 @@ def install_mcp(demo: gr.Blocks, predictor: Predictor) -> bool:
     """Make a launched app's MCP tools answer JSON and take files (``prvr.serve.mcp_tools``); a server path
     allowed with --mcp-allow-paths joins the shared gallery (it is the operator's file)."""
     return mcp_tools.install(demo, predictor, VIDEO_ROUTE,
-                             lambda path: predictor.add_video(path, None, name=path.name))
+                             lambda path, name: predictor.add_video(path, None, name=name or path.name))
 
 
 def main(argv: list[str] | None = None) -> int:
