@@ -76,8 +76,6 @@ def served(tmp_path_factory: pytest.TempPathFactory, make_predictor: Callable):
     clip (session uploads; a closed tab's uploads are deleted 1 s after; MCP's add_video may read files
     under the ``allowed`` dir beside the data dir; --persist in the ``bucket`` dir beside it); closed
     afterwards."""
-    import gradio as gr
-
     import app
 
     tmp = tmp_path_factory.mktemp("served")
@@ -86,14 +84,12 @@ def served(tmp_path_factory: pytest.TempPathFactory, make_predictor: Callable):
     assert predictor.add_video(write_clip(tmp / "gradient.mp4"))["status"] == "added"
     predictor.settings.uploads = "session"
     predictor.settings.mcp_allow_paths = str(tmp / "allowed")
-    gr.set_static_paths(predictor.static_paths())
     sessions = app.ClosedSessions(grace_s=1.0)
     demo = app.build_ui(predictor, sessions)
     demo.queue()
     port = free_port()
     demo.launch(server_name="127.0.0.1", server_port=port, prevent_thread_lock=True, mcp_server=True,
-                allowed_paths=predictor.static_paths(), quiet=True,
-                app_kwargs={"routes": app.routes(predictor, sessions)})
+                quiet=True, app_kwargs={"routes": app.routes(predictor, sessions)})
     app.install_mcp(demo, predictor)
     with contextlib.ExitStack() as stack:
         stack.callback(demo.close)
