@@ -66,7 +66,8 @@ def app_url(tmp_path_factory: pytest.TempPathFactory, data_dir_with_demo: Callab
     that tests stay independent of each other); stopped when the session ends."""
     work = tmp_path_factory.mktemp("app")
     data = data_dir_with_demo(work / "data")
-    with running_app(data, work / "server.log", "--uploads", "session", "--demo-videos", DEMO_VIDEOS) as url:
+    with running_app(data, work / "server.log", "--uploads", "session", "--mcp", "--demo-videos",
+                     DEMO_VIDEOS) as url:
         yield url
 
 
