@@ -12,7 +12,7 @@ import pytest
 
 import extract  # noqa: F401  - the torchvision fix, before any backbone
 from tests.clips import write_clip
-from tests.servers import DEMO_VIDEOS, free_port, running_app
+from tests.servers import free_port, running_app
 
 
 @pytest.fixture(scope="session")
@@ -41,11 +41,12 @@ def make_predictor(lite_model) -> Callable:
 
 @pytest.fixture(scope="session")
 def demo_renders(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The DEMO_VIDEOS rendered once per test session (the slow part of a first start)."""
+    """The demo gallery's videos rendered once per test session (seconds; copied into each app data dir that
+    serves them)."""
     from prvr.demo.gallery import build_demo_gallery
 
     root = tmp_path_factory.mktemp("demo-renders")
-    build_demo_gallery(root, video_ids=DEMO_VIDEOS.split(","))
+    build_demo_gallery(root)
     return root
 
 
@@ -62,12 +63,12 @@ def data_dir_with_demo(demo_renders: Path) -> Callable[[Path], Path]:
 
 @pytest.fixture(scope="session")
 def app_url(tmp_path_factory: pytest.TempPathFactory, data_dir_with_demo: Callable) -> Iterator[str]:
-    """URL of the test session's one ``python app.py`` server (the DEMO_VIDEOS, session-private uploads so
-    that tests stay independent of each other); stopped when the session ends."""
+    """URL of the test session's one ``python app.py`` server: the whole demo gallery, as a newcomer's first
+    start serves it, MCP on, session-private uploads (so tests stay independent of each other); stopped
+    when the session ends."""
     work = tmp_path_factory.mktemp("app")
     data = data_dir_with_demo(work / "data")
-    with running_app(data, work / "server.log", "--uploads", "session", "--mcp", "--demo-videos",
-                     DEMO_VIDEOS) as url:
+    with running_app(data, work / "server.log", "--uploads", "session", "--mcp") as url:
         yield url
 
 
