@@ -3,8 +3,9 @@
 Every result card shows the MS-SL evidence: the total score and its clip/frame branches, a heatmap of the
 query's similarity over the video's timeline (cells at their true extent: one per second of a short video,
 at most 128) with the key moment and the other moments marked at their true extent,
-and a player that starts at the key moment (never on a blank card) and jumps to any marked moment on
-click. All model, index and upload work happens in ``prvr.serve.predictor.Predictor``;
+and a player that plays the video from the app's own ``/prvr/video/<id>`` route (the API's
+``video_url``: no server path reaches the page), starts at the key moment (never on a blank card) and jumps
+to any marked moment on click. All model, index and upload work happens in ``prvr.serve.predictor.Predictor``;
 this file only turns its results into widgets.
 
     python app.py                       # embedded default model and demo gallery, http://127.0.0.1:7860
@@ -22,6 +23,7 @@ import os
 import signal
 import sys
 import threading
+import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -47,9 +49,11 @@ import extract  # noqa: F401  - before gradio/torch: applies the torchvision CPU
 os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
 
 import gradio as gr
+from gradio import route_utils
 
 from prvr.index import check_k
 from prvr.results.confidence import summary_words
+from prvr.results.moments import play_from
 from prvr.results.query import QueryError
 from prvr.results.response import SearchResponse
 from prvr.serve import mcp_tools
@@ -58,21 +62,31 @@ from prvr.serve.predictor import Predictor
 from prvr.serve.sessions import SessionGallery
 from prvr.serve.settings import AppSettings
 from prvr.serve.startup import LOG_FORMAT, PortBusy, stop_heartbeat
+from prvr.words import counted
 
 log = logging.getLogger(__name__)
 
 MAX_CARDS = 10  # card slots created at build time; the top-k slider cannot go beyond
+CLEARLY_T = 3.0  # "stands out" this much is "clearly better": the three-sigma level moments refine at
+# (prvr.results.moments.MomentConfig.descend_t)
 MAX_TOP_K = 100  # the API's top_k range is 1-100 (the UI shows at most MAX_CARDS)
 CLOSED_SESSION_GRACE_S = 120.0  # a closed browser tab's private uploads are deleted this long after
 HEAT_STOPS = ((238, 242, 255), (129, 140, 248), (190, 18, 60))  # pale -> indigo -> crimson
 
-# One delegated listener per card: clicking a heatmap bin or a moment chip sends its start time to Python,
-# which seeks that card's player via ``playback_position``.
+# In the browser, per card (no round trip): clicking a heatmap bin, a moment's outline or a moment chip seeks
+# the card's player; a new search (its id on the card) puts the player back at its start. Gradio redraws an
+# HTML value by patching the old DOM, so a player showing the same video again is the same element, at the
+# position it was left at; a new element starts at its src's media fragment (#t=) by itself.
 SEEK_JS = """
 element.addEventListener('click', (event) => {
   const target = event.target.closest('[data-t]');
-  if (target) trigger('click', {t: parseFloat(target.dataset.t)});
+  const player = element.querySelector('video.player');
+  if (target && player) player.currentTime = parseFloat(target.dataset.t);
 });
+new MutationObserver(() => element.querySelectorAll('video.player').forEach((player) => {
+  const start = () => { player.currentTime = parseFloat(player.dataset.start); };
+  if (player.readyState >= 1) start(); else player.addEventListener('loadedmetadata', start, {once: true});
+})).observe(element, {subtree: true, attributes: true, attributeFilter: ['data-search']});
 """
 
 CSS = """
@@ -103,8 +117,16 @@ CSS = """
 .chip.key {border-color: #be123c; color: #be123c; font-weight: 600}
 .chip:hover {filter: brightness(0.95)}
 .hint {font-size: 0.8em; opacity: 0.65; margin-top: 6px}
+.card-body {display: grid; grid-template-columns: minmax(0, 3fr) minmax(0, 2fr); gap: 14px;
+  align-items: start}
+.card-body .player {width: 100%; max-height: 260px; background: #000; border-radius: 8px}
+@media (max-width: 760px) {.card-body {grid-template-columns: 1fr}}
 .summary {padding: 8px 12px; border-radius: 10px; background: var(--background-fill-secondary)}
 .summary.abstain {background: #fff7ed; color: #9a3412}
+/* the upload table: words stay whole (Gradio's prose tables wrap "anywhere", which squeezed the result column
+   to "rejecte/d"); a long file name still breaks where it must */
+#upload-status td, #upload-status th {overflow-wrap: break-word; word-break: normal}
+#upload-status td:nth-child(2) {white-space: nowrap}
 """
 
 
@@ -113,8 +135,7 @@ class CardSlot:
     """The components of one result card, created once and reused for every search."""
 
     group: gr.Group
-    info: gr.HTML
-    player: gr.Video
+    info: gr.HTML  # the card: text, heatmap, moments and the player
 
 
 # ------------------------------------------------------------------------------------------ rendering
@@ -151,7 +172,7 @@ def heatmap_svg(result: dict, score_range: tuple[float, float]) -> str:
         x, w = 1000 * moment["start"] / duration, 1000 * (moment["end"] - moment["start"]) / duration
         style = 'stroke="#be123c" stroke-width="5"' if i == 0 else 'stroke="#111827" stroke-width="3" ' \
                                                                   'stroke-dasharray="10 6"'
-        parts.append(f'<rect data-t="{moment["start"]:.2f}" x="{x:.1f}" y="2" width="{max(w, 4):.1f}" '
+        parts.append(f'<rect data-t="{play_from(moment):.2f}" x="{x:.1f}" y="2" width="{max(w, 4):.1f}" '
                      f'height="40" fill="none" {style}/>')
     attention = result.get("attention") or {}
     if attention.get("time"):
@@ -161,7 +182,7 @@ def heatmap_svg(result: dict, score_range: tuple[float, float]) -> str:
         parts.append(f'<polyline points="{points}" fill="none" stroke="#f59e0b" stroke-width="2">'
                      "<title>frame-scale attention of the key moment</title></polyline>")
     labels = "".join(
-        f'<span class="mlabel{" key" if i == 0 else ""}" data-t="{m["start"]:.2f}" '
+        f'<span class="mlabel{" key" if i == 0 else ""}" data-t="{play_from(m):.2f}" '
         f'style="left:{100 * (m["start"] + m["end"]) / 2 / duration:.2f}%">{"★" if i == 0 else i + 1}</span>'
         for i, m in enumerate(moments_of(result)))
     axis = "".join(f"<span>{clock(t)}</span>" for t in (0, duration / 2, duration))
@@ -175,18 +196,21 @@ def moments_of(result: dict) -> list[dict]:
     return [result["key_moment"], *result["moments"][1:]]
 
 
-def card_html(result: dict, clip_weight: float, score_range: tuple[float, float]) -> str:
-    """A result card's text, heatmap and moment chips (the player sits next to it)."""
+def card_html(result: dict, clip_weight: float, score_range: tuple[float, float], root: str = "",
+              search_id: str = "") -> str:
+    """A result card: its text, heatmap and moment chips, and its player (``player_html``) beside them."""
     confidence = result["confidence"]
     chips = "".join(
-        f'<button class="chip{" key" if i == 0 else ""}" data-t="{m["start"]:.2f}">'
+        f'<button class="chip{" key" if i == 0 else ""}" data-t="{play_from(m):.2f}" '
+        f'title="{html.escape(stands_out_words(m))}">'
         f'{"★ key moment" if i == 0 else f"moment {i + 1}"} · {clock(m["start"])}-{clock(m["end"])} '
         f'· stands out {m["contrast"]:.1f}</button>'
         for i, m in enumerate(moments_of(result)))
-    hint = ("The player starts at the key moment. Click the strip or a moment to jump. Moments are ordered "
-            "by how much they stand out from the rest of the video. Strip: similarity of each second of the "
-            "video (longer videos: of each stretch; darker is closer); ★ key moment; orange line: where the "
-            "frame branch looked.")
+    hint = ("The player starts at the key moment. Click the strip or a moment to jump. “Stands out” says how "
+            "much better the query matches inside a moment than in the rest of the video, in standard "
+            f"errors (a t statistic): 0 is no better, {CLEARLY_T:g} or more is clearly better; moments are "
+            "ordered by it. Strip: similarity of each second of the video (longer videos: of each stretch; "
+            "darker is closer); ★ key moment; orange line: where the frame branch looked.")
     mine = '<span class="badge badge-mine">your upload</span>' if result.get("source") == "session" else ""
     head = (f'<div class="card-head"><span class="rank">#{result["rank"]}</span>'
             f'<span class="title">{html.escape(result["title"])}</span>'
@@ -194,8 +218,29 @@ def card_html(result: dict, clip_weight: float, score_range: tuple[float, float]
             f'<span class="vid">{html.escape(result["video_id"])} · {clock(result["duration"])}</span></div>')
     scores = (f'<div class="scores">score <b>{result["score"]:.3f}</b> = {clip_weight:.2f} × clip '
               f'{result["clip_score"]:.3f} + {1 - clip_weight:.2f} × frame {result["frame_score"]:.3f}</div>')
-    return (f'{head}{scores}{heatmap_svg(result, score_range)}<div class="chips">{chips}</div>'
+    text = (f'{head}{scores}{heatmap_svg(result, score_range)}<div class="chips">{chips}</div>'
             f'<div class="hint">{hint}</div>')
+    return (f'<div class="card-body" data-search="{search_id}"><div class="card-text">{text}</div>'
+            f'{player_html(result, root)}</div>')
+
+
+def player_html(result: dict, root: str) -> str:
+    """The result's player: its video from this app's video route under ``root`` (the page's URL), as API
+    clients fetch it (no server path), starting at ``start_position`` (a media fragment)."""
+    start = f"{start_position(result):.2f}"
+    src = f"{root}{video_url(result['video_id'])}#t={start}"
+    return (f'<video class="player" controls preload="auto" playsinline src="{html.escape(src)}" '
+            f'data-start="{start}" aria-label="{html.escape(result["title"])}"></video>')
+
+
+def stands_out_words(moment: dict) -> str:
+    """A moment chip's tooltip: what its "stands out" number means, on what scale."""
+    t = moment["contrast"]
+    how = (f"clearly better than in the rest of the video, by {t:.1f} standard errors" if t >= CLEARLY_T else
+           f"better than in the rest of the video, by {t:.1f} standard errors" if t > 0 else
+           "no better than in the rest of the video")
+    return (f"Stands out {t:.1f}: the query matches here {how} (a t statistic: 0 is no better, "
+            f"{CLEARLY_T:g} or more is clearly better). Click to play from {clock(play_from(moment))}.")
 
 
 def searched_note(query: dict) -> str:
@@ -251,35 +296,31 @@ def top_k_value(top_k: object, limit: int = MAX_TOP_K) -> int:
 
 
 def start_position(result: dict) -> float:
-    """Where a result's player starts: its key moment (moments never start on a blank card)."""
-    return result["key_moment"]["start"]
+    """Where a result's player starts: its key moment's ``play_from`` (its first row's frame, never a blank
+    card, where the moment's first second may still show one)."""
+    return play_from(result["key_moment"])
 
 
-def start_positions(results: list[dict]) -> list[float]:
-    """The start of each shown card's player, in card order."""
-    return [start_position(r) for r in results[:MAX_CARDS]]
-
-
-def seek_players(positions: list[float]) -> list:
-    """Player updates that seek each shown card to its start again (the others stay as they are)."""
-    return [gr.update(playback_position=p) for p in positions] + [gr.update()] * (MAX_CARDS - len(positions))
-
-
-def card_updates(results: list[dict], clip_weight: float) -> list:
-    """Updates for every card slot: shown and filled for a result, hidden otherwise."""
+def card_updates(results: list[dict], clip_weight: float, root: str) -> list:
+    """Updates for every card slot: shown and filled for a result, hidden otherwise. Each search's cards
+    carry a fresh id, so a card is drawn again, its player back at the key moment, even when a search
+    repeats the last one's results."""
     updates: list = []
-    span = score_range(results)
+    span, search_id = score_range(results), uuid.uuid4().hex[:12]
     for i in range(MAX_CARDS):
         if i >= len(results):
-            updates += [gr.update(visible=False), gr.update(), gr.update()]
+            updates += [gr.update(visible=False), gr.update()]
             continue
-        r = results[i]
-        start = start_position(r)
-        # No subtitles overlay for the key moment: in gradio 6.31 a Video update that sets subtitles
-        # renders an empty player.
-        updates += [gr.update(visible=True), card_html(r, clip_weight, span),
-                    gr.update(value=r["path"], playback_position=start)]
+        updates += [gr.update(visible=True), card_html(results[i], clip_weight, span, root, search_id)]
     return updates
+
+
+def page_root(request: gr.Request) -> str:
+    """This app's URL as the browser reaches it (a proxy's forwarded host and scheme included), computed as
+    Gradio computes the root of its own file URLs."""
+    raw = request.request
+    return route_utils.get_root_url(request=raw, route_path=route_utils.get_api_call_path(raw),
+                                    root_path=raw.app.root_path)
 
 
 def info_markdown(info: dict) -> str:
@@ -293,7 +334,7 @@ def info_markdown(info: dict) -> str:
                    for k, v in model["metrics"].items())
         lines.append("**Validation metrics:** " + ", ".join(metrics))
     lines += [f"**Features:** {info['profile']['name']} profile: {info['profile']['description']}",
-              f"**Gallery:** {info['videos']} videos ({info['shared_videos']} shared"
+              f"**Gallery:** {counted(info['videos'], 'video')} ({info['shared_videos']} shared"
               + (f", {info['session_videos']} only in your session)" if info.get("session_videos") else ")"),
               f"**Index:** {info['index']}", f"**Uploads:** {info['uploads']}"]
     if "confidence" in info:  # prvr.results.confidence.describe_calibration
@@ -318,17 +359,18 @@ def build_ui(predictor: Predictor, sessions: ClosedSessions | None = None) -> gr
         gr.HTML('<div class="prvr-header"><h1>Find the moment in long videos</h1><p>Partially Relevant Video '
                 "Retrieval with MS-SL: type what happens; every video that contains it is ranked, with where "
                 "it happens and how sure the model is.</p></div>")
+        examples = predictor.example_queries()  # demo captions the gallery really shows
         with gr.Tab("Search"):
             with gr.Row(equal_height=True):
                 query = gr.Textbox(label="What happens in the moment you are looking for?", scale=5,
-                                   max_lines=2, placeholder="e.g. a cat with green eyes looks at the camera")
+                                   max_lines=2, placeholder=f"e.g. {examples[0]}" if examples else
+                                   "describe what happens in the moment, in a few words")
                 search_btn = gr.Button("Search", variant="primary", scale=1, min_width=120)
             with gr.Row():
                 top_k = gr.Slider(1, MAX_CARDS, value=5, step=1, label="Videos to show (top-k)")
                 clip_weight = gr.Slider(0.0, 1.0, value=predictor.default_clip_weight, step=0.05,
                                         label="Clip-scale weight (the frame-scale branch gets the rest)")
-            examples = gr.Examples(predictor.example_queries(), inputs=[query], label="Try a demo caption",
-                                   examples_per_page=8)
+            examples = gr.Examples(examples, inputs=[query], label="Try a demo caption", examples_per_page=8)
             summary = gr.HTML()
             slots = [result_card() for _ in range(MAX_CARDS)]
         with gr.Tab("Add videos"):
@@ -336,32 +378,27 @@ def build_ui(predictor: Predictor, sessions: ClosedSessions | None = None) -> gr
         with gr.Tab("About this model"):
             info = gr.Markdown(info_markdown(predictor.describe()))
 
-        starts = gr.State([])  # each shown player's start, sent again once its new video is loading
-
-        def run_search(text: str, k: float, w: float, state: SessionGallery | None) -> list:
+        def run_search(text: str, k: float, w: float, state: SessionGallery | None,
+                       request: gr.Request) -> list:
             """Search and fill the cards; a bad query becomes a message, not an error dialog."""
             try:
                 response = predictor.search(text, top_k_value(k, MAX_CARDS), w, state)
             except QueryError as problem:
                 log.warning("search refused: %s", problem)
-                return [f'<div class="summary">{html.escape(str(problem))}</div>', []] + card_updates([], w)
-            results = response.results
-            return [summary_html(text, response), start_positions(results)] + card_updates(results, w)
+                message = f'<div class="summary">{html.escape(str(problem))}</div>'
+                return [message] + card_updates([], w, "")
+            return [summary_html(text, response)] + card_updates(response.results, w, page_root(request))
 
-        outputs = [summary, starts] + [c for s in slots for c in (s.group, s.info, s.player)]
+        outputs = [summary] + [c for s in slots for c in (s.group, s.info)]
         inputs = [query, top_k, clip_weight, session]
         search_events = dict(fn=run_search, inputs=inputs, outputs=outputs, api_visibility="private",
                              concurrency_id="search", concurrency_limit=8)
-        # A new video resets its player to 0:00 when it loads, after the position sent with it was applied;
-        # sending the position again once the new source is set makes every search seek, not only the first.
-        seek_again = dict(fn=seek_players, inputs=[starts], outputs=[s.player for s in slots],
-                          api_visibility="private", queue=False)
-        query.submit(**search_events).then(**seek_again)
-        search_btn.click(**search_events).then(**seek_again)
-        examples.load_input_event.then(**search_events).then(**seek_again)
+        query.submit(**search_events)
+        search_btn.click(**search_events)
+        examples.load_input_event.then(**search_events)
         # live re-rank: a search is milliseconds
-        top_k.change(**search_events, trigger_mode="always_last").then(**seek_again)
-        clip_weight.change(**search_events, trigger_mode="always_last").then(**seek_again)
+        top_k.change(**search_events, trigger_mode="always_last")
+        clip_weight.change(**search_events, trigger_mode="always_last")
 
         def refresh_info(state: SessionGallery | None) -> str:
             """The info panel for this session (its video count changes with uploads)."""
@@ -375,20 +412,10 @@ def build_ui(predictor: Predictor, sessions: ClosedSessions | None = None) -> gr
 
 
 def result_card() -> CardSlot:
-    """One hidden card: text + heatmap on the left, the player on the right; heatmap clicks seek."""
+    """One hidden card: text + heatmap on the left, the player on the right; heatmap and chip clicks seek."""
     with gr.Group(visible=False, elem_classes="result-card") as group:
-        with gr.Row(equal_height=False):
-            with gr.Column(scale=3, min_width=320):
-                info = gr.HTML(js_on_load=SEEK_JS, padding=False)
-            with gr.Column(scale=2, min_width=280):
-                player = gr.Video(interactive=False, show_label=False, height=230, autoplay=False)
-
-    def seek(evt: gr.EventData) -> dict:
-        """Jump the player to the clicked moment."""
-        return gr.update(playback_position=float(evt.t))
-
-    info.click(seek, None, player, api_visibility="private", concurrency_limit=None, queue=False)
-    return CardSlot(group, info, player)
+        info = gr.HTML(js_on_load=SEEK_JS, padding=False)
+    return CardSlot(group, info)
 
 
 def add_videos_tab(predictor: Predictor, session: gr.State, sessions: ClosedSessions) -> gr.events.Dependency:
@@ -403,7 +430,8 @@ def add_videos_tab(predictor: Predictor, session: gr.State, sessions: ClosedSess
         gr.Markdown(f"Videos you add join the shared gallery and stay after a restart. {limits}.{gpu}")
     files = gr.File(file_count="multiple", file_types=["video"], label="Videos", elem_id="upload-files")
     add_btn = gr.Button("Add to gallery", variant="primary")
-    status = gr.Markdown("One row per file will appear here.", min_height=90)  # room for the progress bar
+    status = gr.Markdown("One row per file will appear here.", min_height=90,  # room for the progress bar
+                         elem_id="upload-status")
 
     def add_files(paths: list[str] | None, state: SessionGallery | None, request: gr.Request,
                   progress: gr.Progress = gr.Progress()) -> tuple[str, SessionGallery | None, None]:  # noqa: B008
@@ -507,15 +535,21 @@ def video_route(predictor: Predictor, sessions: ClosedSessions) -> Route:
 
 def api_result(result: dict) -> dict:
     """A result for API clients: no server path, but a ``video_url`` to fetch the video from this app
-    and a ``moment_url`` that starts playback at the key moment (a media fragment, ``#t=<seconds>``).
+    and a ``moment_url`` that starts playback at the key moment's ``play_from`` (a media fragment,
+    ``#t=<seconds>``).
 
     gradio_client treats any dict with a string "path" as a file to download, which would replace the
     whole result by a downloaded video; the server path is no use to a remote client anyway.
     """
     out = {k: v for k, v in result.items() if k != "path"}
-    out["video_url"] = VIDEO_ROUTE + quote(result["video_id"])
-    out["moment_url"] = f"{out['video_url']}#t={result['key_moment']['start']:.2f}"
+    out["video_url"] = video_url(result["video_id"])
+    out["moment_url"] = f"{out['video_url']}#t={play_from(result['key_moment']):.2f}"
     return out
+
+
+def video_url(video_id: str) -> str:
+    """The path of a video on this app's video route (the API's ``video_url``, the page's players)."""
+    return VIDEO_ROUTE + quote(video_id)
 
 
 def api_endpoints(predictor: Predictor, session: gr.State, sessions: ClosedSessions) -> None:
@@ -526,7 +560,7 @@ def api_endpoints(predictor: Predictor, session: gr.State, sessions: ClosedSessi
     with gr.Row(visible=False):
         query_in, top_k_in = gr.Textbox(label="query"), gr.Number(value=5, precision=0, label="top_k")
         weight_in = gr.Number(value=predictor.default_clip_weight, label="clip_weight")
-        upload_in = gr.File(label="video")
+        upload_in, name_in = gr.File(label="video"), gr.Textbox(value="", label="name")
         results_out, status_out = gr.JSON(label="results"), gr.JSON(label="status")
         info_out = gr.JSON(label="info")
         search_trigger, add_trigger, info_trigger = gr.Button(), gr.Button(), gr.Button()
@@ -544,7 +578,7 @@ def api_endpoints(predictor: Predictor, session: gr.State, sessions: ClosedSessi
         "none", "calibrated" false when the model's labels were never calibrated (then all are "low").
 
         Args:
-            query: what happens in the moment, in a few words (e.g. "a cat looking at the camera").
+            query: what happens in the moment, e.g. "a clear glass flower figurine seen up close".
             top_k: how many videos to return (1-100).
             clip_weight: share of the clip-scale branch in the score, 0 to 1 (the model's default: 0.7).
         """
@@ -555,24 +589,25 @@ def api_endpoints(predictor: Predictor, session: gr.State, sessions: ClosedSessi
             raise gr.Error(str(problem), print_exception=False) from None
         return dict(response.to_dict(), results=[api_result(r) for r in response.results])
 
-    def add_video(video: str | None, state: SessionGallery | None, request: gr.Request,
+    def add_video(video: str | None, name: str | None, state: SessionGallery | None, request: gr.Request,
                   progress: gr.Progress = gr.Progress()) -> tuple[dict, SessionGallery | None]:  # noqa: B008
         """Add a video to the searchable gallery (validated, made playable, indexed).
 
         Returns {status, video_id, message}: status is "added", "duplicate" (the same file is already
         indexed; video_id is the existing one), "rejected" (the message says what is wrong with the file)
         or "error". With session-private uploads (a public host) the video is searchable only in the
-        session that added it; each MCP call is a session of its own.
+        session that added it; each MCP call is a session of its own. Through MCP the tool's input schema
+        says which forms of the file it takes (prvr.serve.mcp_tools.add_video_schema).
 
         Args:
-            video: the video file (MP4, MKV, MOV, WebM or AVI): through MCP, its bytes as base64 data
-                (data:video/mp4;base64,...) or an http(s) URL on a public host, or, where the operator
-                allows it (--mcp-allow-paths), a path on the server.
+            video: the video file (MP4, MKV, MOV, WebM or AVI).
+            name: the file name the video is known by, which titles it (default: the file's own name).
         """
         if not video:
             raise gr.Error("No file was sent.", print_exception=False)
         state = sessions.track(request, predictor.ensure_session(state))
-        name = os.path.basename(video)  # Gradio keeps the client's file name on its copy
+        # Gradio keeps the client's file name on its copy; a name given beside the file wins
+        name = name.strip() if name and name.strip() else os.path.basename(video)
         # the same moving progress as the page's (a gradio_client job's status shows it)
         outcome = predictor.add_video(video, state, progress=file_progress(progress, 0, 1, name), name=name)
         discard_upload_copy(video)
@@ -584,7 +619,7 @@ def api_endpoints(predictor: Predictor, session: gr.State, sessions: ClosedSessi
 
     search_trigger.click(search, [query_in, top_k_in, weight_in, session], results_out, api_name="search",
                          concurrency_id="search", concurrency_limit=8)
-    add_trigger.click(add_video, [upload_in, session], [status_out, session], api_name="add_video",
+    add_trigger.click(add_video, [upload_in, name_in, session], [status_out, session], api_name="add_video",
                       concurrency_id="heavy", concurrency_limit=1)
     info_trigger.click(info, [session], info_out, api_name="info", concurrency_limit=None)
 
@@ -598,7 +633,7 @@ def install_mcp(demo: gr.Blocks, predictor: Predictor) -> bool:
     """Make a launched app's MCP tools answer JSON and take files (``prvr.serve.mcp_tools``); a server path
     allowed with --mcp-allow-paths joins the shared gallery (it is the operator's file)."""
     return mcp_tools.install(demo, predictor, VIDEO_ROUTE,
-                             lambda path: predictor.add_video(path, None, name=path.name))
+                             lambda path, name: predictor.add_video(path, None, name=name or path.name))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -619,14 +654,13 @@ def main(argv: list[str] | None = None) -> int:
 
 def serve(predictor: Predictor, settings: AppSettings) -> int:
     """Launch the app over ``predictor`` and block until interrupted (SIGINT or SIGTERM)."""
-    gr.set_static_paths(predictor.static_paths())  # gallery videos are served in place, never copied
     sessions = ClosedSessions()
     demo = build_ui(predictor, sessions)
     demo.queue(max_size=64, default_concurrency_limit=2)
     log.info("starting the web server")
     try:
         demo.launch(server_name=settings.host, server_port=settings.port, css=CSS,
-                    theme=gr.themes.Soft(primary_hue="indigo"), allowed_paths=predictor.static_paths(),
+                    theme=gr.themes.Soft(primary_hue="indigo"),
                     max_file_size=settings.max_upload_mb * gr.FileSize.MB, footer_links=["api", "gradio"],
                     mcp_server=settings.mcp, prevent_thread_lock=True,
                     app_kwargs={"routes": routes(predictor, sessions)})

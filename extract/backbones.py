@@ -13,13 +13,15 @@ of the returned rows equals sentence-transformers' mean pooling; inputs are cut 
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import dataclasses
 import inspect
 import logging
+import threading
 import time
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import numpy as np
@@ -466,14 +468,51 @@ def _own_copy(module: nn.Module, cfg: BackboneCfg, device: torch.device) -> nn.M
     return copy.deepcopy(module)
 
 
+_SHARED: dict[tuple, VisualBackbone | TextBackbone] | None = None  # while ``loaded_once`` lasts
+_SHARED_LOCK = threading.Lock()
+
+
+@contextlib.contextmanager
+def loaded_once() -> Iterator[None]:
+    """Within the block, ``create_backbone`` loads each (backbone, weights, device, fit) once and gives every
+    caller that same object (the app's start: the model, the extractor and the text encoder ask for the same
+    backbones); nothing is kept after the block, and outside it every call loads a backbone of its own."""
+    global _SHARED
+    with _SHARED_LOCK:
+        outermost, _SHARED = _SHARED is None, _SHARED if _SHARED is not None else {}
+    try:
+        yield
+    finally:
+        if outermost:
+            with _SHARED_LOCK:
+                _SHARED = None
+
+
 def create_backbone(name: str, weights: str | None = None, device: str | torch.device | None = None,
                     fit: str = "squash") -> VisualBackbone | TextBackbone:
     """Build a registered backbone with resolved weights, in eval mode on ``device``; ``fit``: the profile's
-    ``frame_fit`` (not "squash": frames of any size go through an image-text model's own processor)."""
-    cfg, build = get_backbone_cfg(name), _REGISTRY[name][0]
+    ``frame_fit`` (not "squash": frames of any size go through an image-text model's own processor). Inside
+    ``loaded_once``, the one already built for the same arguments."""
+    cfg = get_backbone_cfg(name)
     if fit != "squash" and not (cfg.kind == "frame" and cfg.sized_by_weights):
         raise ValueError(f"frame_fit {fit!r} needs an image-text model's image tower, not backbone {name}")
     resolved, device = resolve_weights(weights or cfg.weights), default_device(device)
+    key = (name, resolved, str(device), fit)
+    with _SHARED_LOCK:
+        shared = _SHARED.get(key) if _SHARED is not None else None
+    if shared is not None:
+        return shared
+    backbone = _build_backbone(name, resolved, device, fit)
+    with _SHARED_LOCK:
+        if _SHARED is not None:
+            backbone = _SHARED.setdefault(key, backbone)
+    return backbone
+
+
+def _build_backbone(name: str, resolved: Weights, device: torch.device,
+                    fit: str) -> VisualBackbone | TextBackbone:
+    """``create_backbone``'s loading: the weights into the registered architecture, on ``device``."""
+    cfg, build = get_backbone_cfg(name), _REGISTRY[name][0]
     log.info("loading backbone %s (%s) on %s", name, resolved.location, device)
     half = cfg.half and device.type == "cuda"
     if cfg.kind == "text":

@@ -31,6 +31,7 @@ import numpy as np
 
 from extract.official import BigFileWriter, read_captions
 from extract.profiles import Profile, ProfileMismatch, check_identity
+from prvr.words import counted
 
 log = logging.getLogger(__name__)
 
@@ -211,7 +212,7 @@ def export_official(feature_file: str | Path, caption_file: str | Path | Mapping
     for split, caps in captions.items():
         lines = "".join(f"{c.cap_id} {c.text}\n" for c in caps)
         (text_dir / f"{collection}{split}.caption.txt").write_text(lines, encoding="utf-8")
-    log.info("exported %d videos to %s", len(video_ids), root)
+    log.info("exported %s to %s", counted(len(video_ids), "video"), root)
     return root
 
 

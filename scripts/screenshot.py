@@ -88,7 +88,8 @@ def capture(url: str, out: Path, query: str = DEFAULT_QUERY, chromium: str | Non
             page.wait_for_selector(".result-card .heat rect.bin", timeout=60_000)
             # each player has loaded its video and sits at its key moment, so frames show, not black boxes
             page.wait_for_function("() => [...document.querySelectorAll('.result-card video')]"
-                                   ".every(v => v.readyState >= 2 && !v.seeking)", timeout=60_000)
+                                   ".every(v => v.readyState >= 3 && !v.seeking)", timeout=60_000)
+            time.sleep(1.5)  # the players' own loading overlays fade out
             cards = page.locator(".card-head").count()
             out.parent.mkdir(parents=True, exist_ok=True)
             page.screenshot(path=str(out))

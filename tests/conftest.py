@@ -12,7 +12,7 @@ import pytest
 
 import extract  # noqa: F401  - the torchvision fix, before any backbone
 from tests.clips import write_clip
-from tests.servers import DEMO_VIDEOS, free_port, running_app
+from tests.servers import free_port, running_app
 
 
 @pytest.fixture(scope="session")
@@ -41,11 +41,12 @@ def make_predictor(lite_model) -> Callable:
 
 @pytest.fixture(scope="session")
 def demo_renders(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The DEMO_VIDEOS rendered once per test session (the slow part of a first start)."""
+    """The demo gallery's videos rendered once per test session (seconds; copied into each app data dir that
+    serves them)."""
     from prvr.demo.gallery import build_demo_gallery
 
     root = tmp_path_factory.mktemp("demo-renders")
-    build_demo_gallery(root, video_ids=DEMO_VIDEOS.split(","))
+    build_demo_gallery(root)
     return root
 
 
@@ -62,12 +63,12 @@ def data_dir_with_demo(demo_renders: Path) -> Callable[[Path], Path]:
 
 @pytest.fixture(scope="session")
 def app_url(tmp_path_factory: pytest.TempPathFactory, data_dir_with_demo: Callable) -> Iterator[str]:
-    """URL of the test session's one ``python app.py`` server (the DEMO_VIDEOS, session-private uploads so
-    that tests stay independent of each other); stopped when the session ends."""
+    """URL of the test session's one ``python app.py`` server: the whole demo gallery, as a newcomer's first
+    start serves it, MCP on, session-private uploads (so tests stay independent of each other); stopped
+    when the session ends."""
     work = tmp_path_factory.mktemp("app")
     data = data_dir_with_demo(work / "data")
-    with running_app(data, work / "server.log", "--uploads", "session", "--mcp", "--demo-videos",
-                     DEMO_VIDEOS) as url:
+    with running_app(data, work / "server.log", "--uploads", "session", "--mcp") as url:
         yield url
 
 
@@ -77,8 +78,6 @@ def served(tmp_path_factory: pytest.TempPathFactory, make_predictor: Callable):
     clip (session uploads; a closed tab's uploads are deleted 1 s after; MCP's add_video may read files
     under the ``allowed`` dir beside the data dir; --persist in the ``bucket`` dir beside it); closed
     afterwards."""
-    import gradio as gr
-
     import app
 
     tmp = tmp_path_factory.mktemp("served")
@@ -87,14 +86,12 @@ def served(tmp_path_factory: pytest.TempPathFactory, make_predictor: Callable):
     assert predictor.add_video(write_clip(tmp / "gradient.mp4"))["status"] == "added"
     predictor.settings.uploads = "session"
     predictor.settings.mcp_allow_paths = str(tmp / "allowed")
-    gr.set_static_paths(predictor.static_paths())
     sessions = app.ClosedSessions(grace_s=1.0)
     demo = app.build_ui(predictor, sessions)
     demo.queue()
     port = free_port()
     demo.launch(server_name="127.0.0.1", server_port=port, prevent_thread_lock=True, mcp_server=True,
-                allowed_paths=predictor.static_paths(), quiet=True,
-                app_kwargs={"routes": app.routes(predictor, sessions)})
+                quiet=True, app_kwargs={"routes": app.routes(predictor, sessions)})
     app.install_mcp(demo, predictor)
     with contextlib.ExitStack() as stack:
         stack.callback(demo.close)

@@ -14,10 +14,6 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
-# The demo videos the app tests serve: half the demo gallery halves the first build, and it holds the videos
-# the offline default ranks first for the captions the search tests use (crystal flower: demo05, rabbit:
-# demo07; python -m prvr.evaluate.measure). demo01 alone serves the one-video starts (Qdrant app, clip app).
-DEMO_VIDEOS = "demo01,demo05,demo06,demo07"
 START_TIMEOUT_S = 900  # a first build on a busy 2-core machine; a start with rendered demo videos takes ~30 s
 
 

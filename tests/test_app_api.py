@@ -81,12 +81,25 @@ def test_api_results_carry_urls_not_server_paths(served: tuple) -> None:
     for text in (json.dumps(response), json.dumps(client.predict(api_name="/info"))):
         assert not any(d in text for d in server_dirs), text
     assert hit["video_url"] == "/prvr/video/" + hit["video_id"].replace(":", "%3A")
-    assert hit["moment_url"] == hit["video_url"] + f"#t={hit['key_moment']['start']:.2f}"
+    key = hit["key_moment"]  # the moment plays from its first row's frame (a 1 s row: its middle)
+    assert key["play_from"] == key["start"] + 0.5
+    assert hit["moment_url"] == hit["video_url"] + f"#t={key['play_from']:.2f}"
     video = httpx.get(url.rstrip("/") + hit["video_url"], timeout=30)
     assert video.status_code == 200 and video.content[4:8] == b"ftyp"  # the mp4 itself
     part = httpx.get(url.rstrip("/") + hit["video_url"], headers={"Range": "bytes=0-99"}, timeout=30)
     assert part.status_code == 206 and part.content == video.content[:100]  # players seek with ranges
     assert httpx.get(url + "prvr/video/upload%3Anothere", timeout=30).status_code == 404
+
+
+def test_the_weights_read_as_given(served: tuple) -> None:
+    """Issue #38 item 8: ``weights`` read [0.7, 0.30000000000000004]; the frame share is 1 - clip_weight as a
+    person computes it."""
+    from gradio_client import Client
+
+    client = Client(served[0], verbose=False)
+    for clip_weight, weights in ((0.7, [0.7, 0.3]), (0.35, [0.35, 0.65]), (0.1, [0.1, 0.9]), (1, [1.0, 0.0])):
+        response = client.predict("a colourful gradient", 1, clip_weight, api_name="/search")
+        assert response["weights"] == weights, (clip_weight, response["weights"])
 
 
 def test_mcp_lists_search_and_add_video_and_searches(served: tuple) -> None:

@@ -21,6 +21,54 @@ CRYSTAL = "a clear glass flower figurine seen up close"
 QUERY = CRYSTAL  # a demo caption the offline default answers right (assets/demo_gallery.json "examples")
 # Three searches in a row whose best videos differ (crystal: demo05, rabbit: demo07), then the first again.
 QUERIES = (CRYSTAL, "a small white rabbit figurine on a wooden table", CRYSTAL)
+# Nothing in the demo gallery shows it; the key moments of demo01 and demo05 begin at 25.0 s, in the second
+# where a grey card cross-fades into the picture (demo05: the card until 25.0, the fade until 26.0).
+# An off-topic query whose results include key moments that begin on a card (in the 8-video demo: demo07 from
+# 40 s and demo02 from 17 s, where a card ends and a cross-fade begins): the case the players must not show.
+OFF_TOPIC = "a chef chopping vegetables"
+CARD_SPREAD = 8.0  # a grey or black card's grey levels spread ~4 (standard deviation); a picture's 20 or more
+# The standard deviation of the grey levels of the player's current picture, once it is decoded.
+FRAME_SPREAD_JS = """async v => {
+  const deadline = Date.now() + 15000;
+  while ((v.seeking || v.readyState < 2) && Date.now() < deadline) await new Promise(r => setTimeout(r, 50));
+  const c = document.createElement('canvas'); c.width = 96; c.height = 54;
+  const g = c.getContext('2d'); g.drawImage(v, 0, 0, c.width, c.height);
+  const d = g.getImageData(0, 0, c.width, c.height).data;
+  let n = 0, s = 0, s2 = 0;
+  for (let i = 0; i < d.length; i += 4) {
+    const y = 0.299 * d[i] + 0.587 * d[i + 1] + 0.114 * d[i + 2]; n++; s += y; s2 += y * y;
+  }
+  const m = s / n; return Math.sqrt(Math.max(s2 / n - m * m, 0));
+}"""
+# A copy of every streamed response (Gradio's event stream) in window.prvrStreamed, before the page loads.
+KEEP_STREAMS_JS = """(() => {
+  window.prvrStreamed = [];
+  const fetched = window.fetch;
+  window.fetch = async (...args) => {
+    const response = await fetched(...args);
+    const kind = response.headers.get('content-type') || '';
+    if (!response.body || !kind.includes('event-stream')) return response;
+    const [mine, copy] = response.body.tee();
+    (async () => {
+      const reader = copy.getReader(), text = new TextDecoder();
+      for (let part = await reader.read(); !part.done; part = await reader.read())
+        window.prvrStreamed.push(text.decode(part.value, {stream: true}));
+    })();
+    const {status, statusText, headers} = response;
+    return new Response(mine, {status, statusText, headers});
+  };
+})()"""
+# Every word of the element's text on one line (the number of boxes each word's text is laid out in).
+WORD_LINES_JS = """e => {
+  const counts = []; const walker = document.createTreeWalker(e, NodeFilter.SHOW_TEXT);
+  for (let node = walker.nextNode(); node; node = walker.nextNode()) {
+    for (const m of node.data.matchAll(/\\S+/g)) {
+      const r = document.createRange(); r.setStart(node, m.index); r.setEnd(node, m.index + m[0].length);
+      counts.push([m[0], r.getClientRects().length]);
+    }
+  }
+  return counts;
+}"""
 
 
 @pytest.fixture(scope="module")
@@ -58,7 +106,7 @@ def test_search_shows_cards_with_heatmaps_and_players_that_jump(page) -> None:
     page.get_by_label("What happens in the moment").fill(QUERY)
     page.get_by_role("button", name="Search", exact=True).click()
     page.wait_for_selector(".result-card .heat rect.bin", timeout=60_000)
-    assert page.locator(".card-head").count() == 4  # one card per video: 4 demo videos < top-k 5
+    assert page.locator(".card-head").count() == 5  # top-k 5 of the 8 demo videos
     first = page.locator(".result-card").first  # Gradio repeats a Group's class on an inner element
     # one heatmap cell per second of the (short) demo video, drawn where that second is
     cells = first.locator(".heat rect.bin").evaluate_all("bins => bins.map(b => b.dataset.t)")
@@ -96,9 +144,9 @@ def test_top_k_slider_reranks_live(page) -> None:
     # search is only done when the summary names this test's own query (a wait on cards would match the old
     # ones and change top-k while the search is still in flight).
     search(page, QUERY.capitalize())  # the same words (the text model is uncased), a summary of its own
-    assert page.locator(".card-head").count() == 4
+    assert page.locator(".card-head").count() == 5
     number = page.get_by_label("number input for Videos to show (top-k)")
-    number.fill("2")  # fewer than the 4 videos of the test gallery
+    number.fill("2")
     number.press("Enter")
     deadline = time.monotonic() + 20
     while page.locator(".card-head").count() != 2 and time.monotonic() < deadline:
@@ -107,7 +155,7 @@ def test_top_k_slider_reranks_live(page) -> None:
     number.fill("5")  # back to the default for the module's next tests
     number.press("Enter")
     deadline = time.monotonic() + 20
-    while page.locator(".card-head").count() != 4 and time.monotonic() < deadline:
+    while page.locator(".card-head").count() != 5 and time.monotonic() < deadline:
         time.sleep(0.2)
 
 
@@ -136,6 +184,89 @@ def test_every_search_starts_each_player_at_its_key_moment(page) -> None:
     assert seeked >= 2  # some players really had to move
 
 
+def card_of(page, i: int):  # a playwright Locator
+    """The i-th shown result card."""
+    head = page.locator(".card-head").nth(i)
+    return head.locator("xpath=ancestor::*[contains(@class, 'result-card')][last()]")
+
+
+def frame_spread(video) -> float:
+    """How much the grey levels of the player's current picture vary (a card: barely)."""
+    return float(video.evaluate(FRAME_SPREAD_JS))
+
+
+def seconds(clock: str) -> float:
+    """m:ss -> seconds."""
+    minutes, secs = clock.split(":")
+    return 60 * int(minutes) + int(secs)
+
+
+def test_players_start_on_the_picture_never_on_a_card(page) -> None:
+    """Issue #38 item 8: the off-topic card's player started on a grey card. Each player starts at its key
+    moment's play_from (the frame of its first row), where the moment's first second may be a card."""
+    search(page, OFF_TOPIC)
+    first_seconds = []
+    for i in range(page.locator(".card-head").count()):
+        card = card_of(page, i)
+        key = card.locator(".chip.key")
+        start_at = float(key.get_attribute("data-t"))
+        video = card.locator("video")
+        video.wait_for(timeout=30_000)
+        assert wait_for_time(video, start_at) == pytest.approx(start_at, abs=0.5), i
+        assert frame_spread(video) > CARD_SPREAD, (i, start_at)  # a picture, not a card
+        first = seconds(key.inner_text().split(" · ")[1].split("-")[0])  # the moment's own start
+        if first < start_at:
+            video.evaluate("(v, t) => { v.currentTime = t; }", first)
+            wait_for_time(video, first)
+            first_seconds.append(frame_spread(video))
+    assert any(spread < CARD_SPREAD for spread in first_seconds), first_seconds  # the case is on the page
+
+
+def test_the_page_holds_no_server_path(page, tmp_path_factory: pytest.TempPathFactory) -> None:
+    """Issue #38 item 8: the players' sources were the data dir's files (/gradio_api/file=<server path>);
+    they are the app's /prvr/video/<id> route, as the API's video_url, and no server path reaches the page
+    (its HTML, or the JSON of its event stream, kept by a copy of every streamed response in a new tab)."""
+    tab = page.context.browser.new_page(viewport={"width": 1280, "height": 1400})
+    try:
+        tab.add_init_script(KEEP_STREAMS_JS)
+        tab.goto(page.url)
+        search(tab, QUERIES[1])
+        deadline = time.monotonic() + 30  # the streamed results hold the summary, which names the query
+        while QUERIES[1] not in tab.evaluate("() => window.prvrStreamed.join('')") and \
+                time.monotonic() < deadline:
+            time.sleep(0.2)
+        streamed = tab.evaluate("() => window.prvrStreamed.join('')")
+        html = tab.content()
+        sources = tab.locator(".result-card video").evaluate_all("videos => videos.map(v => v.src)")
+    finally:
+        tab.close()
+    assert QUERIES[1] in streamed and '"heat"' in streamed.replace('\\"', '"'), streamed[-2000:]  # the cards
+    basetemp = tmp_path_factory.getbasetemp()  # the session app's data dir lies under it
+    for text in (streamed, html):
+        for server_path in {str(basetemp), str(basetemp.resolve())}:
+            assert server_path not in text, text[max(0, text.find(server_path) - 500):][:1000]
+        assert "gradio_api/file=" not in text, text[max(0, text.find("gradio_api/file=") - 500):][:1000]
+    origin = page.url.split("/?")[0].rstrip("/")
+    assert sources and all(src.startswith(origin + "/prvr/video/") for src in sources if src), sources
+
+
+def test_the_page_explains_stands_out_and_offers_shown_examples(page) -> None:
+    """Issue #38 items 8 and 1: "stands out 6.4" says what the number means and on what scale; the search
+    box's example is a caption the demo gallery shows (it mentioned a cat)."""
+    from prvr.demo.gallery import load_spec
+
+    search(page, CRYSTAL)
+    key = card_of(page, 0).locator(".chip.key")
+    number = key.inner_text().split("stands out ")[1]
+    tip = key.get_attribute("title")
+    assert tip.startswith(f"Stands out {number}: the query matches here") and "standard errors" in tip, tip
+    assert "a t statistic: 0 is no better, 3 or more is clearly better" in tip, tip
+    hint = card_of(page, 0).locator(".hint").first.inner_text()
+    assert "in standard errors (a t statistic): 0 is no better, 3 or more is clearly better" in hint, hint
+    placeholder = page.get_by_label("What happens in the moment").get_attribute("placeholder")
+    assert placeholder.startswith("e.g. ") and placeholder[5:] in load_spec()["examples"], placeholder
+
+
 def test_upload_in_the_page_names_the_file_and_empties_the_list(page, tmp_path: Path) -> None:
     from PIL import Image
 
@@ -149,6 +280,8 @@ def test_upload_in_the_page_names_the_file_and_empties_the_list(page, tmp_path: 
     page.wait_for_selector("text=this is a JPEG image, not a video", timeout=60_000)
     row = page.locator("table tr", has_text="beach photo.mp4").first
     assert "rejected" in row.inner_text() and "beach photo.mp4: this is a JPEG image" in row.inner_text()
+    words = row.evaluate(WORD_LINES_JS)  # issue #38 item 8: "rejecte/d" was broken inside the word
+    assert words and all(lines == 1 for _, lines in words), words
     deadline = time.monotonic() + 30  # the file list is emptied once handled
     while chosen.get_by_text("beach photo.mp4").count() and time.monotonic() < deadline:
         time.sleep(0.2)
@@ -167,7 +300,7 @@ def test_the_readme_screenshot_is_made_from_the_running_app(page, tmp_path: Path
     done = subprocess.run([sys.executable, "scripts/screenshot.py", "--url", url, "--out", str(out),
                            "--query", QUERY], cwd=REPO, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
-    assert done.stdout.strip() == f"{out}: 4 result cards for {QUERY!r}"  # the session app's 4 demo videos
+    assert done.stdout.strip() == f"{out}: 5 result cards for {QUERY!r}"  # top-k 5 of 8 demo videos
     with Image.open(out) as image:
         assert image.size == (1280, 1100)
         colours = image.convert("RGB").resize((64, 55)).getcolors(64 * 55)

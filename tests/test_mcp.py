@@ -11,6 +11,7 @@ import asyncio
 import base64
 import json
 import logging
+import re
 from pathlib import Path
 from urllib.parse import quote
 
@@ -87,22 +88,104 @@ def test_server_paths_only_under_the_allowed_dirs(served, tmp_path: Path) -> Non
     assert added.structuredContent["video_id"] in kept(predictor)  # ... and --persist keeps it
 
 
-def test_refused_inputs_get_one_sentence_and_no_traceback(served, caplog: pytest.LogCaptureFixture,
-                                                          capfd: pytest.CaptureFixture) -> None:
+def test_refused_inputs_get_one_sentence_each_and_no_traceback(served, caplog: pytest.LogCaptureFixture,
+                                                               capfd: pytest.CaptureFixture) -> None:
+    """Issue #38 item 3: each kind of bad input is answered with its own reason (a garbage string was told
+    "Server paths are not accepted here")."""
     url, predictor, _ = served
     own_id = predictor.index.ids[0]
     own_url = url + "prvr/video/" + quote(own_id)
-    cases = [{"video": own_url}, {"video": "http://10.1.2.3/movie.mp4"}, {"video": "ftp://example.com/a.mp4"},
-             {"video": "data:video/mp4;base64"}, {"video": ""}]
+    reasons = {  # what is sent -> words of its own sentence
+        "garbage!!": "is neither a data URL, an http(s) URL nor a server path",
+        "data:video/mp4;base64": "is not a data URL of base64 data",
+        "data:video/mp4;base64,": "holds no data",
+        "data:video/mp4;base64,AAAA!!!!": "is not base64",
+        "ftp://example.com/a.mp4": "is not an http(s) URL (ftp: URLs are not read)",
+        "http:///movie.mp4": "names no host",
+        "http://10.1.2.3/movie.mp4": "not a public host",
+        "": "No video was given",
+    }
+    cases = [("add_video", {"video": own_url})] + [("add_video", {"video": v}) for v in reasons] + \
+        [("add_video", {"video": "data:video/mp4;base64,AAAA", "name": 7})]
     with caplog.at_level(logging.WARNING):
-        own, private, ftp, bad_data, empty = call(url, *[("add_video", c) for c in cases])
+        own, *refused, bad_name = call(url, *cases)
     assert not own.isError and own.structuredContent["status"] == "duplicate"  # the app's own video URL
     assert own.structuredContent["video_id"] == own_id
-    for result, words in ((private, "not a public host"), (ftp, "URLs are not read"),
-                          (bad_data, "malformed"), (empty, "No video was given")):
+    texts = []
+    for result, words in zip(refused, reasons.values(), strict=True):
         text = result.content[0].text
-        assert result.isError and words in text and "base64" in text and "\n" not in text, text
+        assert result.isError and words in text and "base64" in text and "\n" not in text, (words, text)
+        assert text.count(". ") == 0 and text.endswith("."), text  # one sentence
+        texts.append(text.split(":")[0])
+    assert len(set(texts)) == len(texts)  # a reason of its own for each
+    assert bad_name.isError and "name must be text" in bad_name.content[0].text
     refusals = [r for r in caplog.records if r.getMessage().startswith("MCP add_video refused")]
-    assert len(refusals) == 4 and not any(r.exc_info for r in refusals)
+    assert len(refusals) == len(reasons) + 1 and not any(r.exc_info for r in refusals)
     out, err = capfd.readouterr()
     assert "Traceback" not in err and "Traceback" not in out
+
+
+def test_a_server_path_is_refused_as_one_where_none_is_allowed(tmp_path: Path) -> None:
+    """What install() answers with no --mcp-allow-paths (the served app allows one dir)."""
+    from prvr.serve.mcp_tools import Refused, video_argument
+
+    clip = write_clip(tmp_path / "clip.mp4")
+    for path in (str(clip), f"file://{clip}", "~/clip.mp4"):
+        with pytest.raises(Refused, match=r"is a path on the server, and this app reads none \(the "
+                                          r"operator can allow some with --mcp-allow-paths DIR\): send the "
+                                          r"file itself as base64 data"):
+            video_argument(path, [], None, "/prvr/video/")
+
+
+def test_add_video_declares_exactly_what_it_takes(served) -> None:
+    """Issue #38 item 3: the input schema is a string ``video`` (no FileData "required: path", no "url"
+    format) and an optional string ``name``, in the same words as the description; item 1: the examples in
+    the tools' descriptions are captions the demo gallery really shows."""
+    from mcp import ClientSession
+    from mcp.client.streamable_http import streamablehttp_client
+
+    from prvr.demo.gallery import load_spec
+
+    async def tools() -> list:
+        async with streamablehttp_client(served[0] + "gradio_api/mcp/") as (read, write, _), \
+                ClientSession(read, write) as session:
+            await session.initialize()
+            return (await session.list_tools()).tools
+
+    listed = {t.name: t for t in asyncio.run(asyncio.wait_for(tools(), 60))}
+    add = listed["add_video"]
+    allowed = str(Path(served[1].settings.mcp_allow_paths).resolve())
+    assert add.inputSchema["required"] == ["video"] and add.inputSchema["additionalProperties"] is False
+    assert set(add.inputSchema["properties"]) == {"video", "name"}
+    video, name = add.inputSchema["properties"]["video"], add.inputSchema["properties"]["name"]
+    assert video == {"type": "string", "description": video["description"]}  # no required/format/title
+    assert name == {"type": "string", "description": name["description"]}
+    for words in ("base64", "data:video/mp4;base64,", "name=", "http(s) URL", f"a path on the server under "
+                  f"{allowed}"):
+        assert words in video["description"], (words, video["description"])
+    assert "upload_file_to_gradio" not in add.description and "URL" not in add.description.split("Returns")[0]
+    examples = set(load_spec()["examples"])
+    described = json.dumps({n: (t.description, t.inputSchema) for n, t in listed.items()})
+    quoted = re.findall(r'e\.g\. \\"([^\\"]+)\\"', described)
+    assert quoted and all(q in examples for q in quoted), quoted
+    assert not re.search(r"\bcats?\b", described), described  # no demo video shows a cat
+
+
+def test_a_base64_upload_is_titled_by_its_name(served, tmp_path: Path) -> None:
+    """Issue #38 item 3: a data URL's name= parameter, else the name argument, titles the video; with
+    neither it is "MCP upload <date time>", never "file"."""
+    def data_url(clip: Path, params: str = "") -> str:
+        return f"data:video/mp4{params};base64," + base64.b64encode(clip.read_bytes()).decode()
+
+    named = write_clip(tmp_path / "a.mp4", frames=30, size=(80, 48))
+    argued = write_clip(tmp_path / "b.mp4", frames=32, size=(88, 48))
+    plain = write_clip(tmp_path / "c.mp4", frames=26, size=(96, 48))
+    by_param, by_argument, unnamed = call(
+        served[0], ("add_video", {"video": data_url(named, ";name=beach%20walk.mp4")}),
+        ("add_video", {"video": data_url(argued), "name": "sunset over the bay.mov"}),
+        ("add_video", {"video": data_url(plain)}))
+    messages = [r.structuredContent["message"] for r in (by_param, by_argument, unnamed)]
+    assert messages[0].startswith("beach walk.mp4: added") and "as “beach walk”" in messages[0], messages
+    assert messages[1].startswith("sunset over the bay.mov: added") and "“sunset over the bay”" in messages[1]
+    assert re.search(r"as “MCP upload \d{4}-\d\d-\d\d \d\d:\d\d:\d\d( \(\d+\))?”", messages[2]), messages[2]
+    assert "file" not in messages[2]

@@ -86,14 +86,45 @@ class Running:
         self.reader.join(timeout=5)
 
 
+def mcp_calls(url: str, clip: Path) -> list:
+    """search, info and add_video (``clip`` as base64 data) through the mcp package's client."""
+    import asyncio
+    import base64
+
+    from mcp import ClientSession
+    from mcp.client.streamable_http import streamablehttp_client
+
+    data = "data:video/mp4;base64," + base64.b64encode(clip.read_bytes()).decode()
+    calls = [("search", {"query": "a clear glass flower figurine seen up close", "top_k": 1}), ("info", {}),
+             ("add_video", {"video": data})]
+
+    async def talk() -> list:
+        async with streamablehttp_client(url + "gradio_api/mcp/") as (read, write, _), \
+                ClientSession(read, write) as session:
+            await session.initialize()
+            return [await session.call_tool(name, arguments) for name, arguments in calls]
+
+    return asyncio.run(asyncio.wait_for(talk(), 300))
+
+
 @pytest.fixture(scope="module")
 def first_start(tmp_path_factory: pytest.TempPathFactory) -> dict:
-    """Start the app on a fresh data dir, try a second app on the same dir while it serves, then Ctrl-C."""
+    """Start the app (with MCP) on a fresh data dir, make three MCP calls and try a second app on the same
+    dir while it serves, then Ctrl-C."""
+    from tests.clips import write_clip
+
     data = tmp_path_factory.mktemp("startup") / "data"
-    app = Running("--port", str(free_port()), "--data-dir", str(data), "--demo-videos", "demo01")
+    port = free_port()
+    app = Running("--port", str(port), "--data-dir", str(data), "--demo-videos", "demo01", "--mcp")
     try:
         serving = app.wait_for("serving at", 900)
         assert serving, f"the app did not start:\n{app.output()[-4000:]}"
+        before_mcp = len(app.lines)
+        clip = write_clip(tmp_path_factory.mktemp("mcp") / "sent.mp4", frames=36, size=(80, 48))
+        called = mcp_calls(f"http://127.0.0.1:{port}/", clip)
+        assert [c.isError for c in called] == [False] * 3, [c.content[0].text for c in called]
+        time.sleep(1.0)  # the calls' log lines, if any, are read
+        mcp_lines = [line for _, line in app.lines[before_mcp:]]
         t = time.monotonic()
         second = subprocess.run([sys.executable, "app.py", "--port", str(free_port()),
                                  "--data-dir", str(data)],
@@ -102,7 +133,8 @@ def first_start(tmp_path_factory: pytest.TempPathFactory) -> dict:
         code = app.interrupt(timeout=120)
     finally:
         app.close()
-    return {"app": app, "code": code, "second": second, "second_s": second_s, "data": data}
+    return {"app": app, "code": code, "second": second, "second_s": second_s, "data": data,
+            "mcp_lines": mcp_lines}
 
 
 def logged_at(line: str) -> float | None:
@@ -112,6 +144,50 @@ def logged_at(line: str) -> float | None:
         return None
     stamp, millis = match.group(1).split(",")
     return time.mktime(time.strptime(stamp, "%Y-%m-%d %H:%M:%S")) + int(millis) / 1000
+
+
+def test_the_log_says_each_thing_once_in_words(first_start: dict) -> None:
+    """Issue #38 item 7: no line twice (the kernel warm-up's "indexed 2 videos" was the real indexing's
+    twin), each backbone loaded once, "1 video" not "1 videos", the CLIP fallback's reason said once, and
+    no library INFO lines for an MCP call (4-6 each: "Terminating session: None")."""
+    app = first_start["app"]
+    logged = [STAMP.sub("", line) for _, line in app.lines if STAMP.match(line)]
+    said = [line for line in logged if "still working (" not in line]  # the heartbeat counts seconds
+    repeated = {line for line in said if said.count(line) > 1}
+    assert not repeated, repeated
+    for backbone in ("efficientnet_lite0", "minilm"):
+        loads = [line for line in logged if f"loading backbone {backbone} " in line]
+        assert len(loads) == 1, loads
+    text = app.output()
+    assert not re.search(r"\b1 (videos|uploads|files|leftovers|captions|entries)\b", text), text[-3000:]
+    assert "indexed 1 video of the demo gallery" in text and "ready in" in text
+    fallback = [line for line in logged if "did not load (" in line]
+    assert len(fallback) == 1 and "WARNING" in fallback[0], fallback  # the reason once, as a warning
+    mcp_lines = first_start["mcp_lines"]
+    assert not [line for line in mcp_lines if " INFO mcp" in line or " INFO httpx" in line], mcp_lines
+    assert any("indexed 1 video (2 in the index)" in line for line in mcp_lines), mcp_lines  # the upload
+    assert len(mcp_lines) <= 2, mcp_lines  # three calls: the upload's own line (and the trace's) at most
+
+
+def test_a_restore_of_one_video_says_one_video(tmp_path: Path, make_predictor,
+                                               caplog: pytest.LogCaptureFixture) -> None:
+    """Issue #38 item 7: "restored 1 videos"."""
+    import logging
+
+    from tests.clips import write_clip
+
+    bucket = tmp_path / "bucket"
+    first = make_predictor(tmp_path / "data1", uploads="shared", persist=bucket)
+    assert first.add_video(write_clip(tmp_path / "one.mp4", 30))["status"] == "added"
+    first.close()
+    again = make_predictor(tmp_path / "data2", uploads="shared", persist=bucket)
+    try:
+        with caplog.at_level(logging.INFO, logger="prvr.serve.ingest"):
+            assert again.ingest.restore() == 1
+    finally:
+        again.close()
+    said = [r.getMessage() for r in caplog.records if "restored" in r.getMessage()]
+    assert len(said) == 1 and "restored 1 video in " in said[0], said
 
 
 def test_busy_port_is_refused_at_once_in_one_line(tmp_path: Path) -> None:
@@ -128,6 +204,37 @@ def test_busy_port_is_refused_at_once_in_one_line(tmp_path: Path) -> None:
     assert len(lines) == 1 and str(port) in lines[0], lines
     assert "--port" in lines[0] and "PRVR_PORT" in lines[0], lines
     assert "GRADIO_SERVER_PORT" not in lines[0] and not list(tmp_path.iterdir())  # nothing loaded or written
+
+
+def test_help_answers_at_once_and_explains_every_option() -> None:
+    """Issue #38 item 6: ``--help`` prints the usage and nothing else before torch or gradio load, and each
+    option says what it does, its default and its environment variable (from AppSettings' fields)."""
+    from dataclasses import fields
+
+    from prvr.serve.settings import AppSettings
+
+    t = time.monotonic()
+    done = subprocess.run([sys.executable, "app.py", "--help"], cwd=REPO, env=env(), capture_output=True,
+                          text=True, timeout=60)
+    took = time.monotonic() - t
+    assert done.returncode == 0 and done.stdout.startswith("usage: python app.py"), done.stderr[-2000:]
+    assert done.stderr == "" and "starting" not in done.stdout  # no log line, no import step
+    assert took < 2.0, f"--help took {took:.1f} s"
+    imported = subprocess.run([sys.executable, "-X", "importtime", "app.py", "--help"], cwd=REPO, env=env(),
+                              capture_output=True, text=True, timeout=60).stderr
+    modules = {line.rsplit("|", 1)[-1].strip().split(".")[0] for line in imported.splitlines()}
+    assert not modules & {"torch", "gradio", "numpy", "transformers"}, sorted(modules)
+    text = " ".join(done.stdout.split())  # argparse wraps lines
+    for f in fields(AppSettings):
+        flag, variable = f"--{f.name.replace('_', '-')}", f"PRVR_{f.name.upper()}"
+        entry = text.split(f" {flag} ", 1)[1].split(" --", 1)[0] if f.name != "persist" else \
+            text.split(" --persist DIR ", 1)[1]
+        what = entry.split("(default:")[0].split()[1:]  # after the metavar: what the option does
+        assert len(what) >= 5 and "(default:" in entry and f"environment: {variable}" in entry, (flag, entry)
+    bad = subprocess.run([sys.executable, "app.py", "--uploads", "everyone"], cwd=REPO, env=env(),
+                         capture_output=True, text=True, timeout=60)
+    assert bad.returncode == 2 and "argument --uploads: invalid choice: 'everyone'" in bad.stderr
+    assert "starting" not in bad.stderr and "Traceback" not in bad.stderr  # refused before anything loads
 
 
 def test_first_start_has_no_library_noise(first_start: dict) -> None:

@@ -51,6 +51,7 @@ from extract.official import (  # noqa: F401 - re-exported: the layout's names l
 from extract.profiles import check_identity
 from prvr.models import preprocess
 from prvr.models.preprocess import clip_input, frame_input, query_input
+from prvr.words import counted
 
 log = logging.getLogger(__name__)
 
@@ -290,7 +291,8 @@ def prepare_split(source: Source, split: str, map_size: int = 32, max_ctx_l: int
         clips[i] = clip_input(rows, map_size)
         frames.append(frame_input(rows, max_ctx_l))
     queries = [query_input(source.caption_tokens(c.cap_id), max_desc_l) for c in captions]
-    log.info("prepared split %s: %d videos, %d captions", split, len(video_ids), len(captions))
+    log.info("prepared split %s: %s, %s", split, counted(len(video_ids), "video"),
+             counted(len(captions), "caption"))
     return PreparedSplit(video_ids, captions, torch.tensor([index[c.video_id] for c in captions]), clips,
                          Packed.from_list(frames), Packed.from_list(queries))
 

@@ -32,6 +32,7 @@ import h5py
 import numpy as np
 
 from prvr.data.official import SPLITS, BigFileWriter
+from prvr.words import counted
 
 log = logging.getLogger(__name__)
 
@@ -200,7 +201,8 @@ def generate(cfg: SyntheticConfig, root: str | Path) -> Path:
             big.add(row_ids, rows)
             (base / "TextData" / f"{cfg.collection}{split}.caption.txt").write_text("\n".join(lines) + "\n")
         big.write_video2frames(video2frames)
-    log.info("wrote synthetic set %s: %s videos, %d rows", base, cfg.n_videos, len(big.ids))
+    log.info("wrote synthetic set %s: %s, %s", base, counted(cfg.n_videos, "video"),
+             counted(len(big.ids), "row"))
     return base
 
 

@@ -34,6 +34,7 @@ from prvr.evaluate.annotated import evaluate_set, format_report, load_moments_fi
 from prvr.evaluate.demo import evaluate_demo
 from prvr.evaluate.retrieval import evaluate_split, format_table
 from prvr.models.checkpoint import load_checkpoint
+from prvr.words import counted
 
 
 def evaluate_folder(videos: Path, moments: Path, checkpoint: str | None, device: str, as_json: bool,
@@ -106,7 +107,8 @@ def main(argv: list[str] | None = None) -> dict:
         print(json.dumps({"split": split_name, "videos": len(split.video_ids), "queries": len(split.captions),
                           "checkpoint": str(args.checkpoint), "metrics": results}, indent=1))
     else:
-        print(f"{split_name}: {len(split.captions)} queries, {len(split.video_ids)} videos")
+        print(f"{split_name}: {counted(len(split.captions), 'query', 'queries')}, "
+              f"{counted(len(split.video_ids), 'video')}")
         print(format_table(results))
     return results
 

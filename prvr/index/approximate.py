@@ -14,6 +14,7 @@ import math
 import numpy as np
 
 from prvr.index.sketch import cover_balls
+from prvr.words import counted
 
 log = logging.getLogger(__name__)
 
@@ -39,7 +40,8 @@ def build_ivf(scenes: np.ndarray, nlist: int = 0):
                                         faiss.ScalarQuantizer.QT_8bit, faiss.METRIC_INNER_PRODUCT)
     ivf.train(vectors[np.random.default_rng(0).permutation(len(vectors))[: 40 * nlist]])
     ivf.add(vectors)
-    log.info("built the approximate-search index: %d scene vectors in %d lists", len(vectors), nlist)
+    log.info("built the approximate-search index: %s in %s", counted(len(vectors), "scene vector"),
+             counted(nlist, "list"))
     return ivf
 
 

@@ -78,6 +78,7 @@ from prvr.index.sketch import BoundQuery, frame_balls, quantize, window_factors
 from prvr.index.store import IndexStoreError
 from prvr.models.branches import EncodedQueries
 from prvr.models.preprocess import window_table
+from prvr.words import counted
 
 log = logging.getLogger(__name__)
 
@@ -262,7 +263,7 @@ class QdrantIndex(Gallery):
             fixed, ragged = encode_for_index(self.model, videos, self.cfg.mode, self.cfg.encode_batch,
                                              self.references)
             self._upload([v.record() for v in videos], fixed, ragged)
-        log.info("indexed %d videos in %s (%d there)", len(videos), self.target.where, len(self))
+        log.info("indexed %s in %s (%d there)", counted(len(videos), "video"), self.target.where, len(self))
 
     def add_encoded(self, records: list[dict], fixed: dict[str, np.ndarray],
                     ragged: dict[str, list[np.ndarray]]) -> None:

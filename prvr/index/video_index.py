@@ -55,6 +55,7 @@ from prvr.index.sketch import BoundQuery, head_basis, sketch
 from prvr.index.snapshot import BASIS, Snapshot
 from prvr.models.branches import EncodedQueries
 from prvr.models.preprocess import window_table
+from prvr.words import counted
 
 log = logging.getLogger(__name__)
 
@@ -214,7 +215,7 @@ class VideoIndex(Gallery):
             return self._append(snap, manifest, [v.record() for v in videos], fixed, ragged)
 
         self._commit(change)
-        log.info("indexed %d videos (%d in the index)", len(videos), len(self))
+        log.info("indexed %s (%d in the index)", counted(len(videos), "video"), len(self))
 
     def _check_bank(self) -> None:
         """GalleryError when this process cannot store what the index's videos store (reference scores)."""

@@ -42,17 +42,20 @@ the model's rows by ``prvr.temporal.segments.resample`` when the model re-bins t
    11448 (every result of both halves) to 0. (The dev set's 1 s cross-fades blend two clips' pictures and
    have no blank end: moments may start on them.)
 
-Each moment reports ``score`` (the mean cosine similarity of its rows, the heatmap's scale) and
-``contrast`` (the order: the t statistic, on the propagated similarities (z-scores where normalised), of the
-candidate it was refined from). The moments are listed by ``contrast``, so a page that shows one number
-per moment must show ``contrast`` for the order to agree with it: ordering by ``score`` instead (the key
-moment = the listed moment of highest mean cosine) was measured on the dev set and not kept (key-moment
-IoU >= 0.5 +2.8 [-4.4, +11.6] tuning, +3.8 [-2.2, +10.0] checking: not supported by the tuning half), and
-on synthetic video it makes a 3-row sliver of high cosine the key moment instead of a 45 s event
-(tests/test_moments.py). The heatmap has one cell per row up to ``max_cells`` cells, then the rows'
-cosines averaged into ``max_cells`` equal bins. Alternatives measured and dropped are in
-benchmarks/RESULTS.md ("Moments", "Localisation and segment ranking", "Centre inside: query-bank normalised
-localisation", "Session 13").
+Each moment reports ``score`` (the mean cosine similarity of its rows, the heatmap's scale), ``contrast`` (the
+order: the t statistic, on the propagated similarities (z-scores where normalised), of the candidate it was
+refined from) and ``play_from``, where a player showing it starts: the middle of its first row, the frame a 1
+s row was computed from (``extract.decode.window_times``: one sample at each window's centre), which step 6
+found not blank. The row's own start may still be on a card: "a dog running on the beach" finds a moment of
+demo05 from 25.0 s, where a grey card ends and a 1 s cross-fade begins; the frame at 25.0 is grey, at 25.5 the
+picture shows. The moments are listed by ``contrast``, so a page that shows one number per moment must show
+``contrast`` for the order to agree with it: ordering by ``score`` instead (the key moment = the listed moment
+of highest mean cosine) was measured on the dev set and not kept (key-moment IoU >= 0.5 +2.8 [-4.4, +11.6]
+tuning, +3.8 [-2.2, +10.0] checking: not supported by the tuning half), and on synthetic video it makes a
+3-row sliver of high cosine the key moment instead of a 45 s event (tests/test_moments.py). The heatmap has
+one cell per row up to ``max_cells`` cells, then the rows' cosines averaged into ``max_cells`` equal bins.
+Alternatives measured and dropped are in benchmarks/RESULTS.md ("Moments", "Localisation and segment ranking",
+"Centre inside: query-bank normalised localisation", "Session 13").
 """
 
 from __future__ import annotations
@@ -207,6 +210,12 @@ def heatmap(sim: np.ndarray, start: np.ndarray, end: np.ndarray, max_cells: int)
             "score": np.round(score, 6).tolist()}
 
 
+def play_from(moment: dict) -> float:
+    """Where a player showing ``moment`` starts (seconds): its ``play_from`` (module docstring), or its start
+    for a moment without one (MS-SL's key clip, where a producer stores no fine rows)."""
+    return float(moment.get("play_from", moment["start"]))
+
+
 def find_moments(q: np.ndarray, vectors: np.ndarray, start: np.ndarray, end: np.ndarray,
                  segments: np.ndarray, cfg: MomentConfig | None = None,
                  context: np.ndarray | None = None, row_bank: np.ndarray | None = None,
@@ -216,7 +225,7 @@ def find_moments(q: np.ndarray, vectors: np.ndarray, start: np.ndarray, end: np.
     ``vectors`` (n, H) unit rows with ``start``/``end`` (n,) seconds; ``segments`` (S, 3) ``[scale, first,
     end)`` over these n rows; ``context``: ``propagate_finest(vectors, segments, cfg.propagation_beta)``
     if an index stored it (it depends on the video only), else computed here. A moment: {"start", "end"
-    (seconds), "score", "contrast", "rows": [first, end)}.
+    (seconds), "score", "contrast", "rows": [first, end), "play_from" (seconds)}.
     """
     cfg = cfg or MomentConfig()
     unit = _unit_query(q, vectors, start, end)
@@ -239,6 +248,6 @@ def find_moments(q: np.ndarray, vectors: np.ndarray, start: np.ndarray, end: np.
                                cfg.n_moments, blank_rows(vectors, cfg.blank_cos))
     moments = [{"start": round(float(start[first]), 3), "end": round(float(end[stop - 1]), 3),
                 "score": round(float(cos[first:stop].mean()), 6), "contrast": round(float(t[k]), 4),
-                "rows": [int(first), int(stop)]} for (first, stop), k in zip(chosen.tolist(), which.tolist(),
-                                                                                 strict=True)]
+                "rows": [int(first), int(stop)], "play_from": round(float(start[first] + end[first]) / 2, 3)}
+               for (first, stop), k in zip(chosen.tolist(), which.tolist(), strict=True)]
     return {"key_moment": moments[0], "moments": moments, "heatmap": heatmap(cos, start, end, cfg.max_cells)}

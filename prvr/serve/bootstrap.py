@@ -21,6 +21,7 @@ import shutil
 import threading
 import time
 
+from extract.backbones import loaded_once
 from extract.pipeline import TextEncoder
 from extract.profiles import ProfileMismatch, check_identity
 from prvr.demo.gallery import build_demo_gallery, interleaved
@@ -35,6 +36,7 @@ from prvr.serve.persist import PersistentStore
 from prvr.serve.predictor import Predictor, Serialised
 from prvr.serve.settings import AppSettings, on_zerogpu
 from prvr.serve.startup import quiet_libraries
+from prvr.words import counted
 
 log = logging.getLogger(__name__)
 
@@ -56,11 +58,14 @@ def _start(settings: AppSettings, owner: DataDirLock, t0: float) -> Predictor:
     quiet_libraries()
     if on_zerogpu():
         import prvr.serve.zerogpu  # noqa: F401  - imports spaces, which patches torch: before any model
-    log.info("loading the model and its feature extractors")
-    model, info, profile = load_model(settings)
-    kernels = warm_search_kernels(model)  # compiles while the gallery renders and extracts
-    log.info("loading the feature extractor and text encoder, and the confidence references")
-    predictor = assemble(settings, model, info, profile)
+    # the model, the extractor and the text encoder read the same backbones (the bridge: both of the lite
+    # profile's): each is loaded once
+    with loaded_once():
+        log.info("loading the model and its feature extractors")
+        model, info, profile = load_model(settings)
+        kernels = warm_search_kernels(model)  # compiles while the gallery renders and extracts
+        log.info("loading the feature extractor and text encoder, and the confidence references")
+        predictor = assemble(settings, model, info, profile)
     predictor.owner = owner
     sweep_media(predictor)
     ingest = predictor.ingest
@@ -79,7 +84,7 @@ def _start(settings: AppSettings, owner: DataDirLock, t0: float) -> Predictor:
     kernels.join()
     if len(predictor.index):  # load the search kernels now (compiled above), not in a user's search
         predictor.search(predictor.examples[0] if predictor.examples else "a video", k=1)
-    log.info("ready in %.1f s: %d videos in %s", time.perf_counter() - t0, len(predictor.index),
+    log.info("ready in %.1f s: %s in %s", time.perf_counter() - t0, counted(len(predictor.index), "video"),
              predictor.gallery_words())
     # searches run the text model eagerly until its TorchScript trace is ready and checked (seconds); not a
     # daemon: exit waits for it instead of killing it inside torch

@@ -46,6 +46,7 @@ from prvr.serve.persist import PersistentStore
 from prvr.serve.progress import LiveProgress, Progress, Throttled
 from prvr.serve.sessions import SessionGallery
 from prvr.serve.settings import AppSettings, on_spaces
+from prvr.words import counted
 
 log = logging.getLogger(__name__)
 
@@ -159,7 +160,7 @@ class IngestService:
         missing = [Arrival(v.path, v.path.name, v.id, (v.title,), sha256_file(v.path)) for v in videos
                    if self.shared.record(v.id) is None]
         if missing:
-            log.info("hashing and indexing %d demo videos", len(missing))
+            log.info("hashing and indexing %s", counted(len(missing), "demo video"))
         return self._add(missing, DEMO, None, _quiet, "demo gallery")
 
     def sync_folder(self, folder: Path) -> list[Outcome]:
@@ -228,8 +229,10 @@ class IngestService:
                    if r["id"].startswith(persisting) and r["id"] not in self.persist.live]
         if not unsaved:
             return 0
-        log.info("%d shared videos are not in the persistent folder %s yet (added before --persist was "
-                 "given): saving them now, extracting their features again", len(unsaved), self.persist.root)
+        is_, it, its = ("is", "it", "its") if len(unsaved) == 1 else ("are", "them", "their")
+        log.info("%s %s not in the persistent folder %s yet (added before --persist was given): saving %s "
+                 "now, extracting %s features again", counted(len(unsaved), "shared video"), is_,
+                 self.persist.root, it, its)
         saved = 0
         for record in unsaved:
             path = self.media.locate(record["path"])
@@ -244,7 +247,7 @@ class IngestService:
                 log.warning("%s could not be saved to the persistent folder: %s", record["id"], err)
                 continue
             saved += 1
-        log.info("saved %d of the %d shared videos to the persistent folder", saved, len(unsaved))
+        log.info("saved %d of the %s to the persistent folder", saved, counted(len(unsaved), "shared video"))
         return saved
 
     # ------------------------------------------------------------------ the one pipeline
@@ -284,7 +287,8 @@ class IngestService:
             failed = iter(ready)
             return [o if o is not None else self._failed(next(failed).shown, way, error) for o in outcomes]
         if what:
-            log.info("indexed %d videos of the %s in %.1f s", len(ready), what, time.perf_counter() - t0)
+            log.info("indexed %s of the %s in %.1f s", counted(len(ready), "video"), what,
+                     time.perf_counter() - t0)
         if session is not None:
             session.uploads += len(ready)
         where = "in your session" if session is not None else "in the shared gallery"
@@ -398,9 +402,10 @@ class IngestService:
             raise UploadRefused(path, f"{size_mb:.0f} MB is more than the {limit} MB limit.",
                                 "Trim or compress the video first.")
         if session is not None and session.uploads >= self.settings.max_uploads_per_session:
-            raise UploadRefused(path, f"this session already added {session.uploads} videos, the maximum "
-                                      "per session.", "Start a new session to add more (in a browser: reload "
-                                      "the page; through the API: connect a new client).")
+            added = counted(session.uploads, "video")
+            raise UploadRefused(path, f"this session already added {added}, the maximum per session.",
+                                "Start a new session to add more (in a browser: reload the page; through the "
+                                "API: connect a new client).")
 
 
 def unique_title(name: str, taken: Sequence[str] | set[str]) -> str:

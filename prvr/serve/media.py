@@ -18,6 +18,7 @@ from pathlib import Path
 from extract.transcode import EncodeSettings, transcode, unplayable_reason
 from prvr.index import stored_media_paths
 from prvr.serve.progress import Progress
+from prvr.words import counted
 
 log = logging.getLogger(__name__)
 
@@ -112,4 +113,4 @@ class MediaStore:
             elif path.is_dir() and not any(path.iterdir()):
                 path.rmdir()
         if removed:
-            log.info("removed %d leftovers of interrupted uploads from %s", removed, self.dir)
+            log.info("removed %s of interrupted uploads from %s", counted(removed, "leftover"), self.dir)

@@ -83,7 +83,9 @@ def _training_free(settings: AppSettings) -> tuple[object, ModelInfo, str]:
                          "applies to the clip profile or to a checkpoint's profile")
     model = bridge.BridgeModel.from_pretrained(cache_dir=settings.data_dir / "bridge", device=search_device())
     why = "chosen with --profile lite" if choice else f"chosen automatically: {fallback}"
-    log.info("model: %s (%s)", bridge.NAME, why)
+    # the fallback's reason is the warning above, not said twice
+    log.info("model: %s (%s)", bridge.NAME, "chosen automatically, as the warning above says" if fallback
+             else why)
     about = ("No PRVR training: EfficientNet-Lite0's ImageNet classes mapped into MiniLM's sentence "
              "space, scored with MS-SL's clip-scale and frame-scale branches. Give `--checkpoint` to use "
              "a trained MS-SL model.")
@@ -126,6 +128,17 @@ def search_device() -> str:
     return "cpu" if on_zerogpu() else ("cuda" if torch.cuda.is_available() else "cpu")
 
 
+class OtherThreads(logging.Filter):
+    """Passes the records of every thread but the one that made it (concurrent real work still logs)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.thread = threading.get_ident()
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return record.thread != self.thread
+
+
 def warm_search_kernels(model: object) -> threading.Thread:
     """Compile (first start in a checkout, about a minute on 2 cores) or load the index's numba search
     kernels in a background thread, by searching a throwaway two-video index of random rows of the served
@@ -137,6 +150,8 @@ def warm_search_kernels(model: object) -> threading.Thread:
         log.info("preparing the search kernels in the background (about a minute on a checkout's first "
                  "start, while numba compiles them; about a second once cached)")
         rng = np.random.default_rng(0)
+        quiet = OtherThreads()  # the throwaway index's "indexed 2 videos" is no event of the app's
+        logging.getLogger(VideoIndex.__module__).addFilter(quiet)
         try:
             with tempfile.TemporaryDirectory(prefix="prvr-kernels-") as tmp:
                 index = VideoIndex.create(Path(tmp) / "index", model, IndexConfig())
@@ -150,6 +165,8 @@ def warm_search_kernels(model: object) -> threading.Thread:
         except Exception:  # only a head start: the first real search compiles instead
             log.exception("warming the search kernels failed; the first search will compile them")
             return
+        finally:
+            logging.getLogger(VideoIndex.__module__).removeFilter(quiet)
         log.info("search kernels ready in %.1f s", time.perf_counter() - t0)
 
     thread = threading.Thread(target=run, name="warm-search-kernels")

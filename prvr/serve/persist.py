@@ -46,6 +46,7 @@ from pathlib import Path
 import numpy as np
 
 from prvr.index import GalleryVideo
+from prvr.words import counted
 
 log = logging.getLogger(__name__)
 
@@ -326,8 +327,8 @@ class PersistentStore:
                 restored.append(GalleryVideo(h["video_id"], a["features"], a["start"], a["end"],
                                              float(h["duration"]), h["title"], str(media), h["sha256"]))
             for key, n in others.items():
-                log.info("skipping %d persisted videos of feature profile %s (this app runs %r v%s): "
-                         "start with that profile to see them", n, key, self.profile.get("name"),
+                log.info("skipping %s of feature profile %s (this app runs %r v%s): start with that "
+                         "profile to see them", counted(n, "persisted video"), key, self.profile.get("name"),
                          self.profile.get("version"))
             self.report.other_profile = sum(others.values())
             self.report.restored = len(restored)
@@ -345,7 +346,7 @@ class PersistentStore:
         (``seconds``: the whole restore, adding to the gallery included; default: reading the folder)."""
         r = self.report
         took = r.seconds if seconds is None else seconds
-        skipped = f", skipped {len(r.damaged)} damaged files (warnings above)" if r.damaged else ""
+        skipped = f", skipped {counted(len(r.damaged), 'damaged file')} (warnings above)" if r.damaged else ""
         others = f", left {r.other_profile} of another feature profile alone" if r.other_profile else ""
-        return (f"persistent gallery in {self.root}: restored {r.restored} videos in {took:.1f} s without "
-                f"extracting them{skipped}{others}; new shared videos and removals are saved there")
+        return (f"persistent gallery in {self.root}: restored {counted(r.restored, 'video')} in {took:.1f} s "
+                f"without extracting them{skipped}{others}; new shared videos and removals are saved there")

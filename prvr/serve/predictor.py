@@ -17,6 +17,7 @@ import dataclasses
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from decimal import Decimal
 from pathlib import Path
 
 from extract.pipeline import TextEncoder
@@ -32,6 +33,12 @@ from prvr.serve.owner import DataDirLock
 from prvr.serve.progress import Progress
 from prvr.serve.sessions import SessionGallery, open_session
 from prvr.serve.settings import AppSettings
+
+
+def complement(share: float) -> float:
+    """``1 - share`` as the person who gave ``share`` reads it: 0.3 for 0.7 (float arithmetic gives
+    0.30000000000000004, which the API's ``weights`` would show)."""
+    return float(Decimal(1) - Decimal(repr(float(share))))
 
 
 class Serialised:
@@ -109,7 +116,7 @@ class Predictor:
         galleries = [self.index] + ([session.index] if session is not None and len(session.index) else [])
         # cleaned and encoded once by the profile's text backbone, ranked in every gallery; one confidence
         # rule for all hits: each video's own cuts from its reference scores at these weights
-        response = search_text(galleries, query, self.text.encode, k, Weights(weight, 1.0 - weight),
+        response = search_text(galleries, query, self.text.encode, k, Weights(weight, complement(weight)),
                                confidence=self.confidence)
         private = session.index.position if len(galleries) > 1 else {}
         located = [dict(r, path=str(self.media.locate(r["path"])),
@@ -187,12 +194,3 @@ class Predictor:
     def example_queries(self) -> list[str]:
         """Demo captions to offer as example queries."""
         return list(self.examples)
-
-    def static_paths(self) -> list[str]:
-        """Folders whose videos the app serves in place (never copied into Gradio's cache)."""
-        owned = [self.settings.data_dir / "demo", self.media.dir, self.sessions_dir]
-        for folder in owned:
-            folder.mkdir(parents=True, exist_ok=True)
-        persist = self.ingest.persist
-        kept = [persist.media_dir] if persist is not None else []  # restored videos play from there
-        return [str(p) for p in owned + kept + ([self.settings.gallery] if self.settings.gallery else [])]

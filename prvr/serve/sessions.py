@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from prvr.index import IndexConfig, ReferenceQueries, VideoIndex
+from prvr.words import counted
 
 log = logging.getLogger(__name__)
 
@@ -28,7 +29,7 @@ class SessionGallery:
 
     def close(self) -> None:
         """Delete the session's videos and index."""
-        log.info("deleting session gallery %s (%d uploads)", self.root, self.uploads)
+        log.info("deleting session gallery %s (%s)", self.root, counted(self.uploads, "upload"))
         shutil.rmtree(self.root, ignore_errors=True)
 
     @staticmethod

@@ -1,20 +1,27 @@
 """Everything the app can be told: ``AppSettings`` from command-line flags, then ``PRVR_*`` variables, then
-defaults (``python app.py --help`` lists them)."""
+defaults (``python app.py --help`` lists them, with what each does and its default).
+
+Each option is declared once, as a field of ``AppSettings`` with its help text (``option``); the command
+line, its ``--help`` and the ``PRVR_*`` variables all come from those fields. Only the standard library (and
+``prvr.paths``, itself stdlib-only) is imported here, so that ``--help`` and a malformed flag are answered
+before torch and gradio load (``prvr.serve.startup.check_command_line``); what checks a value with the
+heavy modules imports them when it runs.
+"""
 
 from __future__ import annotations
 
 import argparse
 import importlib.util
 import os
-from collections.abc import Sequence
-from dataclasses import dataclass, field, fields
+import textwrap
+from collections.abc import Callable, Sequence
+from dataclasses import MISSING, dataclass, field, fields
 from pathlib import Path
 
-from extract.pipeline import parse_weights
-from prvr.index import QdrantTarget
 from prvr.paths import default_data_dir
 
 UPLOAD_MODES = ("session", "shared")
+ENV_PREFIX = "PRVR_"
 
 
 def on_spaces() -> bool:
@@ -31,34 +38,74 @@ def on_zerogpu() -> bool:
     return importlib.util.find_spec("spaces") is not None
 
 
+def option(help: str, default: object = MISSING, *, default_factory: Callable[[], object] | object = MISSING,
+           metavar: str | None = None, default_words: str | None = None, choices: Sequence[str] | None = None,
+           repeatable: bool = False) -> object:
+    """A field of ``AppSettings`` with what its flag does (``help``: a phrase, no default in it).
+    ``default_words``: the default in words where the value alone says too little (None, or one that
+    depends on where the app runs); ``repeatable``: the flag may be given several times (its variable holds
+    comma-separated items)."""
+    return field(default=default, default_factory=default_factory,
+                 metadata={"help": help, "metavar": metavar, "default_words": default_words,
+                           "choices": choices, "repeatable": repeatable})
+
+
 @dataclass
 class AppSettings:
     """Everything the app can be told; CLI flags override ``PRVR_*`` environment variables."""
 
-    host: str = field(default_factory=lambda: "0.0.0.0" if on_spaces() else "127.0.0.1")
-    port: int = 7860
-    data_dir: Path = field(default_factory=default_data_dir)
-    checkpoint: Path | None = None  # a trained MS-SL checkpoint; None: a training-free model
-    profile: str | None = None  # None: the checkpoint's profile, else "clip" if it loads, else "lite"
-    weights: tuple[str, ...] = ()  # BACKBONE=SPEC each (e.g. clip=DIR); env PRVR_WEIGHTS: comma-separated
-    gallery: Path | None = None  # a folder of the user's videos, indexed at start (incrementally)
-    uploads: str = field(default_factory=lambda: "session" if on_spaces() else "shared")
-    max_upload_mb: int = 200
-    max_uploads_per_session: int = 10
+    host: str = option("the network address to listen on", metavar="HOST",
+                       default_factory=lambda: "0.0.0.0" if on_spaces() else "127.0.0.1",
+                       default_words="127.0.0.1, this machine only; 0.0.0.0 on a Hugging Face Space")
+    port: int = option("the port of the page, the API and the MCP tools", 7860, metavar="PORT")
+    data_dir: Path = option("the working folder on local disk: the index, extracted features, the demo "
+                            "videos and caches", default_factory=default_data_dir, metavar="DIR")
+    checkpoint: Path | None = option(
+        "a trained MS-SL checkpoint to serve: a folder saved by prvr.train or an official model.ckpt", None,
+        metavar="DIR_OR_FILE", default_words="none, a training-free model serves")
+    profile: str | None = option(
+        "the feature profile and model: clip (a CLIP-family model, training-free), lite (the offline "
+        "bridge, training-free) or a checkpoint's profile", None, metavar="NAME",
+        default_words="the checkpoint's; without one, clip where its weights load, else lite")
+    weights: tuple[str, ...] = option(
+        "a backbone's weights, by Hugging Face hub id or local folder, e.g. clip=/models/siglip or "
+        "clip=hf-hub:google/siglip-base-patch16-224; give the flag once per backbone", (),
+        metavar="BACKBONE=SPEC", default_words="each backbone's own default weights", repeatable=True)
+    gallery: Path | None = option(
+        "a folder of your videos, indexed at start (later starts index only new or changed files, by "
+        "sha256) and shared with every visitor", None, metavar="DIR", default_words="none")
+    uploads: str = option(
+        "where uploads go: session (private to one browser session, deleted when it ends) or shared (they "
+        "join the shared gallery, for everyone)", metavar="MODE", choices=UPLOAD_MODES,
+        default_factory=lambda: "session" if on_spaces() else "shared",
+        default_words="shared; session on a Hugging Face Space")
+    max_upload_mb: int = option("the largest file an upload may be, in MB", 200, metavar="MB")
+    max_uploads_per_session: int = option("how many videos one browser session may add (--uploads session)",
+                                          10, metavar="N")
     # longer uploads are refused (on this project's 2-core CPU lite extracts 3-6 s of video a second: an
     # hour in 10-20 minutes; on ZeroGPU an hour of lite asks for 220 GPU seconds, prvr.serve.zerogpu)
-    max_duration_s: float = 60 * 60.0
-    session_ttl_s: float = 6 * 3600.0  # a session's private uploads are deleted after this much idle time
-    demo_videos: str | None = None  # comma-separated demo video ids to index; None: all (fewer: faster start)
-    mcp: bool = False  # also serve the named endpoints as MCP tools at /gradio_api/mcp/ (needs gradio[mcp])
-    # comma-separated server dirs whose files the MCP add_video tool may read by path (None: no paths)
-    mcp_allow_paths: str | None = None
-    # the shared gallery's backend: None, the built-in index in data_dir; qdrant://HOST:PORT/COLLECTION (a
-    # server) or qdrant+local://DIR (embedded): prvr.index.qdrant, docs/qdrant.md
-    index: str | None = None
-    # a folder (a mounted Storage Bucket) keeping the shared gallery across restarts as write-once files
-    # (prvr.serve.persist); None: the shared gallery lives in data_dir only
-    persist: Path | None = None
+    max_duration_s: float = option("the longest video an upload may be, in seconds", 60 * 60.0,
+                                   metavar="SECONDS", default_words="3600, one hour")
+    session_ttl_s: float = option(
+        "a browser session's private uploads are deleted after it has been idle this many seconds",
+        6 * 3600.0, metavar="SECONDS", default_words="21600, 6 hours")
+    demo_videos: str | None = option(
+        "which demo videos to index, comma-separated ids such as demo01,demo05 (fewer start faster)", None,
+        metavar="IDS", default_words="all 8 demo videos")
+    mcp: bool = option(
+        "also serve search, add_video and info as MCP tools at /gradio_api/mcp/; yes or no, the flag alone "
+        "means yes", False, metavar="yes|no", default_words="no")
+    mcp_allow_paths: str | None = option(
+        "comma-separated server folders whose files MCP's add_video may read by path (they join the shared "
+        "gallery)", None, metavar="DIR[,DIR]", default_words="none: MCP clients send the file or a URL")
+    # prvr.index.qdrant, docs/qdrant.md
+    index: str | None = option(
+        "the shared gallery in Qdrant: qdrant://HOST:PORT/COLLECTION (a server) or qdrant+local://DIR "
+        "(embedded)", None, metavar="URL", default_words="the built-in index in the data dir")
+    # prvr.serve.persist
+    persist: Path | None = option(
+        "a folder (a mounted Storage Bucket) that keeps the shared gallery across restarts, as write-once "
+        "files", None, metavar="DIR", default_words="none: the shared gallery lives in the data dir only")
 
     def __post_init__(self) -> None:
         if self.uploads not in UPLOAD_MODES:
@@ -71,6 +118,7 @@ class AppSettings:
         self.gallery = Path(self.gallery).expanduser() if self.gallery else None
         self.persist = Path(self.persist).expanduser() if self.persist else None
         if self.index:
+            from prvr.index import QdrantTarget  # numpy and the index: only to check a URL
 
             QdrantTarget.parse(self.index)  # a bad URL is refused before anything loads
         self.weights = tuple(self.weights)
@@ -78,37 +126,70 @@ class AppSettings:
 
     def weight_specs(self) -> dict[str, str]:
         """``--weights`` as {backbone: spec}; every item must name its backbone (NAME=SPEC)."""
+        from extract.pipeline import parse_weights  # torch: only when there are settings to check
+
         specs = parse_weights(list(self.weights))
         if isinstance(specs, str):
             raise ValueError(f"--weights {specs!r} must name its backbone, e.g. clip=/path/to/model")
         return specs or {}
 
     @classmethod
+    def parser(cls) -> argparse.ArgumentParser:
+        """The command line: one flag per field, its ``PRVR_<NAME>`` variable as the default, help from
+        the field (what it does, its default, its variable)."""
+        parser = argparse.ArgumentParser(
+            prog="python app.py", description="PRVR video search: the Gradio app (page, API, MCP tools).",
+            formatter_class=WholeWords,
+            epilog=f"Each option can also be set by its {ENV_PREFIX}* environment variable; a flag wins over "
+                   "the variable.")
+        for f in fields(cls):
+            meta, env = f.metadata, f"{ENV_PREFIX}{f.name.upper()}"
+            flag = f"--{f.name.replace('_', '-')}"
+            if meta["repeatable"]:  # repeatable; the variable holds comma-separated items
+                parser.add_argument(flag, action="append", metavar=meta["metavar"], default=None,
+                                    help=help_text(f, f"{env}, comma-separated"))
+                continue
+            kind = {"int": int, "float": float, "bool": _yes}.get(str(f.type), str)
+            nargs = {"nargs": "?", "const": True} if kind is _yes else {}  # ``--mcp`` alone means yes
+            parser.add_argument(flag, type=kind, default=os.environ.get(env), choices=meta["choices"],
+                                metavar=meta["metavar"], help=help_text(f, env), **nargs)
+        return parser
+
+    @classmethod
     def from_args(cls, argv: Sequence[str] | None = None) -> AppSettings:
         """Settings from command-line flags, falling back to ``PRVR_<NAME>`` variables, then defaults."""
-        parser = argparse.ArgumentParser(description="PRVR video search app (Gradio).")
-        for f in fields(cls):
-            env = os.environ.get(f"PRVR_{f.name.upper()}")
-            if f.name == "weights":  # repeatable; the variable holds comma-separated items
-                parser.add_argument("--weights", action="append", metavar="BACKBONE=SPEC",
-                                    default=None, help="backbone weights, e.g. clip=/path/to/model "
-                                    "(repeatable; env PRVR_WEIGHTS, comma-separated)")
-                continue
-            kind = {"port": int, "max_upload_mb": int, "max_uploads_per_session": int,
-                    "max_duration_s": float, "session_ttl_s": float, "mcp": _yes}.get(f.name, str)
-            flag = {"nargs": "?", "const": True} if kind is _yes else {}  # ``--mcp`` alone means yes
-            parser.add_argument(f"--{f.name.replace('_', '-')}", type=kind, default=env,
-                                choices=UPLOAD_MODES if f.name == "uploads" else None,
-                                help=f"(env PRVR_{f.name.upper()})", **flag)
+        parser = cls.parser()
         # argparse converts string defaults (the environment's values) with ``type`` too
         given = {k: v for k, v in vars(parser.parse_args(argv)).items() if v is not None}
-        if "weights" not in given and os.environ.get("PRVR_WEIGHTS"):
-            given["weights"] = [w.strip() for w in os.environ["PRVR_WEIGHTS"].split(",") if w.strip()]
+        repeatable = [f.name for f in fields(cls) if f.metadata["repeatable"]]
+        for name in repeatable:
+            value = os.environ.get(f"{ENV_PREFIX}{name.upper()}")
+            if name not in given and value:
+                given[name] = [w.strip() for w in value.split(",") if w.strip()]
         try:
             return cls(**given)
         except ValueError as err:
             parser.error(str(err))
             raise  # unreachable: parser.error exits
+
+
+class WholeWords(argparse.HelpFormatter):
+    """argparse's help layout without breaking lines inside hyphenated words ("hf-hub:...")."""
+
+    def _split_lines(self, text: str, width: int) -> list[str]:
+        return textwrap.wrap(" ".join(text.split()), width, break_on_hyphens=False)
+
+
+def help_text(f, env: str) -> str:
+    """A flag's help: what it does, its default, and its environment variable (with its value when set)."""
+    meta = f.metadata
+    if meta["default_words"] is not None:
+        default = meta["default_words"]
+    else:
+        default = f.default_factory() if f.default_factory is not MISSING else f.default
+    variable = env.split(",")[0]
+    now = f", set now: {os.environ[variable]!r}" if os.environ.get(variable) else ""
+    return f"{meta['help']} (default: {default}; environment: {env}{now})".replace("%", "%%")
 
 
 def _yes(text: str) -> bool:

@@ -2,8 +2,8 @@
 output a user cannot act on (library progress bars, deprecation warnings, raw FFmpeg lines).
 
 Only the standard library is imported here: ``app.py`` loads this file and calls ``early_start`` before it
-imports gradio and torch (seconds; ``prvr/__init__`` imports torch, so app.py loads it by path), so that a
-busy port is refused at once and the imports are logged.
+imports gradio and torch (seconds; ``prvr/__init__`` imports torch, so app.py loads it by path), so that
+``--help`` answers at once, a malformed flag and a busy port are refused at once, and the imports are logged.
 """
 
 from __future__ import annotations
@@ -11,14 +11,17 @@ from __future__ import annotations
 import argparse
 import contextlib
 import errno
+import importlib
 import logging
 import os
 import socket
 import sys
 import threading
 import time
+import types
 import warnings
 from collections.abc import Sequence
+from pathlib import Path
 
 log = logging.getLogger("prvr.serve.startup")
 
@@ -34,6 +37,29 @@ class PortBusy(SystemExit):
         super().__init__(2)
         self.message = (f"cannot serve on {host}:{port}: {why}. Stop the program using it or choose another "
                         f"port with --port PORT (or the PRVR_PORT variable).")
+
+
+def check_command_line(argv: Sequence[str]) -> None:
+    """Read the command line with ``AppSettings``' own parser, before anything heavy loads: ``--help``
+    prints the usage and exits 0, a malformed flag exits 2 with argparse's message (``SystemExit``).
+
+    ``prvr.serve.settings`` imports only the standard library and ``prvr.paths``; in a process that has not
+    imported ``prvr`` yet (``app.py`` at its start) both are loaded under bare stand-ins of their packages,
+    whose ``__init__`` (torch) does not run, and forgotten afterwards: the real imports later run as usual.
+    """
+    stand_ins = [name for name in ("prvr", "prvr.serve") if name not in sys.modules]
+    before = {name for name in sys.modules if name.startswith("prvr.")}
+    root = Path(__file__).resolve().parents[2]
+    for name in stand_ins:
+        package = types.ModuleType(name)
+        package.__path__ = [str(root.joinpath(*name.split(".")))]
+        sys.modules[name] = package
+    try:
+        importlib.import_module("prvr.serve.settings").AppSettings.parser().parse_args(list(argv))
+    finally:
+        if stand_ins:  # the modules of this checkout loaded under them (the standard library's stay)
+            for name in {n for n in sys.modules if n.startswith("prvr.")} - before | set(stand_ins):
+                del sys.modules[name]
 
 
 def early_settings(argv: Sequence[str] | None) -> tuple[str, int | None]:
@@ -108,12 +134,16 @@ class Heartbeat(logging.Handler):
 def quiet_libraries() -> None:
     """No output a user cannot act on: transformers' weight-loading progress bars, its deprecation and
     loss-type notices (raised when the text model is traced), and decord's raw FFmpeg lines for a damaged
-    file (the decoder's own warning and the upload's message name the file and the problem). Real errors
-    still show: only these messages are dropped, and FFmpeg's errors reach us as exceptions."""
+    file (the decoder's own warning and the upload's message name the file and the problem), and the INFO
+    lines of the MCP server and of HTTP clients (gradio's own loopback calls): 4-6 a tool call, "Terminating
+    session: None" among them. Real errors still show: only these messages are dropped (the MCP server's
+    and httpx's warnings pass), and FFmpeg's errors reach us as exceptions."""
     warnings.filterwarnings("ignore", message=r".*is_gradient_checkpointing.*", category=FutureWarning)
     warnings.filterwarnings("ignore", message=r".*loss_type=None.*", category=FutureWarning)
     # gradio's note that MCP calls get a fresh State: each MCP call is its own session, as documented
     warnings.filterwarnings("ignore", message=r"This MCP server includes a tool that has a gr\.State input")
+    for library in ("mcp", "httpx"):
+        logging.getLogger(library).setLevel(logging.WARNING)
     with contextlib.suppress(ImportError):
         import transformers.utils.logging as hf_logging
 
@@ -137,9 +167,11 @@ def early_start(argv: Sequence[str] | None = None) -> Heartbeat:
     """Before gradio and torch load: logging with times, the port check (a busy port exits here with one
     line), and the heartbeat that speaks during long steps. Returns the heartbeat (``stop`` it once up)."""
     global _HEARTBEAT
+    argv = sys.argv[1:] if argv is None else argv
+    check_command_line(argv)  # --help, or a bad flag: answered here, before any log line
     logging.basicConfig(level=logging.INFO, format=LOG_FORMAT)
-    host, port = early_settings(sys.argv[1:] if argv is None else argv)
-    if port is not None and not any(a in ("-h", "--help") for a in (argv or sys.argv[1:])):
+    host, port = early_settings(argv)
+    if port is not None:
         try:
             check_port(host, port)
         except PortBusy as busy:

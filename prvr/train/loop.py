@@ -36,6 +36,7 @@ from prvr.evaluate.retrieval import evaluate_split, format_table
 from prvr.models.checkpoint import load_checkpoint, save_checkpoint
 from prvr.models.mssl import EXTENSIONS, MSSL, MSSLConfig
 from prvr.train.optim import BertAdam, param_groups
+from prvr.words import counted
 
 log = logging.getLogger(__name__)
 
@@ -183,7 +184,8 @@ class Trainer:
             self.epoch += 1
             self.save_state(self.out / "last")
             if self.cfg.max_es_cnt != -1 and self.es_cnt > self.cfg.max_es_cnt:
-                log.info("early stop after epoch %d (%d epochs without gain)", self.epoch - 1, self.es_cnt)
+                log.info("early stop after epoch %d (%s without gain)", self.epoch - 1,
+                         counted(self.es_cnt, "epoch"))
                 break
         return {"best_epoch": self.best_epoch, "best_sumr": self.best_sumr}
 
@@ -274,7 +276,7 @@ def main(argv: list[str] | None = None) -> dict:
     result["test"] = evaluate_split(best, test, query_bsz=train_cfg.eval_query_bsz,
                                     video_bsz=train_cfg.eval_video_bsz)
     trainer.log_record({"test": result["test"], "best_epoch": result["best_epoch"]})
-    print(f"test: {len(test.captions)} queries, {len(test.video_ids)} videos, "
-          f"best epoch {result['best_epoch']}")
+    print(f"test: {counted(len(test.captions), 'query', 'queries')}, "
+          f"{counted(len(test.video_ids), 'video')}, best epoch {result['best_epoch']}")
     print(format_table(result["test"]))
     return result
