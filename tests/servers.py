@@ -65,3 +65,19 @@ def client(url: str):
     from gradio_client import Client
 
     return Client(url, verbose=False)
+
+
+def call_mcp(url: str, *calls: tuple[str, dict], timeout: float = 180) -> list:
+    """Call the app's MCP tools in order over one streamable-HTTP session; their CallToolResults."""
+    import asyncio
+
+    from mcp import ClientSession
+    from mcp.client.streamable_http import streamablehttp_client
+
+    async def talk() -> list:
+        async with streamablehttp_client(url + "gradio_api/mcp/") as (read, write, _), \
+                ClientSession(read, write) as session:
+            await session.initialize()
+            return [await session.call_tool(name, arguments) for name, arguments in calls]
+
+    return asyncio.run(asyncio.wait_for(talk(), timeout))

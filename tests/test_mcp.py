@@ -18,20 +18,7 @@ from urllib.parse import quote
 import pytest
 
 from tests.clips import write_clip
-
-
-def call(url: str, *calls: tuple[str, dict]) -> list:
-    """Call MCP tools in order over one streamable-HTTP session; their CallToolResults."""
-    from mcp import ClientSession
-    from mcp.client.streamable_http import streamablehttp_client
-
-    async def talk() -> list:
-        async with streamablehttp_client(url + "gradio_api/mcp/") as (read, write, _), \
-                ClientSession(read, write) as session:
-            await session.initialize()
-            return [await session.call_tool(name, arguments) for name, arguments in calls]
-
-    return asyncio.run(asyncio.wait_for(talk(), 180))
+from tests.servers import call_mcp as call
 
 
 def kept(predictor) -> set[str]:

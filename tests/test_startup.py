@@ -20,6 +20,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.servers import call_mcp, free_port
+
 REPO = Path(__file__).resolve().parents[1]
 SHARED = REPO.parent / "shared"
 QUIET_LIMIT_S = 5.0
@@ -28,12 +30,6 @@ STAMP = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}) ")
 
 def env() -> dict:
     return dict(os.environ, GRADIO_ANALYTICS_ENABLED="False", HF_HUB_OFFLINE="1", PYTHONUNBUFFERED="1")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def ctrl_c_as_in_a_terminal() -> None:
@@ -88,23 +84,11 @@ class Running:
 
 def mcp_calls(url: str, clip: Path) -> list:
     """search, info and add_video (``clip`` as base64 data) through the mcp package's client."""
-    import asyncio
     import base64
 
-    from mcp import ClientSession
-    from mcp.client.streamable_http import streamablehttp_client
-
     data = "data:video/mp4;base64," + base64.b64encode(clip.read_bytes()).decode()
-    calls = [("search", {"query": "a clear glass flower figurine seen up close", "top_k": 1}), ("info", {}),
-             ("add_video", {"video": data})]
-
-    async def talk() -> list:
-        async with streamablehttp_client(url + "gradio_api/mcp/") as (read, write, _), \
-                ClientSession(read, write) as session:
-            await session.initialize()
-            return [await session.call_tool(name, arguments) for name, arguments in calls]
-
-    return asyncio.run(asyncio.wait_for(talk(), 300))
+    return call_mcp(url, ("search", {"query": "a clear glass flower figurine seen up close", "top_k": 1}),
+                    ("info", {}), ("add_video", {"video": data}), timeout=300)
 
 
 @pytest.fixture(scope="module")
