@@ -9,7 +9,9 @@ re-implementation of the API, not the engine: it checks the requests, not Qdrant
 
 from __future__ import annotations
 
+import gc
 import socket
+import tempfile
 import time
 from pathlib import Path
 
@@ -181,6 +183,21 @@ def test_add_remove_reopen_and_refusals(tmp_path: Path) -> None:
                                                  f"'{other.fingerprint()}'"):
         QdrantIndex.open(spec, other)
     QdrantIndex.open(spec, model).close()  # a refused open released the store
+
+
+def test_an_in_memory_store_leaves_nothing_behind(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # where the engine's temporary shards go
+    model = small_model(**TINY)
+    closed = QdrantIndex.create(MEMORY, model, QdrantConfig())
+    closed.add(gallery(2, max_rows=12))
+    dropped = QdrantIndex.create(MEMORY, model, QdrantConfig())
+    dropped.add(gallery(2, max_rows=12))
+    assert len(list(tmp_path.iterdir())) == 2
+    closed.close()
+    assert len(list(tmp_path.iterdir())) == 1
+    del dropped  # never closed: removed when collected (or at exit)
+    gc.collect()
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_a_failed_upload_leaves_the_collection_as_it_was() -> None:

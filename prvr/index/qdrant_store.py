@@ -45,6 +45,7 @@ import os
 import re
 import shutil
 import tempfile
+import weakref
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -357,6 +358,9 @@ class EdgeDirectory:
         self.target = target
         self._temp = target.path == ":memory:"
         self.root = Path(tempfile.mkdtemp(prefix="qdrant-edge-")) if self._temp else Path(target.path)
+        # a temporary store is removed when closed, collected or at exit, whichever comes first: an index
+        # that is dropped without close() leaves nothing behind
+        self._removal = weakref.finalize(self, shutil.rmtree, self.root, True) if self._temp else None
         try:
             self.root.mkdir(parents=True, exist_ok=True)
             self._lock: int | None = os.open(self.root / "lock", os.O_RDWR | os.O_CREAT, 0o644)
@@ -381,8 +385,8 @@ class EdgeDirectory:
         if self._lock is not None:
             os.close(self._lock)  # releases the flock
             self._lock = None
-        if self._temp:
-            shutil.rmtree(self.root, ignore_errors=True)
+        if self._removal is not None:
+            self._removal()
 
 
 class EdgeStore:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import bisect
 import mmap
+import os
 import threading
 from collections.abc import Iterable
 from functools import cached_property
@@ -26,6 +27,7 @@ from prvr.index.rank import Stored
 from prvr.index.schema import RAGGED
 from prvr.index.sketch import FIRST_PASS, SKETCH
 
+ADVISE_ABOVE = 0.25  # share of physical memory the mapped arrays must exceed for prefetch/release
 BASIS = "head_basis"  # a segment's (d, H) head basis (one per segment, not per video)
 
 
@@ -61,6 +63,11 @@ class Snapshot:
         self.catalog = Catalog.of(self.videos, self.live)
         self.position = self.catalog.position
         self._lazy = threading.Lock()  # builds the faiss index once
+        # Reading ahead and releasing pages pays only when the mapped arrays outgrow the page cache; below
+        # that, the pages stay cached and mapped, and the advice would be a few hundred syscalls per query
+        # (4 ms of a 9 ms query at 2,179 videos).
+        mapped = sum(len(m.map) for maps in self.maps for m in maps.values())
+        self.advising = mapped > ADVISE_ABOVE * os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
 
     @staticmethod
     def _open(root: Path, entry: dict, verify: bool, table: np.ndarray
@@ -129,7 +136,9 @@ class Snapshot:
         self._advise(keys, positions, mmap.MADV_DONTNEED)
 
     def _advise(self, keys: Iterable[str], positions: np.ndarray, advice: int) -> None:
-        """``store.advise`` over these arrays' rows of these videos."""
+        """``store.advise`` over these arrays' rows of these videos (when the snapshot is ``advising``)."""
+        if not self.advising:
+            return
         keys = tuple(keys)
         for position in np.asarray(positions, dtype=np.int64).tolist():  # (plain ints: a few hundred calls)
             s = bisect.bisect_right(self._starts, position) - 1
