@@ -143,23 +143,10 @@ def extraction(models: VideoExtractor, video: Path, frames: Path, work: Path, de
     return out
 
 
-def main(argv: list[str] | None = None) -> dict:
-    """Run every measurement; print and return one JSON object."""
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--device", default="cuda", choices=("cuda", "cpu"))
-    parser.add_argument("--quick", action="store_true", help="a 20 s clip, lite and clip only (tests)")
-    parser.add_argument("--seconds", type=float, help="the clip's length (default 600, quick 20)")
-    parser.add_argument("--profiles", nargs="+", help="default: lite clip paper (quick: lite clip)")
-    args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.WARNING)
-    if args.device == "cuda" and not torch.cuda.is_available():
-        parser.error("no CUDA device here: run with --device cpu --quick to check the script")
+def measure(args: argparse.Namespace, profiles: list[str], seconds: float, work: Path) -> dict:
+    """Every measurement of one run, its clip and models made in work."""
     from prvr.serve.zerogpu import SlotRule
 
-    t_start = time.perf_counter()
-    profiles = args.profiles or (["lite", "clip"] if args.quick else ["lite", "clip", "paper"])
-    seconds = args.seconds or (20.0 if args.quick else 600.0)
-    work = Path(tempfile.mkdtemp(prefix="gpu_check_"))
     result: dict = {"device": args.device, "quick": args.quick, "torch": torch.__version__,
                     "cpu_cores": len(os.sched_getaffinity(0)), "load_avg_1min": round(os.getloadavg()[0], 2),
                     "gpu": torch.cuda.get_device_name(0) if args.device == "cuda" else None}
@@ -195,6 +182,25 @@ def main(argv: list[str] | None = None) -> dict:
                                  "default_per_frame_s": rule.default_per_frame_s, "slot_s": rule.slot_s},
                       "implied": {"start_s": round(start_s, 1), "per_frame_s": implied},
                       "margins": {"per_frame": FRAME_MARGIN, "start": START_MARGIN}}
+    return result
+
+
+def main(argv: list[str] | None = None) -> dict:
+    """Run every measurement; print and return one JSON object."""
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--device", default="cuda", choices=("cuda", "cpu"))
+    parser.add_argument("--quick", action="store_true", help="a 20 s clip, lite and clip only (tests)")
+    parser.add_argument("--seconds", type=float, help="the clip's length (default 600, quick 20)")
+    parser.add_argument("--profiles", nargs="+", help="default: lite clip paper (quick: lite clip)")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.WARNING)
+    if args.device == "cuda" and not torch.cuda.is_available():
+        parser.error("no CUDA device here: run with --device cpu --quick to check the script")
+    t_start = time.perf_counter()
+    profiles = args.profiles or (["lite", "clip"] if args.quick else ["lite", "clip", "paper"])
+    seconds = args.seconds or (20.0 if args.quick else 600.0)
+    with tempfile.TemporaryDirectory(prefix="gpu_check_") as tmp:  # the clip and models: ~600 MB, gone after
+        result = measure(args, profiles, seconds, Path(tmp))
     result["total_s"] = round(time.perf_counter() - t_start, 1)
     print(json.dumps(result, indent=2))
     return result

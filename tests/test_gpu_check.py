@@ -4,17 +4,22 @@ GPU machine): every measurement is taken, through the same code paths, and the J
 from __future__ import annotations
 
 import json
+import tempfile
+from pathlib import Path
 
 import pytest
 
 from extract.profiles import get_profile
 
 
-def test_the_quick_cpu_run_measures_every_step(capsys: pytest.CaptureFixture) -> None:
+def test_the_quick_cpu_run_measures_every_step(capsys: pytest.CaptureFixture, tmp_path: Path,
+                                                monkeypatch: pytest.MonkeyPatch) -> None:
     from benchmarks import gpu_check
     from prvr.serve.zerogpu import SlotRule
 
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # where the run makes its clip and models
     result = gpu_check.main(["--device", "cpu", "--quick", "--seconds", "8"])
+    assert not list(tmp_path.glob("gpu_check_*"))  # its clip, frames and models are gone (~600 MB a run)
     assert json.loads(capsys.readouterr().out) == result  # one JSON object on stdout
     assert result["device"] == "cpu" and result["clip"]["seconds"] == 8.0
     for profile in ("lite", "clip"):
