@@ -61,3 +61,39 @@ def test_every_entry_point_imports_the_fix_first() -> None:
         heavy = ("gradio", "torch", "prvr", "extract")
         first = next(ln for ln in imports if any(name in ln for name in heavy))
         assert "extract" in first or "prvr" in first, first
+
+
+def imported_modules(paths: list[Path]) -> set[str]:
+    """Top-level names of every module imported anywhere in these files (function-level imports too)."""
+    import ast
+
+    names = set()
+    for path in paths:
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Import):
+                names.update(alias.name.split(".")[0] for alias in node.names)
+            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                names.add(node.module.split(".")[0])
+    return names
+
+
+def test_every_library_the_app_imports_is_pinned_in_requirements() -> None:
+    """A clean install (`pip install -r requirements.txt`) gets every third-party module that the shipped
+    code (app.py, prvr/, extract/) imports, at a pinned version."""
+    from importlib.metadata import packages_distributions
+
+    shipped = [ROOT / "app.py", *(ROOT / "prvr").rglob("*.py"), *(ROOT / "extract").rglob("*.py")]
+    ours = {"prvr", "extract", "app", "__future__"}
+    third_party = {m for m in imported_modules(shipped) - ours - set(sys.stdlib_module_names)}
+    pinned = {}
+    for line in (ROOT / "requirements.txt").read_text().splitlines():
+        spec = line.split("#")[0].split(";")[0].strip()
+        if "==" in spec:
+            pinned[spec.split("==")[0].strip().lower().replace("_", "-")] = spec
+    distributions = packages_distributions()
+    unpinned = {}
+    for module in sorted(third_party):
+        names = {d.lower().replace("_", "-") for d in distributions.get(module, [])}
+        if not names & pinned.keys():
+            unpinned[module] = sorted(names) or "not installed"
+    assert not unpinned, f"imported but not pinned in requirements.txt: {unpinned}"
