@@ -84,7 +84,7 @@ def test_every_library_the_app_imports_is_pinned_in_requirements() -> None:
 
     shipped = [ROOT / "app.py", *(ROOT / "prvr").rglob("*.py"), *(ROOT / "extract").rglob("*.py")]
     ours = {"prvr", "extract", "app", "__future__"}
-    third_party = {m for m in imported_modules(shipped) - ours - set(sys.stdlib_module_names)}
+    third_party = imported_modules(shipped) - ours - set(sys.stdlib_module_names)
     pinned = {}
     for line in (ROOT / "requirements.txt").read_text().splitlines():
         spec = line.split("#")[0].split(";")[0].strip()

@@ -300,11 +300,12 @@ class VideoIndex(Gallery):
         """The k best live videos' evidence from one snapshot, how many were scored exactly, how many live."""
         snap = self.snapshot
         positions, exact, scored, read = self._best(snap, q, k, w, approximate)
-        snap.prefetch(EVIDENCE, np.sort(positions))
+        winners = np.sort(positions)
+        snap.prefetch(EVIDENCE, winners)
         hits = evidence_of(self.model, snap, positions, q, w, exact)
         # done with what this query read from disk: its pages leave the process's resident memory (the
         # page cache keeps them; the hits' arrays read them again if used)
-        snap.release(EVIDENCE, np.sort(positions))
+        snap.release(EVIDENCE, winners)
         snap.release(SCORED, read)
         return hits, scored, len(snap.live)
 
