@@ -23,6 +23,7 @@ import numpy as np
 import torch
 
 import prvr  # noqa: F401  - applies the torchvision CPU fix before anything else
+from prvr.serve.bootstrap import start
 from prvr.serve.predictor import Predictor
 from prvr.serve.settings import AppSettings
 
@@ -64,7 +65,7 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     flags = ["--uploads", "shared"] + (["--data-dir", str(args.data_dir)] if args.data_dir else [])
     flags += ["--demo-videos", args.demo_videos] if args.demo_videos else []
-    predictor = Predictor.from_settings(AppSettings.from_args(flags))
+    predictor = start(AppSettings.from_args(flags))
     if predictor.tracing is not None:  # measure the text model as it serves once traced
         predictor.tracing.join()
     queries = predictor.example_queries() or ["a video"]

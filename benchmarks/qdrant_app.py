@@ -23,6 +23,7 @@ from pathlib import Path
 import prvr  # noqa: F401  - applies the torchvision CPU fix before anything else
 from extract.decode import VIDEO_SUFFIXES
 from extract.pipeline import VideoExtractor
+from prvr.serve.bootstrap import start
 from prvr.serve.predictor import Predictor
 from prvr.serve.settings import AppSettings
 
@@ -83,12 +84,12 @@ def main() -> int:
         qdrant_args = [*common, "--data-dir", str(work / "qdrant-data"),
                        "--index", f"qdrant+local://{work / 'qdrant'}"]
         t0 = time.perf_counter()
-        builtin = Predictor.from_settings(AppSettings.from_args(builtin_args))
+        builtin = start(AppSettings.from_args(builtin_args))
         predictors.append(builtin)
         t1 = time.perf_counter()
         shutil.copytree(work / "builtin", work / "qdrant-data",
                         ignore=shutil.ignore_patterns("indexes", "media", "sessions", ".owner.lock"))
-        qdrant = Predictor.from_settings(AppSettings.from_args(qdrant_args))
+        qdrant = start(AppSettings.from_args(qdrant_args))
         predictors.append(qdrant)
         t2 = time.perf_counter()
         indexed_clips = [i for i in builtin.index.ids if i.startswith("folder:")]
@@ -108,7 +109,7 @@ def main() -> int:
         predictors.remove(qdrant)
         extracted = counting_extractions()
         t3 = time.perf_counter()
-        again = Predictor.from_settings(AppSettings.from_args(qdrant_args))
+        again = start(AppSettings.from_args(qdrant_args))
         predictors.append(again)
         t4 = time.perf_counter()
         reopened_equal = sum(top_k(again, text, k)[2] == top_k(builtin, text, k)[2] for text in QUERIES)

@@ -4,7 +4,7 @@
 
 For each length a clip of real footage is made (``benchmarks.long_clip``: the shipped demo clips and, where
 present, ``../shared/videos``, looped; 640x360, 25 fps H.264, playable as it is) and uploaded with
-``Predictor.add_video`` into the shared gallery of a predictor started with ``Predictor.from_settings`` on
+``Predictor.add_video`` into the shared gallery of a predictor started with ``prvr.serve.bootstrap.start`` on
 one demo video; the time runs from the call until a search (``Predictor.search``) lists the upload. Each
 repeat uploads other bytes (the clip starts at another source), so none is a duplicate. Prints JSON: per
 upload the seconds waited, the video's seconds and their ratio, and the machine's load (the numbers move
@@ -35,7 +35,7 @@ def main() -> None:
     parser.add_argument("--data-dir", type=Path, help="default: a new temporary folder")
     args = parser.parse_args()
     logging.basicConfig(level=logging.WARNING)
-    from prvr.serve.predictor import Predictor
+    from prvr.serve.bootstrap import start
     from prvr.serve.settings import AppSettings
 
     work = Path(tempfile.mkdtemp(prefix="upload_path_"))
@@ -47,7 +47,7 @@ def main() -> None:
             clips.append((seconds, make_long_clip(work / f"upload {seconds:g}s {r}.mp4", seconds, order)))
     settings = AppSettings(data_dir=args.data_dir or work / "data", demo_videos="demo01", uploads="shared")
     t0 = time.perf_counter()
-    predictor = Predictor.from_settings(settings)
+    predictor = start(settings)
     started = time.perf_counter() - t0
     rows, profile = [], predictor.describe()["profile"]["name"]
     try:

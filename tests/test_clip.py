@@ -254,9 +254,8 @@ def test_checkpoint_trained_on_clip_features_is_served(models: dict, videos: lis
                                                         tmp_path: Path) -> None:
     from extract.profiles import ProfileMismatch
     from prvr.evaluate.__main__ import main as evaluate_main
-    from prvr.serve.bootstrap import assemble
+    from prvr.serve.bootstrap import assemble, start
     from prvr.serve.model_choice import load_model
-    from prvr.serve.predictor import Predictor
     from prvr.serve.settings import AppSettings
     from prvr.train.loop import main as train_main
 
@@ -276,7 +275,7 @@ def test_checkpoint_trained_on_clip_features_is_served(models: dict, videos: lis
     settings = AppSettings(data_dir=data_dir_with_demo(tmp_path / "data"),
                            checkpoint=tmp_path / "run" / "best", weights=(f"clip={models['clip']}",),
                            demo_videos="demo01")
-    predictor = Predictor.from_settings(settings)
+    predictor = start(settings)
     assert predictor.profile == "clip" and predictor.model.cfg.visual_dim == DIMS["clip"][0]
     assert predictor.describe()["model"]["why"] == "chosen with --checkpoint"
     results = predictor.search("a cup of coffee", k=1).results

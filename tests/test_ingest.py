@@ -71,7 +71,7 @@ def test_a_start_with_persist_saves_the_shared_videos_the_bucket_lacks(
     """Issue #38 item 4: uploads and folder videos indexed before --persist was given are written to the
     bucket at the next start with --persist (one log line says how many), so a restart on an empty data
     dir still has them; the demo gallery is not written."""
-    from prvr.serve.predictor import Predictor
+    from prvr.serve.bootstrap import start
     from prvr.serve.settings import AppSettings
 
     data, folder, bucket = data_dir_with_demo(tmp_path / "data"), tmp_path / "folder", tmp_path / "bucket"
@@ -85,7 +85,7 @@ def test_a_start_with_persist_saves_the_shared_videos_the_bucket_lacks(
     settings = AppSettings(data_dir=data, persist=bucket, gallery=folder, uploads="shared",
                            demo_videos="demo01")
     with caplog.at_level(logging.INFO, logger="prvr.serve.ingest"):
-        started = Predictor.from_settings(settings)  # the start saves what the bucket lacks
+        started = start(settings)  # the start saves what the bucket lacks
     query = "a gradient moving to the right"
     scores = {r["video_id"]: r["score"] for r in started.search(query, k=10).results}
     assert kept(bucket, started) == shared

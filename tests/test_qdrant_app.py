@@ -34,14 +34,14 @@ def settings(world: SimpleNamespace):
 @pytest.fixture(scope="module")
 def world(tmp_path_factory: pytest.TempPathFactory, data_dir_with_demo):
     """A started Predictor on an embedded Qdrant store, with a folder gallery of one clip."""
-    from prvr.serve.predictor import Predictor
+    from prvr.serve.bootstrap import start
 
     work = tmp_path_factory.mktemp("qdrant-app")
     data = data_dir_with_demo(work / "data")
     folder = work / "folder"
     write_clip(folder / "gradient.mp4", 24, size=(64, 48))
     world = SimpleNamespace(work=work, data=data, folder=folder, url=f"qdrant+local://{work / 'qdrant'}")
-    world.predictor = Predictor.from_settings(settings(world))
+    world.predictor = start(settings(world))
     yield world
     if world.predictor is not None:
         world.predictor.close()
@@ -85,7 +85,7 @@ def test_an_upload_joins_the_shared_gallery(world, tmp_path: Path) -> None:
 
 def test_a_restart_keeps_the_store_and_extracts_nothing(world, monkeypatch: pytest.MonkeyPatch) -> None:
     from extract.pipeline import VideoExtractor
-    from prvr.serve.predictor import Predictor
+    from prvr.serve.bootstrap import start
 
     ids = world.predictor.index.ids
     world.predictor.close()  # releases the embedded store (one process, one client at a time)
@@ -98,7 +98,7 @@ def test_a_restart_keeps_the_store_and_extracts_nothing(world, monkeypatch: pyte
         return original(self, path, *args, **kw)
 
     monkeypatch.setattr(VideoExtractor, "extract", counting)
-    world.predictor = Predictor.from_settings(settings(world))
+    world.predictor = start(settings(world))
     assert world.predictor.index.ids == ids and world.upload in ids
     assert extracted == []  # the demo video, the folder clip and the upload were all found in the store
     after = [(r["video_id"], r["score"]) for r in world.predictor.search("a person walking", k=10).results]

@@ -266,11 +266,10 @@ def test_a_script_with_a_predictor_exits_0_with_only_log_lines(first_start: dict
     script.write_text(textwrap.dedent(f"""
         import sys
         sys.path.insert(0, {str(REPO)!r})
-        from prvr.serve.predictor import Predictor
+        from prvr.serve.bootstrap import start
         from prvr.serve.settings import AppSettings
 
-        predictor = Predictor.from_settings(AppSettings(data_dir={str(first_start['data'])!r},
-                                                        demo_videos="demo01"))
+        predictor = start(AppSettings(data_dir={str(first_start['data'])!r}, demo_videos="demo01"))
         print(predictor.search("a cat looking at the camera", k=1).results[0]["video_id"])
     """))
     done = subprocess.run([sys.executable, str(script)], cwd=tmp_path, env=env(), capture_output=True,

@@ -1,6 +1,6 @@
 """What the app does once, at start: its parts made and the shared gallery brought up to date.
 
-    start(settings) -> Predictor       # the whole start (``Predictor.from_settings`` calls it)
+    start(settings) -> Predictor       # the whole start (app.py, scripts and tests call it)
     assemble(settings, model, info, profile, extractor=None) -> Predictor   # the parts only (scripts, tests)
 
 ``start``, in order: claim the data dir (``prvr.serve.owner``: a second app on it is refused before any

@@ -201,12 +201,14 @@ def absolute(value: object, root_url: str) -> object:
     return value
 
 
-def install(demo, predictor, video_route: str, add_file: Callable[[Path, str | None], dict]) -> bool:
-    """Fix the MCP tools of a launched ``demo`` (see the module docstring); False when MCP is off.
+def install(demo, predictor) -> bool:
+    """Fix the MCP tools of a launched ``demo`` (see the module docstring); False when MCP is off. A server
+    path allowed with --mcp-allow-paths joins the shared gallery (it is the operator's file)."""
+    from prvr.serve.routes import VIDEO_ROUTE as video_route
 
-    ``add_file(path, name)``: adds an allowed server file like the /add_video endpoint does (``name``: the
-    client's name for it, None: the file's own), returning its dict.
-    """
+    def add_file(path: Path, name: str | None) -> dict:
+        return predictor.add_video(path, None, name=name or path.name)
+
     server = getattr(demo, "mcp_server_obj", None)
     if server is None:
         return False

@@ -1,8 +1,8 @@
 """The one object the app talks to: search, uploads, sessions and what the app says about itself.
 
-``Predictor.from_settings(AppSettings.from_args())`` starts the app's parts (``prvr.serve.bootstrap``: the
-data dir claimed, the model and extractor chosen, the shared gallery opened, restored, the demo gallery and
-an optional folder indexed). Then:
+``prvr.serve.bootstrap.start(AppSettings.from_args())`` makes one: the app's parts started (the data dir
+claimed, the model and extractor chosen, the shared gallery opened, restored, the demo gallery and an optional
+folder indexed); this module knows nothing of how. Then:
 
     predictor.search(query, k, clip_weight, session) -> SearchResponse    # a list of Contract 4 dicts
     predictor.add_video(path, session, progress)     -> {status, video_id, message}   (prvr.serve.ingest)
@@ -57,7 +57,8 @@ class Serialised:
 
 @dataclass(eq=False)
 class Predictor:
-    """The app's face over its parts (made by ``prvr.serve.bootstrap``); see the module docstring.
+    """The app's face over its parts (made by ``prvr.serve.bootstrap.start``, which locks the data dir for it
+    until ``close``); see the module docstring.
     Thread-safe: searches run in parallel, each gallery serves reads from an immutable view and serialises
     its own writes; nothing else here is shared mutable state."""
 
@@ -78,14 +79,6 @@ class Predictor:
     def __post_init__(self) -> None:
         self.confidence = self.calibrator.confidence()
         self.sessions_dir = self.settings.data_dir / "sessions"
-
-    @classmethod
-    def from_settings(cls, settings: AppSettings) -> Predictor:
-        """Start the app's parts (``prvr.serve.bootstrap.start``): the data dir is locked for this predictor
-        until ``close`` (a second one on the same dir raises ``prvr.serve.owner.DataDirBusy``)."""
-        from prvr.serve.bootstrap import start  # the start-up steps build a Predictor: imported when used
-
-        return start(settings)
 
     def close(self) -> None:
         """Wait for background work, release the shared gallery (a Qdrant client, its lock) and the data

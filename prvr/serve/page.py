@@ -1,0 +1,276 @@
+"""What the page shows, as text: its CSS and script, each result card's HTML (heatmap SVG, moment chips,
+player), the summary line, the info panel and the upload table, from the API's result dicts.
+
+Pure functions over result and info dicts (Contract 4, ``Predictor.describe``): no Gradio here, so each
+piece is checked without a server; ``app.py`` puts their output into widgets.
+"""
+
+from __future__ import annotations
+
+import html
+
+from prvr.results.confidence import summary_words
+from prvr.results.moments import play_from
+from prvr.results.response import SearchResponse
+from prvr.serve.routes import video_url
+from prvr.serve.settings import AppSettings
+from prvr.words import counted
+
+CLEARLY_T = 3.0  # "stands out" this much is "clearly better": the three-sigma level moments refine at
+# (prvr.results.moments.MomentConfig.descend_t)
+HEAT_STOPS = ((238, 242, 255), (129, 140, 248), (190, 18, 60))  # pale -> indigo -> crimson
+
+HEADER = ('<div class="prvr-header"><h1>Find the moment in long videos</h1><p>Partially Relevant Video '
+          "Retrieval with MS-SL: type what happens; every video that contains it is ranked, with where it "
+          "happens and how sure the model is.</p></div>")
+
+# In the browser, per card (no round trip): clicking a heatmap bin, a moment's outline or a moment chip seeks
+# the card's player; a new search (its id on the card) puts the player back at its start. Gradio redraws an
+# HTML value by patching the old DOM, so a player showing the same video again is the same element, at the
+# position it was left at; a new element starts at its src's media fragment (#t=) by itself.
+SEEK_JS = """
+element.addEventListener('click', (event) => {
+  const target = event.target.closest('[data-t]');
+  const player = element.querySelector('video.player');
+  if (target && player) player.currentTime = parseFloat(target.dataset.t);
+});
+new MutationObserver(() => element.querySelectorAll('video.player').forEach((player) => {
+  const start = () => { player.currentTime = parseFloat(player.dataset.start); };
+  if (player.readyState >= 1) start(); else player.addEventListener('loadedmetadata', start, {once: true});
+})).observe(element, {subtree: true, attributes: true, attributeFilter: ['data-search']});
+"""
+
+CSS = """
+.prvr-header h1 {margin-bottom: 0.2em}
+.prvr-header p {margin-top: 0; opacity: 0.8}
+.result-card {padding: 10px 12px !important; border-radius: 12px !important}
+.card-head {display: flex; align-items: baseline; gap: 10px; flex-wrap: wrap}
+.card-head .rank {font-weight: 700; font-size: 1.25em; color: var(--color-accent)}
+.card-head .title {font-weight: 600; font-size: 1.1em}
+.card-head .vid {opacity: 0.6; font-size: 0.85em}
+.badge {border-radius: 999px; padding: 1px 10px; font-size: 0.82em; font-weight: 600}
+.badge-high {background: #dcfce7; color: #166534}
+.badge-medium {background: #fef9c3; color: #854d0e}
+.badge-low {background: #f1f5f9; color: #475569}
+.badge-none {background: #fee2e2; color: #991b1b}
+.badge-mine {background: #e0e7ff; color: #3730a3}
+.scores {margin: 4px 0 8px; font-size: 0.9em; opacity: 0.85; font-variant-numeric: tabular-nums}
+.heat-wrap {position: relative; margin-top: 4px}
+.heat {width: 100%; height: 64px; display: block; border-radius: 6px; cursor: pointer}
+.heat rect.bin:hover {stroke: #111827; stroke-width: 2}
+.mlabel {position: absolute; top: -9px; transform: translateX(-50%); font-size: 11px; font-weight: 700;
+  background: #111827; color: white; border-radius: 999px; padding: 0 6px; cursor: pointer}
+.mlabel.key {background: #be123c}
+.axis {display: flex; justify-content: space-between; font-size: 0.78em; opacity: 0.65}
+.chips {display: flex; flex-wrap: wrap; gap: 6px; margin-top: 8px}
+.chip {border: 1px solid var(--border-color-primary); border-radius: 999px; padding: 3px 11px;
+  background: var(--background-fill-secondary); cursor: pointer; font-size: 0.86em}
+.chip.key {border-color: #be123c; color: #be123c; font-weight: 600}
+.chip:hover {filter: brightness(0.95)}
+.hint {font-size: 0.8em; opacity: 0.65; margin-top: 6px}
+.card-body {display: grid; grid-template-columns: minmax(0, 3fr) minmax(0, 2fr); gap: 14px;
+  align-items: start}
+.card-body .player {width: 100%; max-height: 260px; background: #000; border-radius: 8px}
+@media (max-width: 760px) {.card-body {grid-template-columns: 1fr}}
+.summary {padding: 8px 12px; border-radius: 10px; background: var(--background-fill-secondary)}
+.summary.abstain {background: #fff7ed; color: #9a3412}
+/* the upload table: words stay whole (Gradio's prose tables wrap "anywhere", which squeezed the result column
+   to "rejecte/d"); a long file name still breaks where it must */
+#upload-status td, #upload-status th {overflow-wrap: break-word; word-break: normal}
+#upload-status td:nth-child(2) {white-space: nowrap}
+"""
+
+UPLOAD_TABLE_HEAD = ["| file | result | details |", "|---|---|---|"]
+
+
+def clock(seconds: float) -> str:
+    """Seconds as m:ss (h:mm:ss past an hour)."""
+    s = max(0, int(round(seconds)))
+    h, m = divmod(s // 60, 60)
+    return f"{h}:{m:02d}:{s % 60:02d}" if h else f"{m}:{s % 60:02d}"
+
+
+def heat_colour(x: float) -> str:
+    """CSS colour for a normalised score in [0, 1] on the pale -> indigo -> crimson scale."""
+    x = min(max(x, 0.0), 1.0) * (len(HEAT_STOPS) - 1)
+    i = min(int(x), len(HEAT_STOPS) - 2)
+    a, b, f = HEAT_STOPS[i], HEAT_STOPS[i + 1], x - i
+    return "rgb({},{},{})".format(*(round(p + (q - p) * f) for p, q in zip(a, b, strict=True)))
+
+
+def heatmap_svg(result: dict, score_range: tuple[float, float]) -> str:
+    """The similarity strip (each heatmap cell and each moment drawn over its own seconds) with the
+    moments outlined (the key moment in red) and the key clip's frame attention."""
+    duration = max(result["duration"], 1e-6)
+    lo, hi = score_range
+    heat = result["heatmap"]
+    parts = []
+    for start, end, score in zip(heat["start"], heat["end"], heat["score"], strict=True):
+        x, w = 1000 * start / duration, max(1000 * (end - start) / duration, 1.0)
+        parts.append(f'<rect class="bin" data-t="{start:.2f}" x="{x:.1f}" y="0" width="{w:.1f}" height="44" '
+                     f'fill="{heat_colour((score - lo) / (hi - lo))}"><title>{clock(start)}-{clock(end)}: '
+                     f'{score:.3f}</title></rect>')
+    for i, moment in enumerate(moments_of(result)):
+        x, w = 1000 * moment["start"] / duration, 1000 * (moment["end"] - moment["start"]) / duration
+        style = 'stroke="#be123c" stroke-width="5"' if i == 0 else 'stroke="#111827" stroke-width="3" ' \
+                                                                  'stroke-dasharray="10 6"'
+        parts.append(f'<rect data-t="{play_from(moment):.2f}" x="{x:.1f}" y="2" width="{max(w, 4):.1f}" '
+                     f'height="40" fill="none" {style}/>')
+    attention = result.get("attention") or {}
+    if attention.get("time"):
+        top = max(max(attention["weight"]), 1e-9)
+        points = " ".join(f"{1000 * t / duration:.1f},{62 - 14 * w / top:.1f}"
+                          for t, w in zip(attention["time"], attention["weight"], strict=True))
+        parts.append(f'<polyline points="{points}" fill="none" stroke="#f59e0b" stroke-width="2">'
+                     "<title>frame-scale attention of the key moment</title></polyline>")
+    labels = "".join(
+        f'<span class="mlabel{" key" if i == 0 else ""}" data-t="{play_from(m):.2f}" '
+        f'style="left:{100 * (m["start"] + m["end"]) / 2 / duration:.2f}%">{"★" if i == 0 else i + 1}</span>'
+        for i, m in enumerate(moments_of(result)))
+    axis = "".join(f"<span>{clock(t)}</span>" for t in (0, duration / 2, duration))
+    return (f'<div class="heat-wrap">{labels}<svg class="heat" viewBox="0 0 1000 64" '
+            f'preserveAspectRatio="none" role="img" aria-label="similarity over time">{"".join(parts)}</svg>'
+            f'</div><div class="axis">{axis}</div>')
+
+
+def moments_of(result: dict) -> list[dict]:
+    """The key moment, then the other moments (Contract 4: ``moments`` starts with the key moment)."""
+    return [result["key_moment"], *result["moments"][1:]]
+
+
+def card_html(result: dict, clip_weight: float, score_range: tuple[float, float], root: str = "",
+              search_id: str = "") -> str:
+    """A result card: its text, heatmap and moment chips, and its player (``player_html``) beside them."""
+    confidence = result["confidence"]
+    chips = "".join(
+        f'<button class="chip{" key" if i == 0 else ""}" data-t="{play_from(m):.2f}" '
+        f'title="{html.escape(stands_out_words(m))}">'
+        f'{"★ key moment" if i == 0 else f"moment {i + 1}"} · {clock(m["start"])}-{clock(m["end"])} '
+        f'· stands out {m["contrast"]:.1f}</button>'
+        for i, m in enumerate(moments_of(result)))
+    hint = ("The player starts at the key moment. Click the strip or a moment to jump. “Stands out” says how "
+            "much better the query matches inside a moment than in the rest of the video, in standard "
+            f"errors (a t statistic): 0 is no better, {CLEARLY_T:g} or more is clearly better; moments are "
+            "ordered by it. Strip: similarity of each second of the video (longer videos: of each stretch; "
+            "darker is closer); ★ key moment; orange line: where the frame branch looked.")
+    mine = '<span class="badge badge-mine">your upload</span>' if result.get("source") == "session" else ""
+    head = (f'<div class="card-head"><span class="rank">#{result["rank"]}</span>'
+            f'<span class="title">{html.escape(result["title"])}</span>'
+            f'<span class="badge badge-{confidence}">{html.escape(result["confidence_label"])}</span>{mine}'
+            f'<span class="vid">{html.escape(result["video_id"])} · {clock(result["duration"])}</span></div>')
+    scores = (f'<div class="scores">score <b>{result["score"]:.3f}</b> = {clip_weight:.2f} × clip '
+              f'{result["clip_score"]:.3f} + {1 - clip_weight:.2f} × frame {result["frame_score"]:.3f}</div>')
+    text = (f'{head}{scores}{heatmap_svg(result, score_range)}<div class="chips">{chips}</div>'
+            f'<div class="hint">{hint}</div>')
+    return (f'<div class="card-body" data-search="{search_id}"><div class="card-text">{text}</div>'
+            f'{player_html(result, root)}</div>')
+
+
+def player_html(result: dict, root: str) -> str:
+    """The result's player: its video from this app's video route under ``root`` (the page's URL), as API
+    clients fetch it (no server path), starting at ``start_position`` (a media fragment)."""
+    start = f"{start_position(result):.2f}"
+    src = f"{root}{video_url(result['video_id'])}#t={start}"
+    return (f'<video class="player" controls preload="auto" playsinline src="{html.escape(src)}" '
+            f'data-start="{start}" aria-label="{html.escape(result["title"])}"></video>')
+
+
+def start_position(result: dict) -> float:
+    """Where a result's player starts: its key moment's ``play_from`` (its first row's frame, never a blank
+    card, where the moment's first second may still show one)."""
+    return play_from(result["key_moment"])
+
+
+def stands_out_words(moment: dict) -> str:
+    """A moment chip's tooltip: what its "stands out" number means, on what scale."""
+    t = moment["contrast"]
+    how = (f"clearly better than in the rest of the video, by {t:.1f} standard errors" if t >= CLEARLY_T else
+           f"better than in the rest of the video, by {t:.1f} standard errors" if t > 0 else
+           "no better than in the rest of the video")
+    return (f"Stands out {t:.1f}: the query matches here {how} (a t statistic: 0 is no better, "
+            f"{CLEARLY_T:g} or more is clearly better). Click to play from {clock(play_from(moment))}.")
+
+
+def searched_note(query: dict) -> str:
+    """What cleaning and the text model did to the query, in words ("" when it was read as typed)."""
+    notes = []
+    if query.get("tokens_read") is not None and query.get("tokens", 0) > query["tokens_read"]:
+        words = query.get("words_read")
+        read = f"about its first {words:,} words" if words else "its beginning"
+        tail = query.get("read_until")
+        notes.append(f"the text model reads at most {query['tokens_read']} tokens: of your "
+                     f"{query['original_chars']:,}-character query it read {read}"
+                     + (f", up to “{html.escape(tail)}”" if tail else ""))
+    elif query.get("truncated"):
+        notes.append(f"your {query['original_chars']:,}-character query was shortened to its first "
+                     f"{len(query['text']):,} characters (the limit is {query['max_chars']:,})")
+    if query.get("replaced_controls"):
+        n = query["replaced_controls"]
+        notes.append(f"{n} control character{'s' if n > 1 else ''} became space{'s' if n > 1 else ''}")
+    return f'<div class="hint">Note: {"; ".join(notes)}.</div>' if notes else ""
+
+
+def summary_html(query: str, response: SearchResponse) -> str:
+    """One line above the cards: what was searched (as cleaned) and plainly when nothing matches well."""
+    if not response.results:
+        return '<div class="summary">The gallery is empty: add videos in the "Add videos" tab.</div>'
+    searched = response.query.get("text", query)  # the cleaned, possibly shortened text
+    q, note = html.escape(searched), searched_note(response.query)
+    kind, words = summary_words([r["confidence"] for r in response.results], response.calibrated)
+    if kind != "strong":  # the words come from prvr.results.confidence, one vocabulary with the labels
+        title = {"none": "No match", "uncalibrated": "Unconfirmed"}.get(kind, "No confident match")
+        return f'<div class="summary abstain"><b>{title}</b> for “{q}”: {words}{note}</div>'
+    return f'<div class="summary">{words} for “{q}”.{note}</div>'
+
+
+def refusal_html(problem: Exception) -> str:
+    """The summary line for a search that was refused (a bad query): its message, not an error dialog."""
+    return f'<div class="summary">{html.escape(str(problem))}</div>'
+
+
+def score_range(results: list[dict]) -> tuple[float, float]:
+    """Common colour scale for all cards of one query, so heatmaps compare across videos."""
+    scores = [s for r in results for s in r["heatmap"]["score"]]
+    lo, hi = (min(scores), max(scores)) if scores else (0.0, 1.0)
+    return lo, max(hi, lo + 1e-6)
+
+
+def info_markdown(info: dict) -> str:
+    """The info panel: which model, which features, how many videos, which index."""
+    model = info["model"]
+    lines = [f"**Model:** {model['name']}", f"{model['description']}"]
+    if model.get("why"):
+        lines.append(f"**Why this model:** {model['why']}")
+    if model.get("metrics"):
+        metrics = (f"{k} {v:.1f}" if isinstance(v, float) else f"{k} {v}"
+                   for k, v in model["metrics"].items())
+        lines.append("**Validation metrics:** " + ", ".join(metrics))
+    lines += [f"**Features:** {info['profile']['name']} profile: {info['profile']['description']}",
+              f"**Gallery:** {counted(info['videos'], 'video')} ({info['shared_videos']} shared"
+              + (f", {info['session_videos']} only in your session)" if info.get("session_videos") else ")"),
+              f"**Index:** {info['index']}", f"**Uploads:** {info['uploads']}"]
+    if "confidence" in info:  # prvr.results.confidence.describe_calibration
+        about = info["confidence"]
+        lines.append("**Confidence labels:** " + (f"calibrated ({about['source'].get('data', about['file'])})"
+                                                   if about["calibrated"] else about["reason"]))
+    return "\n\n".join(lines)
+
+
+def upload_intro(settings: AppSettings, gpu_words: str) -> str:
+    """The "Add videos" tab's first lines: where uploads go and how big they may be (``gpu_words``: what an
+    upload asks of a ZeroGPU visitor's quota, "" elsewhere)."""
+    limits = f"Up to {settings.max_upload_mb} MB and {settings.max_duration_s / 60:.0f} minutes each"
+    if settings.uploads == "session":
+        return (f"Videos you add are private to your browser session and deleted when it ends. {limits}, "
+                f"{settings.max_uploads_per_session} per session.{gpu_words}")
+    return f"Videos you add join the shared gallery and stay after a restart. {limits}.{gpu_words}"
+
+
+def upload_row(name: str, outcome: dict) -> str:
+    """One file's row of the upload table (after ``UPLOAD_TABLE_HEAD``): its name, status and message."""
+    return f"| {md_cell(name)} | {outcome['status']} | {md_cell(outcome['message'])} |"
+
+
+def md_cell(text: str) -> str:
+    """Text safe inside a Markdown table cell."""
+    return html.escape(text).replace("|", "\\|").replace("\n", " ")
