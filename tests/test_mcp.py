@@ -176,3 +176,82 @@ def test_a_base64_upload_is_titled_by_its_name(served, tmp_path: Path) -> None:
     assert messages[1].startswith("sunset over the bay.mov: added") and "“sunset over the bay”" in messages[1]
     assert re.search(r"as “MCP upload \d{4}-\d\d-\d\d \d\d:\d\d:\d\d( \(\d+\))?”", messages[2]), messages[2]
     assert "file" not in messages[2]
+
+
+def test_add_video_reports_progress_and_keeps_no_copy_of_the_data(served, tmp_path: Path) -> None:
+    """A client that asks for progress (a progress token) hears the call's state as MCP progress
+    notifications; the data URL's bytes, written to a file for the endpoint, are deleted after the call."""
+    import tempfile
+
+    from mcp import ClientSession
+    from mcp.client.streamable_http import streamablehttp_client
+
+    clip = write_clip(tmp_path / "heard.mp4", frames=38, size=(104, 48))
+    data = "data:video/mp4;base64," + base64.b64encode(clip.read_bytes()).decode()
+    heard: list[str | None] = []
+
+    async def talk():
+        async def progress(value: float, total: float | None, message: str | None) -> None:
+            heard.append(message)
+
+        async with streamablehttp_client(served[0] + "gradio_api/mcp/") as (read, write, _), \
+                ClientSession(read, write) as session:
+            await session.initialize()
+            return await session.call_tool("add_video", {"video": data, "name": "heard.mp4"},
+                                           progress_callback=progress)
+
+    copies = set(Path(tempfile.gettempdir()).glob("prvr-mcp-*"))
+    result = asyncio.run(asyncio.wait_for(talk(), 180))
+    assert result.structuredContent["status"] == "added", result.content
+    assert heard and heard[0] == "Joined the queue." and all(isinstance(m, str) for m in heard), heard
+    assert set(Path(tempfile.gettempdir()).glob("prvr-mcp-*")) <= copies
+
+
+def test_progress_words_say_the_apps_own_stage() -> None:
+    from gradio_client.utils import ProgressUnit, Status, StatusUpdate
+
+    from prvr.serve.mcp_tools import progress_words
+
+    def status(code: Status, progress: list | None = None, rank: int | None = None) -> StatusUpdate:
+        return StatusUpdate(code=code, rank=rank, queue_size=3, eta=None, success=None, time=None,
+                            progress_data=progress)
+
+    stage = ProgressUnit(index=None, length=None, unit="steps", progress=0.25, desc="a.mp4 (1/1): extracting")
+    assert progress_words(status(Status.PROGRESS, [stage])) == "a.mp4 (1/1): extracting (25%)"
+    assert progress_words(status(Status.IN_QUEUE, rank=0)) == "In queue: position 1 of 3."
+    assert progress_words(status(Status.PROCESSING)) == "Processing."
+    assert progress_words(status(Status.FINISHED)) is None
+
+
+def test_the_gradio_internals_install_reads_are_there(tmp_path: Path) -> None:
+    """``gradio_mcp_server`` is the one place that reads Gradio's internals (the mcp Server it launched, its
+    tool names' endpoints): this fails, naming the Gradio release, when a Gradio upgrade changes them."""
+    import gradio as gr
+    from mcp import types
+    from mcp.server.lowlevel import Server
+
+    from prvr.serve.mcp_tools import GRADIO_READ, gradio_mcp_server
+    from tests.servers import free_port
+
+    def echo(text: str) -> str:
+        """Say ``text`` back."""
+        return text
+
+    with gr.Blocks() as demo:
+        gr.api(echo, api_name="echo")
+    demo.launch(server_name="127.0.0.1", server_port=free_port(), prevent_thread_lock=True, mcp_server=True,
+                quiet=True)
+    try:
+        found = gradio_mcp_server(demo)
+        url, root = demo.local_url, demo.root_path
+    except AttributeError as gone:
+        found, url, root = gone, None, None
+    finally:
+        demo.close()
+    changed = (f"gradio {gr.__version__} changed what prvr.serve.mcp_tools.gradio_mcp_server reads "
+               f"(Blocks.mcp_server_obj, its .mcp_server and .tool_to_endpoint, written against gradio "
+               f"{GRADIO_READ}): {found!r}")
+    assert isinstance(found, tuple) and isinstance(found[0], Server), changed
+    assert found[1] == {"echo": "/echo"}, changed
+    assert types.ListToolsRequest in found[0].request_handlers, changed  # Gradio's listing, install wraps it
+    assert isinstance(url, str) and url.startswith("http") and isinstance(root, str), changed

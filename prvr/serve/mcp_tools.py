@@ -1,35 +1,54 @@
 """The MCP tools as a client sees them (``python app.py --mcp``: tools at ``/gradio_api/mcp/``).
 
-Gradio turns the named endpoints /search, /add_video and /info into MCP tools; this module fixes what a
-client gets from them, on the running Gradio MCP server (``install``):
+Gradio serves MCP and lists the named endpoints /search, /add_video and /info as tools (their functions'
+names and docstrings); ``install`` answers their calls with the ``mcp`` package's public Server API, each
+call run as any API client runs the endpoint (gradio_client: the queue, its limits, a session per call):
 
-- results are JSON: the tool's text is ``json.dumps`` of the API's dict (Gradio writes Python's repr) and
-  the same dict is the result's ``structuredContent``; result URLs are absolute (``video_url``,
+- results are JSON: the tool's text is ``json.dumps`` of the API's dict (Gradio would write Python's repr)
+  and the same dict is the result's ``structuredContent``; result URLs are absolute (``video_url``,
   ``moment_url``), so a client can fetch or open them as they are;
 - ``add_video`` declares exactly what it takes (``add_video_schema``; Gradio's own declaration of a file
   input says "an http or https url" with a ``required: ["path"]`` on a string): ``video``, the file as
-  base64 data in a data URL (``data:video/mp4;base64,...``, what Gradio's MCP server accepts for a file),
-  an http(s) URL on a public host (Gradio downloads it), the app's own ``/prvr/video/<id>`` URL (answered
-  "duplicate": it is in the gallery already) or, where the operator allows it (``--mcp-allow-paths
-  DIR[,DIR]``), a path on the server under one of those dirs; and ``name``, the file name the video is
-  known by (its title; default: a data URL's ``name=`` parameter, else the URL's or path's file name, else
-  "MCP upload <date time>"). Each kind of bad input is refused with its own sentence (not a data URL, not
-  base64, not an http(s) URL, a server path that is not allowed, none of these), logged as a one-line
-  warning, never a traceback.
+  base64 data in a data URL (``data:video/mp4;base64,...``), an http(s) URL on a public host (Gradio
+  downloads it), the app's own ``/prvr/video/<id>`` URL (answered "duplicate": it is in the gallery
+  already) or, where the operator allows it (``--mcp-allow-paths DIR[,DIR]``), a path on the server under
+  one of those dirs; and ``name``, the file name the video is known by (its title; default: a data URL's
+  ``name=`` parameter, else the URL's or path's file name, else "MCP upload <date time>"). Each kind of
+  bad input is refused with its own sentence (not a data URL, not base64, not an http(s) URL, a server path
+  that is not allowed, none of these), logged as a one-line warning, never a traceback.
+
+Gradio's internals are read in one place, ``gradio_mcp_server`` (the Server it launched, its tool names'
+endpoints): nothing of Gradio is replaced at run time.
 """
 
 from __future__ import annotations
 
 import asyncio
+import base64
 import ipaddress
 import json
 import logging
+import mimetypes
 import re
 import socket
+import tempfile
+import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 from urllib.parse import unquote, urlparse
+
+import jsonschema
+from gradio import route_utils
+from gradio_client import Client, handle_file
+from gradio_client.utils import Status, StatusUpdate
+from mcp import types
+from mcp.server.lowlevel import Server
+from mcp.shared.context import RequestContext
+from starlette.requests import Request
+
+from prvr.serve.predictor import Predictor
+from prvr.serve.routes import VIDEO_ROUTE
 
 log = logging.getLogger(__name__)
 
@@ -39,6 +58,9 @@ DATA_URL = re.compile(r"data:(?P<type>[\w.+-]+/[\w.+-]+)(?P<params>(?:;[\w.+-]+=
 BASE64 = re.compile(r"[A-Za-z0-9+/]*={0,2}")
 SCHEME = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*:")  # a URL's scheme (a Windows drive letter is 1 letter)
 URL_FIELDS = ("video_url", "moment_url")
+MCP_PATH = "/gradio_api/mcp"  # where Gradio serves MCP (streamable HTTP, and SSE under it)
+PROGRESS_EVERY_S = 0.5  # how often a call's state is looked at for progress notifications
+GRADIO_READ = "6.31.0"  # the Gradio release whose MCP server gradio_mcp_server was written against
 VIDEO_FORMATS = "MP4, MKV, MOV, WebM or AVI"
 
 
@@ -162,35 +184,6 @@ def upload_name(kind: str, found: object, given: object) -> str | None:
     return found or f"MCP upload {time.strftime('%Y-%m-%d %H:%M:%S')}"
 
 
-def json_output(original: Callable) -> Callable:
-    """Gradio's ``postprocess_output_data`` with dicts and lists as JSON text (absolute result URLs)."""
-    from mcp import types
-
-    def postprocess(data: list, root_url: str) -> list:
-        content = []
-        for item in data:
-            if isinstance(item, dict | list) and not (isinstance(item, dict) and "path" in item):
-                content.append(types.TextContent(type="text", text=json.dumps(absolute(item, root_url))))
-            else:
-                content += original([item], root_url)
-        return content
-
-    return postprocess
-
-
-def state_already_dropped(original: Callable) -> Callable:
-    """Gradio's ``pop_returned_state`` for the queued path too: there the API client returns all outputs as
-    one tuple, which gradio 6.31 pops from as if it were the list of outputs ("pop index out of range" for
-    add_video, whose outputs are its status and the session State)."""
-    def pop(components: Sequence, data: list) -> list:
-        if len(data) == 1 < len(components) and isinstance(data[0], tuple | list) \
-                and len(data[0]) == len(components):
-            data = list(data[0])
-        return original(components, data) if len(data) >= len(components) else data
-
-    return pop
-
-
 def absolute(value: object, root_url: str) -> object:
     """``value`` with every ``video_url`` / ``moment_url`` made absolute against ``root_url``."""
     if isinstance(value, dict):
@@ -201,92 +194,202 @@ def absolute(value: object, root_url: str) -> object:
     return value
 
 
-def install(demo, predictor) -> bool:
-    """Fix the MCP tools of a launched ``demo`` (see the module docstring); False when MCP is off. A server
-    path allowed with --mcp-allow-paths joins the shared gallery (it is the operator's file)."""
-    from prvr.serve.routes import VIDEO_ROUTE as video_route
+def gradio_mcp_server(demo: object) -> tuple[Server, dict[str, str]] | None:
+    """The ``mcp`` package's Server that Gradio launched for ``demo`` (``launch(mcp_server=True)``) and the
+    endpoint of each tool it lists; None when MCP is off.
 
-    def add_file(path: Path, name: str | None) -> dict:
-        return predictor.add_video(path, None, name=name or path.name)
-
+    The one place that reads Gradio's internals (``GRADIO_READ``): Gradio has no public way to answer its MCP
+    tools' calls with one's own code, and this app must (JSON answers, add_video's inputs). Everything else
+    here goes through the ``mcp`` package's public Server API and gradio_client.
+    ``tests/test_mcp.py::test_the_gradio_internals_install_reads_are_there`` fails when Gradio changes them.
+    """
     server = getattr(demo, "mcp_server_obj", None)
     if server is None:
+        return None
+    return server.mcp_server, dict(server.tool_to_endpoint)
+
+
+def progress_words(status: StatusUpdate) -> str | None:
+    """A queued call's state in words for an MCP progress notification (None: nothing to say yet)."""
+    for unit in reversed(status.progress_data or []):
+        if unit.desc:  # the app's own words, e.g. "clip.mp4 (1/1): extracting features"
+            share = f" ({unit.progress:.0%})" if unit.progress is not None else ""
+            return f"{unit.desc}{share}"
+    if status.code in (Status.STARTING, Status.JOINING_QUEUE):
+        return "Joined the queue."
+    if status.code == Status.IN_QUEUE and status.rank is not None:
+        return f"In queue: position {status.rank + 1} of {status.queue_size}."
+    if status.code in (Status.PROCESSING, Status.PROGRESS, Status.ITERATING):
+        return "Processing."
+    return None
+
+
+class AppEndpoints:
+    """The app's named endpoints called as any API client calls them (gradio_client on the app's own URL):
+    through its queue and concurrency limits, with the MCP request's headers (on ZeroGPU they say whose GPU
+    quota an upload spends), each call a session of its own."""
+
+    def __init__(self, url: str) -> None:
+        self.url, self._client, self._lock = url, None, threading.Lock()
+
+    def client(self) -> Client:
+        """The one client of this app (made at the first call: the app must be serving)."""
+        with self._lock:
+            if self._client is None:
+                self._client = Client(self.url, verbose=False, download_files=False, ssl_verify=False,
+                                      analytics_enabled=False)
+            return self._client
+
+    def description(self, endpoint: str) -> str:
+        """The endpoint's description as the API documents it (its function's docstring, arguments apart)."""
+        return self.client().view_api(print_info=False, return_format="dict")["named_endpoints"][endpoint][
+            "description"]
+
+    async def call(self, endpoint: str, arguments: dict, headers: dict[str, str],
+                   progress: Callable[[str], Awaitable[None]] | None = None) -> object:
+        """The endpoint's answer to ``arguments`` (by parameter name); ``progress(words)`` hears each change
+        of its state. A ``gr.Error`` of the endpoint raises ``gradio_client.exceptions.AppError``."""
+        client = await asyncio.to_thread(self.client)
+        job = await asyncio.to_thread(client.submit, api_name=endpoint, headers=headers, **arguments)
+        result = asyncio.ensure_future(asyncio.to_thread(job.result))
+        said = None
+        while progress is not None and not result.done():  # said from the start: the queue is joined
+            words = progress_words(job.status())
+            if words is not None and words != said:
+                said = words
+                await progress(words)
+            await asyncio.wait({result}, timeout=PROGRESS_EVERY_S)
+        return await result
+
+
+def data_file(video: str, folder: Path) -> Path:
+    """A data URL's bytes (checked by ``video_argument``) as a file in ``folder``, its suffix from the MIME
+    type (the name it is known by travels beside it)."""
+    head = DATA_URL.match(video)
+    path = folder / f"upload{mimetypes.guess_extension(head['type'].lower()) or ''}"
+    path.write_bytes(base64.b64decode("".join(video[head.end():].split())))
+    return path
+
+
+def install(demo: object, predictor: Predictor) -> bool:
+    """Answer the MCP tools of a launched ``demo`` (see the module docstring); False when MCP is off. A server
+    path allowed with --mcp-allow-paths joins the shared gallery (it is the operator's file)."""
+    found = gradio_mcp_server(demo)
+    if found is None:
         return False
-    from mcp import types
-
-    server.postprocess_output_data = json_output(server.postprocess_output_data)
-    server.pop_returned_state = state_already_dropped(server.pop_returned_state)
-    lowlevel = server.mcp_server
-    gradio_call = lowlevel.request_handlers[types.CallToolRequest]
-    gradio_list = lowlevel.request_handlers[types.ListToolsRequest]
+    lowlevel, endpoints = found
     roots = allowed_roots(predictor.settings.mcp_allow_paths)
-    # Gradio tells agents to upload a file with its upload_file_to_gradio tool and pass the returned server
-    # path: this app has no such tool, and refuses server paths it was not allowed
-    upload_hint = getattr(server, "_file_data_tool_description", "")
+    app = AppEndpoints(demo.local_url)
+    gradio_list = lowlevel.request_handlers[types.ListToolsRequest]  # Gradio's catalogue of the endpoints
+    schemas: dict[str, dict] = {}
 
-    def answer(data: dict, error: bool = False) -> types.ServerResult:
-        text = data["message"] if error else json.dumps(data)
-        return types.ServerResult(types.CallToolResult(
-            content=[types.TextContent(type="text", text=text)],
-            structuredContent=None if error else data, isError=error))
-
-    def refuse(refused: Refused) -> types.ServerResult:
-        log.warning("MCP add_video refused: %s", refused)
-        return answer({"message": str(refused)}, error=True)
-
-    async def list_tools(request: types.ListToolsRequest) -> types.ServerResult:
-        result = await gradio_list(request)
-        for tool in result.root.tools:  # the same objects the server validates calls against
-            if server.tool_to_endpoint.get(tool.name) == "/add_video":
+    @lowlevel.list_tools()
+    async def list_tools() -> list[types.Tool]:
+        """Gradio's tools, add_video's inputs declared as ``video_argument`` takes them: Gradio's file input
+        asks for "an http or https url" and tells agents to upload with a tool this app has not."""
+        tools = (await gradio_list(None)).root.tools
+        for tool in tools:
+            if endpoints.get(tool.name) == "/add_video":
                 tool.inputSchema = add_video_schema(roots)
-                tool.description = (tool.description or "").replace(upload_hint, "")
-        return result
+                tool.description = await asyncio.to_thread(app.description, "/add_video")
+            schemas[tool.name] = tool.inputSchema
+        return tools
 
-    async def call_tool(request: types.CallToolRequest) -> types.ServerResult:
-        endpoint = server.tool_to_endpoint.get(request.params.name)
-        if endpoint == "/add_video":
-            arguments = request.params.arguments = dict(request.params.arguments or {})
-            context = lowlevel.request_context.request
-            host = context.headers.get("host") if context is not None else None
-            try:
-                if arguments.get("name") is not None and not isinstance(arguments["name"], str):
-                    raise Refused(f"name must be text, e.g. holiday.mp4, not {arguments['name']!r}.")
-                # a data URL's base64 is checked and a host resolved: off the event loop
-                kind, value = await asyncio.to_thread(video_argument, arguments.get("video"), roots, host,
-                                                      video_route)
-            except Refused as refused:
-                return refuse(refused)
-            name = upload_name(kind, value, arguments.get("name"))
-            if kind == "path":
-                log.info("MCP add_video: reading %s from the server (--mcp-allow-paths)", value)
-                return answer(await asyncio.to_thread(add_file, value, name))
-            if kind == "own":
-                record = predictor.index.record(value)
-                if record is None:
-                    gone = (f"This app has no video {value!r} any more (a session upload lives only in "
-                            "its session): send the file itself.")
-                    return answer({"message": gone}, error=True)
-                return answer({"status": "duplicate", "video_id": value,
-                               "message": f"already in the gallery as “{record.get('title', value)}”."})
-            video = arguments["video"].strip()
-            arguments["video"] = "data:" + video[5:] if kind == "data" else video  # Gradio reads "data:" only
-            arguments.pop("name", None)
-            if name is not None:
-                arguments["name"] = name
-        result = await gradio_call(request)
-        call = result.root
-        if isinstance(call, types.CallToolResult) and not call.isError and call.structuredContent is None \
-                and len(call.content) == 1 and isinstance(call.content[0], types.TextContent):
-            try:
-                data = json.loads(call.content[0].text)
-            except ValueError:
-                data = None
-            if isinstance(data, dict):
-                call.structuredContent = data
-        return result
+    @lowlevel.call_tool(validate_input=False)  # add_video's own refusals come first, then the schema's
+    async def call_tool(name: str, arguments: dict) -> dict | list | types.CallToolResult:
+        """One tool call: the endpoint's dict, its URLs absolute; a refused input as one sentence."""
+        context = lowlevel.request_context
+        endpoint = endpoints.get(name)
+        if endpoint is None:
+            raise ValueError(f"Unknown tool for this app: {name}")
+        if name not in schemas:
+            await list_tools()
+        try:
+            video = await add_video_input(arguments, context.request) if endpoint == "/add_video" else None
+        except Refused as refused:
+            log.warning("MCP add_video refused: %s", refused)
+            return error(str(refused))
+        try:
+            jsonschema.validate(instance=arguments, schema=schemas[name])
+        except jsonschema.ValidationError as problem:
+            return error(f"Input validation error: {problem.message}")
+        if video is None:
+            data = await app.call(endpoint, arguments, forwarded(context.request), progress_to(context))
+        else:
+            data = await add_video(*video, context)
+        data = absolute(data, root_url(context.request, demo.root_path))
+        return data if isinstance(data, dict) else [types.TextContent(type="text", text=json.dumps(data))]
 
-    lowlevel.request_handlers[types.ListToolsRequest] = list_tools
-    lowlevel.request_handlers[types.CallToolRequest] = call_tool
+    async def add_video_input(arguments: dict, request: Request | None) -> tuple[str, object, str | None]:
+        """add_video's arguments as (kind, value: ``video_argument``'s, the name the video is known by or
+        None); ``Refused`` with one sentence when they are not what it takes."""
+        if arguments.get("name") is not None and not isinstance(arguments["name"], str):
+            raise Refused(f"name must be text, e.g. holiday.mp4, not {arguments['name']!r}.")
+        host = request.headers.get("host") if request is not None else None
+        # a data URL's base64 is checked and a host resolved: off the event loop
+        kind, value = await asyncio.to_thread(video_argument, arguments.get("video"), roots, host,
+                                              VIDEO_ROUTE)
+        return kind, (arguments["video"].strip() if kind in ("data", "url") else value), \
+            upload_name(kind, value, arguments.get("name"))
+
+    async def add_video(kind: str, value: object, name: str | None, context: RequestContext) -> dict:
+        """add_video's answer: an allowed server path joins the shared gallery (the operator's file), this
+        app's own video URL is a duplicate, a data URL's bytes or a URL go to the /add_video endpoint."""
+        if kind == "path":
+            log.info("MCP add_video: reading %s from the server (--mcp-allow-paths)", value)
+            return await asyncio.to_thread(predictor.add_video, value, None, name=name or value.name)
+        if kind == "own":
+            record = predictor.index.record(value)
+            if record is None:
+                raise ValueError(f"This app has no video {value!r} any more (a session upload lives only in "
+                                 "its session): send the file itself.")
+            return {"status": "duplicate", "video_id": value,
+                    "message": f"already in the gallery as “{record.get('title', value)}”."}
+        # the endpoint takes a file: a data URL's bytes written here (deleted after the call), a URL as it
+        # is (Gradio downloads it, from public hosts only)
+        with tempfile.TemporaryDirectory(prefix="prvr-mcp-") as folder:
+            path = await asyncio.to_thread(data_file, value, Path(folder)) if kind == "data" else value
+            arguments = {"video": handle_file(str(path)), **({"name": name} if name is not None else {})}
+            return await app.call("/add_video", arguments, forwarded(context.request), progress_to(context))
+
     log.info("MCP tools at /gradio_api/mcp/: search, add_video, info (add_video reads server paths: %s)",
              ", ".join(map(str, roots)) if roots else "no")
     return True
+
+
+def error(message: str) -> types.CallToolResult:
+    """A tool call's refusal: the message alone, flagged as an error (no structured content)."""
+    return types.CallToolResult(content=[types.TextContent(type="text", text=message)], isError=True)
+
+
+def forwarded(request: Request | None) -> dict[str, str]:
+    """The MCP request's headers for the endpoint's call, as Gradio's own MCP server passes them on."""
+    headers = dict(request.headers.items()) if request is not None else {}
+    headers.pop("content-length", None)
+    return headers
+
+
+def progress_to(context: RequestContext) -> Callable[[str], Awaitable[None]] | None:
+    """Sends a call's progress to the client as MCP progress notifications; None when it asked for none."""
+    token = context.meta.progressToken if context.meta is not None else None
+    if token is None:
+        return None
+    step = 0
+
+    async def notify(words: str) -> None:
+        nonlocal step
+        step += 1
+        await context.session.send_progress_notification(progress_token=token, progress=step, message=words,
+                                                         related_request_id=str(context.request_id))
+
+    return notify
+
+
+def root_url(request: Request | None, root_path: str) -> str:
+    """This app's URL as the MCP client reaches it (a proxy's forwarded host and scheme included), computed
+    as Gradio computes its own URLs."""
+    if request is None:
+        return ""
+    path = request.url.path
+    return route_utils.get_root_url(request=request, route_path=path[max(path.find(MCP_PATH), 0):],
+                                    root_path=root_path)
