@@ -36,7 +36,8 @@ def test_search_returns_the_api_json_as_text_and_structured_content(served) -> N
     url = served[0]
     (result,) = call(url, ("search", {"query": "a colourful gradient", "top_k": 3}))
     assert not result.isError
-    data = json.loads(result.content[0].text)  # JSON, not Python's repr
+    data = json.loads(result.content[0].text)  # JSON, not Python's repr, on one line (the README prints it)
+    assert "\n" not in result.content[0].text
     assert result.structuredContent == data
     api = Client(url, verbose=False).predict("a colourful gradient", 3, 0.7, api_name="/search")
     assert set(data) == set(api) and set(data["results"][0]) == set(api["results"][0])

@@ -296,8 +296,9 @@ def install(demo: object, predictor: Predictor) -> bool:
         return tools
 
     @lowlevel.call_tool(validate_input=False)  # add_video's own refusals come first, then the schema's
-    async def call_tool(name: str, arguments: dict) -> dict | list | types.CallToolResult:
-        """One tool call: the endpoint's dict, its URLs absolute; a refused input as one sentence."""
+    async def call_tool(name: str, arguments: dict) -> tuple[list, dict | None] | types.CallToolResult:
+        """One tool call: the endpoint's dict, its URLs absolute, as one line of JSON text and as structured
+        content; a refused input as one sentence."""
         context = lowlevel.request_context
         endpoint = endpoints.get(name)
         if endpoint is None:
@@ -318,7 +319,8 @@ def install(demo: object, predictor: Predictor) -> bool:
         else:
             data = await add_video(*video, context)
         data = absolute(data, root_url(context.request, demo.root_path))
-        return data if isinstance(data, dict) else [types.TextContent(type="text", text=json.dumps(data))]
+        text = [types.TextContent(type="text", text=json.dumps(data))]
+        return text, data if isinstance(data, dict) else None
 
     async def add_video_input(arguments: dict, request: Request | None) -> tuple[str, object, str | None]:
         """add_video's arguments as (kind, value: ``video_argument``'s, the name the video is known by or
