@@ -111,6 +111,7 @@ def test_one_answer_for_every_caller(tiny: Path, tmp_path: Path) -> None:
     """The app and evaluation read one registry: clip_whole is served, unknown names get one error, lite's
     packaged weights refuse others, and a model made elsewhere is checked against its profile."""
     from extract.profiles import ProfileMismatch
+    from prvr.models.bridge import BridgeConfig
     from prvr.models.factory import LoadedModel, create_model, model_entry, seconds_per_frame
     from prvr.serve.model_choice import load_model
     from prvr.serve.settings import AppSettings
@@ -132,3 +133,8 @@ def test_one_answer_for_every_caller(tiny: Path, tmp_path: Path) -> None:
         LoadedModel.of(whole.model, "lite")  # a CLIP model's identity is not lite's
     assert (seconds_per_frame("lite"), seconds_per_frame("clip"), seconds_per_frame("clip_whole"),
             seconds_per_frame("paper")) == (0.05, 0.06, 0.06, 0.1)
+    # a benchmark's deliberately different config goes through the factory too
+    variant = create_model("lite", cfg=BridgeConfig(top_k=3), cache_dir=tmp_path / "bridge")
+    assert variant.model.cfg.top_k == 3 and variant.info.why == "chosen with --profile lite"
+    assert variant.model.profile == variant.profile.identity()
+    assert list((tmp_path / "bridge").glob("classes-*"))  # its cache where it was asked to keep it
