@@ -4,7 +4,7 @@
                                    [--dev-set DIR] [--off-topic TUNE CHECK] [--out DIR | --ship]
                                    [--json FILE]
 
-One command for any training-free model (``prvr.evaluate.annotated.training_free_model``): the dev set's
+One command for any training-free model (``prvr.models.factory.create_model``): the dev set's
 videos (``python -m benchmarks.dev_set``, default ``~/.cache/prvr/dev_set``) are indexed with the model's
 features and the app's reference caption bank, as the app indexes them; every query of both halves
 (``tune.json``, ``check.json``) and the off-topic queries (tuning: ``benchmarks/offtopic_queries.txt``;
@@ -52,9 +52,10 @@ from pathlib import Path
 
 import numpy as np
 
-from extract.pipeline import TextEncoder, parse_weights
-from prvr.evaluate.annotated import extract_features, load_moments_file, training_free_model
+from extract.pipeline import parse_weights
+from prvr.evaluate.annotated import extract_features, load_moments_file
 from prvr.index import GalleryVideo, IndexConfig, VideoIndex
+from prvr.models.factory import create_model, training_free_profiles
 from prvr.paths import cache_dir, default_data_dir
 from prvr.results.confidence import (
     SHIPPED_CALIBRATIONS,
@@ -243,9 +244,9 @@ def run(dev_set: Path, profile: str = "lite", weights: dict[str, str] | None = N
     """Index the dev set with the model, rank every query, decide the cuts on the tuning half, measure both
     halves; returns the calibration and the report."""
     off_topic = off_topic or OFF_TOPIC
-    model = training_free_model(profile, weights)
-    encoder = TextEncoder(profile, weights)
-    halves = {h: load_moments_file(dev_set, dev_set / f"{h}.json", profile=profile, weights=weights)
+    loaded = create_model(profile, weights)  # its profile resolved once: the model, features, queries
+    model, encoder = loaded.model, loaded.text_encoder()
+    halves = {h: load_moments_file(dev_set, dev_set / f"{h}.json", profile=loaded.profile)
               for h in ("tune", "check")}
     ids = [vid for vid, _ in halves["tune"].videos]
     calibrator = Calibrator.for_model(model, encoder, cache_dir=cache_dir("confidence"),
@@ -292,7 +293,8 @@ def run(dev_set: Path, profile: str = "lite", weights: dict[str, str] | None = N
 def main(argv: list[str] | None = None) -> dict:
     """CLI: calibrate, write the calibration, print the report."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--profile", default="lite", help="lite (default), clip or clip_whole")
+    parser.add_argument("--profile", default="lite", help="a training-free model's profile: "
+                        f"{', '.join(training_free_profiles())} (default: lite)")
     parser.add_argument("--weights", action="append", default=[], metavar="BACKBONE=SPEC",
                         help="e.g. clip=/models/clip-b32 or "
                         "clip=hf-hub:laion/CLIP-ViT-B-32-laion2B-s34B-b79K")

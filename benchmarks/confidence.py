@@ -138,12 +138,12 @@ def run(cfg: ConfidenceConfig | None = None, clip_weights: tuple[float, ...] = C
     """Index the demo gallery with the default model's calibrator (``cfg``: other cuts; None: the model's
     calibration, shipped in assets/calibrations) and measure the labels through search."""
     from extract.features import FeatureFile
-    from extract.pipeline import TextEncoder
     from prvr.demo.gallery import build_demo_gallery
     from prvr.evaluate.demo import caption_id, extract_demo_features
-    from prvr.models.bridge import BridgeModel
+    from prvr.models.factory import create_model
 
-    gallery, model, encoder = build_demo_gallery(), BridgeModel.from_pretrained(), TextEncoder("lite")
+    loaded = create_model("lite")
+    gallery, model, encoder = build_demo_gallery(), loaded.model, loaded.text_encoder()
     with FeatureFile(extract_demo_features(gallery)) as ff:
         videos = [GalleryVideo.from_features(v.id, ff.video(v.id)) for v in gallery.videos]
         cap_tokens = [ff.caption(caption_id(c, gallery))[1] for c in gallery.captions]

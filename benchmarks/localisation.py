@@ -131,9 +131,9 @@ def main() -> None:
     parser.add_argument("--real", type=Path, default=None, help="the real set's dir (with moments.json)")
     args = parser.parse_args()
     from prvr.evaluate.annotated import reference_bank
-    from prvr.models.bridge import BridgeModel
+    from prvr.models.factory import create_model
 
-    model = BridgeModel.from_pretrained()
+    model = create_model("lite").model
     bank = bank_vectors(reference_bank(model))
     sets = {"demo": demo_set.annotated_set(demo.build_demo_gallery())}
     if args.real is not None:

@@ -23,10 +23,9 @@ import numpy as np
 import torch
 
 import prvr  # noqa: F401  - applies the torchvision CPU fix before anything else
-from extract.pipeline import TextEncoder
 from extract.profiles import get_profile
 from prvr.index import GalleryVideo, open_gallery
-from prvr.models.bridge import BridgeModel
+from prvr.models.factory import create_model
 from prvr.results.confidence import Calibrator
 from prvr.serve.persist import PersistentStore
 
@@ -57,8 +56,9 @@ def main() -> None:
                                       float(r), f"video {n}", "", f"{n:064x}"), media)
     write_s = time.perf_counter() - t0
 
-    model = BridgeModel.from_pretrained()
-    calibrator = Calibrator.for_model(model, TextEncoder("lite"), cache_dir=work / "data" / "confidence")
+    loaded = create_model("lite")
+    model = loaded.model
+    calibrator = Calibrator.for_model(model, loaded.text_encoder(), cache_dir=work / "data" / "confidence")
     gallery = open_gallery(model, calibrator.reference_queries, data_dir=work / "data", profile="lite")
     fresh = PersistentStore(work / "bucket", identity)
     t0 = time.perf_counter()

@@ -98,9 +98,10 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--real", type=Path, default=None, help="the real set's dir (with moments.json)")
     args = parser.parse_args()
-    from prvr.models.bridge import BridgeConfig, BridgeModel
+    from prvr.models.bridge import BridgeConfig
+    from prvr.models.factory import create_model
 
-    model = BridgeModel.from_pretrained(BridgeConfig(propagation=False))  # the baseline: rows as mapped
+    model = create_model("lite", cfg=BridgeConfig(propagation=False)).model  # the baseline: rows as mapped
     sets = {"demo": demo_set.annotated_set(demo.build_demo_gallery())}
     if args.real is not None:
         sets["real"] = load_moments_file(args.real, args.real / "moments.json")

@@ -488,7 +488,7 @@ def loaded_once() -> Iterator[None]:
                 _SHARED = None
 
 
-def create_backbone(name: str, weights: str | None = None, device: str | torch.device | None = None,
+def create_backbone(name: str, weights: str | Weights | None = None, device: str | torch.device | None = None,
                     fit: str = "squash") -> VisualBackbone | TextBackbone:
     """Build a registered backbone with resolved weights, in eval mode on ``device``; ``fit``: the profile's
     ``frame_fit`` (not "squash": frames of any size go through an image-text model's own processor). Inside
@@ -496,7 +496,8 @@ def create_backbone(name: str, weights: str | None = None, device: str | torch.d
     cfg = get_backbone_cfg(name)
     if fit != "squash" and not (cfg.kind == "frame" and cfg.sized_by_weights):
         raise ValueError(f"frame_fit {fit!r} needs an image-text model's image tower, not backbone {name}")
-    resolved, device = resolve_weights(weights or cfg.weights), default_device(device)
+    resolved = weights if isinstance(weights, Weights) else resolve_weights(weights or cfg.weights)
+    device = default_device(device)
     key = (name, resolved, str(device), fit)
     with _SHARED_LOCK:
         shared = _SHARED.get(key) if _SHARED is not None else None

@@ -47,7 +47,7 @@ from extract.decode import (
 )
 from extract.features import VideoFeatures
 from extract.profiles import Profile, get_profile
-from extract.weights import resolve_weights
+from extract.weights import Weights, resolve_weights
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -96,22 +96,42 @@ def parse_weights(items: Sequence[str]) -> str | dict[str, str] | None:
                      f"{', '.join(list_backbones())})")
 
 
-def resolve_profile(profile: Profile, specs: Mapping[str, str]) -> Profile:
-    """The profile carrying the identity of the given weights (other backbones keep their defaults).
+def resolve_profile(profile: str | Profile, specs: Mapping[str, str | Weights] | None = None) -> Profile:
+    """The profile carrying the identity of the given weights (other backbones keep their defaults), resolved
+    once: its ``sources`` hold those weights, which ``TextEncoder`` and ``VideoExtractor`` build from.
 
-    Backbones sized by their weights (image-text models) also set the profile's dims from them.
+    Backbones sized by their weights (image-text models) also set the profile's dims from them. A profile
+    already resolved is returned as it is (it takes no further weights).
     """
-    resolved = {name: resolve_weights(spec) for name, spec in specs.items()}
-    profile = profile.with_weights({name: w.identity for name, w in resolved.items()})
-    if not any(get_backbone_cfg(b).sized_by_weights for b in resolved):
+    profile = get_profile(profile)
+    if profile.resolved:
+        if specs:
+            raise ValueError(f"profile {profile.name} is already resolved with its weights; give them once")
         return profile
+    resolved = {name: w if isinstance(w, Weights) else resolve_weights(w)
+                for name, w in (specs or {}).items()}
+    profile = profile.with_weights({name: w.identity for name, w in resolved.items()})
+    sources = tuple(resolved.items())
+    if not any(get_backbone_cfg(b).sized_by_weights for b in resolved):
+        return dataclasses.replace(profile, sources=sources)
     visual_dim = sum(backbone_dim(b, resolved.get(b)) for b in profile.visual)
     text = resolved.get(profile.text)
     sized = get_backbone_cfg(profile.text).sized_by_weights and text is not None
     # an image-text model's text is cut where its authors cut it: at the model's context length
     max_tokens = backbone_context(profile.text, text) if sized else profile.max_tokens
     return dataclasses.replace(profile, visual_dim=visual_dim, max_tokens=max_tokens,
-                               text_dim=backbone_dim(profile.text, text))
+                               text_dim=backbone_dim(profile.text, text), sources=sources)
+
+
+def as_resolved(profile: str | Profile, weights: str | Mapping[str, str] | None = None,
+                names: tuple[str, ...] | None = None) -> Profile:
+    """``profile`` resolved with ``weights`` (``weights_for``: a plain string is allowed when ``names``,
+    default every backbone, holds one); a resolved profile passes as it is."""
+    profile = get_profile(profile)
+    if profile.resolved and not weights:
+        return profile
+    names = names or tuple(b for b, _ in profile.weights)
+    return resolve_profile(profile, weights_for(profile, weights, names))
 
 
 def _subset(total: int, k: int) -> np.ndarray:
@@ -225,13 +245,14 @@ class VideoExtractor:
     def __init__(self, profile: str | Profile = "lite", weights: str | Mapping[str, str] | None = None,
                  device: str | torch.device | None = None, batch_frames: int | None = None,
                  limits: DecodeLimits | None = None) -> None:
-        profile = get_profile(profile)
+        """``profile``: a name (resolved here with ``weights``) or a resolved ``Profile`` (weights None)."""
+        # text weights only enter the identity; a resolved profile (the model factory's) is not resolved
+        # again
+        profile = self.profile = as_resolved(profile, weights, get_profile(profile).visual)
         self.device = default_device(device)
         configure_threads(self.device)
-        specs = weights_for(profile, weights, profile.visual)  # text specs only enter the identity
         self.backbones: list[VisualBackbone] = [
-            create_backbone(b, specs.get(b), self.device, profile.frame_fit) for b in profile.visual]
-        self.profile = resolve_profile(profile, specs)
+            create_backbone(b, profile.source(b), self.device, profile.frame_fit) for b in profile.visual]
         self.limits = limits or DecodeLimits()
         # frames decoded and embedded at once (default: 32 on a GPU; 4 on a CPU, where larger batches are no
         # faster and progress is reported after each batch)
@@ -317,10 +338,11 @@ class TextEncoder:
 
     def __init__(self, profile: str | Profile = "lite", weights: str | Mapping[str, str] | None = None,
                  device: str | torch.device | None = None) -> None:
-        profile = get_profile(profile)
-        specs = weights_for(profile, weights, (profile.text,))  # visual specs only enter the identity
-        self.backbone: TextBackbone = create_backbone(profile.text, specs.get(profile.text), device)
-        self.profile = resolve_profile(profile, specs)
+        """``profile``: a name (resolved here with ``weights``) or a resolved ``Profile`` (weights None)."""
+        # visual weights only enter the identity; a resolved profile (the model factory's) is not resolved
+        # again
+        profile = self.profile = as_resolved(profile, weights, (get_profile(profile).text,))
+        self.backbone: TextBackbone = create_backbone(profile.text, profile.source(profile.text), device)
 
     def encode(self, texts: list[str]) -> list[np.ndarray]:
         """One (L_i, text_dim) float32 array per text (all non-padding tokens, specials included)."""

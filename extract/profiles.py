@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from extract.backbones import get_backbone_cfg
+from extract.weights import Weights
 
 PROFILE_DIR = Path(__file__).parent / "profiles"
 FRAME_FITS = ("squash", "crop", "whole")
@@ -54,6 +55,10 @@ class Profile:
     weights: tuple[tuple[str, str], ...]  # (backbone, weights identity) for every backbone
     description: str = ""
     frame_fit: str = "squash"  # squash | crop | whole (module docstring)
+    # resolved (``extract.pipeline.resolve_profile``): the given weights of its backbones, resolved once
+    # (others load their defaults); None: a recipe, not yet resolved. Not in the identity or in equality.
+    sources: tuple[tuple[str, Weights], ...] | None = dataclasses.field(default=None, compare=False,
+                                                                          repr=False)
 
     @property
     def frames_per_window(self) -> int:
@@ -64,6 +69,15 @@ class Profile:
     def fps(self) -> float:
         """Decoded frames per second of video."""
         return self.frames_per_window / self.window_s
+
+    @property
+    def resolved(self) -> bool:
+        """Whether the weights of this profile are resolved (``extract.pipeline.resolve_profile``)."""
+        return self.sources is not None
+
+    def source(self, backbone: str) -> Weights | None:
+        """The resolved weights given for ``backbone`` (None: its default)."""
+        return dict(self.sources or ()).get(backbone)
 
     def identity(self) -> dict:
         """JSON-able identity: name, version, dims, backbones, sampling and weights (and the frame fit, where
@@ -79,7 +93,9 @@ class Profile:
         unknown = set(identities) - {b for b, _ in self.weights}
         if unknown:
             raise KeyError(f"profile {self.name} has no backbone {sorted(unknown)}")
-        return dataclasses.replace(self, weights=tuple((b, identities.get(b, w)) for b, w in self.weights))
+        # other identities: no longer the resolved sources (resolve_profile sets them again)
+        return dataclasses.replace(self, weights=tuple((b, identities.get(b, w)) for b, w in self.weights),
+                                   sources=None)
 
 
 def check_identity(expected: dict, found: dict, what: str) -> None:

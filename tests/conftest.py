@@ -28,13 +28,13 @@ def make_predictor(lite_model) -> Callable:
     """``make_predictor(data_dir, **settings)``: a Predictor over an empty shared index in ``data_dir`` (its
     parts only, ``prvr.serve.bootstrap.assemble``: no demo gallery, fast), with the offline default model;
     ``model=`` gives another."""
+    from prvr.models.factory import LoadedModel, ModelInfo
     from prvr.serve.bootstrap import assemble
-    from prvr.serve.model_choice import ModelInfo
     from prvr.serve.settings import AppSettings
 
     def make(data_dir: Path, model=None, **settings):
-        return assemble(AppSettings(data_dir=data_dir, **settings), model or lite_model, ModelInfo("m", "d"),
-                        "lite")
+        loaded = LoadedModel.of(model or lite_model, "lite", info=ModelInfo("m", "d"))
+        return assemble(AppSettings(data_dir=data_dir, **settings), loaded)
 
     return make
 

@@ -217,13 +217,14 @@ def test_without_a_profile_the_app_falls_back_to_lite_naming_model_and_cause(tmp
     from prvr.serve.settings import AppSettings
 
     t0 = time.perf_counter()
-    model, info, profile = load_model(AppSettings(data_dir=tmp_path))
-    assert profile == "lite" and isinstance(model, bridge.BridgeModel)
-    assert "laion/CLIP-ViT-B-32" in info.why and "unreachable" in info.why and "lite" in info.why
+    loaded = load_model(AppSettings(data_dir=tmp_path))
+    assert loaded.profile.name == "lite" and isinstance(loaded.model, bridge.BridgeModel)
+    why = loaded.info.why
+    assert "laion/CLIP-ViT-B-32" in why and "unreachable" in why and "lite" in why
     assert time.perf_counter() - t0 < 60  # the failed clip attempt costs well under a second of that
     with pytest.raises(WeightsUnavailable, match="laion/CLIP-ViT-B-32"):
         load_model(AppSettings(data_dir=tmp_path, profile="clip"))  # asked for: no silent fallback
-    with pytest.raises(ValueError, match="'clip' or 'lite' profile, not 'paper'"):
+    with pytest.raises(ValueError, match="'clip', 'clip_whole' or 'lite' profile, not 'paper'"):
         load_model(AppSettings(data_dir=tmp_path, profile="paper"))
 
 
@@ -283,4 +284,4 @@ def test_checkpoint_trained_on_clip_features_is_served(models: dict, videos: lis
     other = AppSettings(data_dir=tmp_path / "data2", checkpoint=settings.checkpoint,
                         weights=(f"clip={models['siglip']}",))
     with pytest.raises(ProfileMismatch, match="Pass the weights the model was made with"):
-        assemble(other, *load_model(other))  # features of another model would be meaningless
+        assemble(other, load_model(other))  # features of another model would be meaningless

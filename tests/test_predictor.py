@@ -17,7 +17,7 @@ def test_bridge_class_embeddings_land_in_the_data_dir(tmp_path: Path,
     training-free model's class-embedding cache too, not ~/.cache."""
     home_cache = tmp_path / "home-cache"
     monkeypatch.setenv("XDG_CACHE_HOME", str(home_cache))
-    model, _, profile = load_model(AppSettings(data_dir=tmp_path / "data", host="127.0.0.1"))
-    assert profile == bridge.PROFILE and isinstance(model, bridge.BridgeModel)
+    loaded = load_model(AppSettings(data_dir=tmp_path / "data", host="127.0.0.1"))
+    assert loaded.profile.name == bridge.PROFILE and isinstance(loaded.model, bridge.BridgeModel)
     assert list((tmp_path / "data" / "bridge").glob("classes-*.npy"))
     assert not home_cache.exists()

@@ -216,8 +216,8 @@ def test_off_zerogpu_the_app_extracts_in_process(tmp_path: Path, monkeypatch: py
     """spaces installed but not on ZeroGPU: the in-process extractor is chosen, searches use the default
     device, and spaces.GPU is never applied."""
     monkeypatch.delenv("SPACES_ZERO_GPU", raising=False)
-    from prvr.serve.extraction import InProcess, choose_extractor
-    from prvr.serve.model_choice import search_device
+    from prvr.serve.extraction import InProcess
+    from prvr.serve.model_choice import choose_extractor, search_device
     from prvr.serve.settings import on_zerogpu
 
     assert not on_zerogpu() and search_device() == ("cuda" if __import__("torch").cuda.is_available()

@@ -95,11 +95,10 @@ def test_a_killed_upload_leaves_nothing_after_the_next_start(tmp_path: Path, mak
 import sys, time, shutil
 sys.path.insert(0, {str(REPO)!r})
 import extract
-from prvr.models.bridge import BridgeModel
+from prvr.models.factory import create_model
 from prvr.serve.bootstrap import assemble
-from prvr.serve.model_choice import ModelInfo
 from prvr.serve.settings import AppSettings
-p = assemble(AppSettings(data_dir={str(data)!r}), BridgeModel.from_pretrained(), ModelInfo("m", "d"), "lite")
+p = assemble(AppSettings(data_dir={str(data)!r}), create_model("lite"))
 real_copy = shutil.copyfile
 def slow_copy(src, dst, **kw):
     out = real_copy(src, dst, **kw)

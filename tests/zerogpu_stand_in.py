@@ -215,14 +215,13 @@ def main() -> None:
 
 def app_predictor(data: Path):
     """The app's parts on "ZeroGPU" (``assemble`` chooses the extractor: it must be ZeroGPU's)."""
-    from prvr.models.bridge import BridgeModel
+    from prvr.models.factory import create_model
     from prvr.serve.bootstrap import assemble
-    from prvr.serve.model_choice import ModelInfo, search_device
+    from prvr.serve.model_choice import search_device
     from prvr.serve.settings import AppSettings
 
-    model = BridgeModel.from_pretrained(device=search_device())
     settings = AppSettings(data_dir=data, host="127.0.0.1", uploads="shared")
-    return assemble(settings, model, ModelInfo("m", "d"), "lite")
+    return assemble(settings, create_model("lite", device=search_device()))
 
 
 def upload_through_the_app(predictor) -> dict:
@@ -261,8 +260,7 @@ def main_emulated() -> None:
 
     from extract.decode import probe
     from extract.pipeline import TextEncoder
-    from prvr.serve.extraction import choose_extractor
-    from prvr.serve.model_choice import search_device
+    from prvr.serve.model_choice import choose_extractor, search_device
 
     video = write_clip(OUT / "clip.mp4", 60, 10)
     extractor = choose_extractor("lite")

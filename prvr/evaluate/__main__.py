@@ -8,9 +8,10 @@ an annotated set (prints a table, or JSON with ``--json``)::
     python -m prvr.evaluate --videos DIR --moments FILE.json --profile clip --weights clip=DIR_OR_HUB_ID
     (prvr.evaluate.annotated)
 
-The last ones evaluate a training-free model (``--profile``: ``lite``, the default, or ``clip`` /
-``clip_whole`` with ``--weights clip=...``: any CLIP-family model from a folder or the hub), or
-``--checkpoint``'s, with
+The last ones evaluate the model ``prvr.models.factory.create_model`` makes: ``--checkpoint``'s, or a
+training-free model (``--profile``: ``lite``, ``clip`` or ``clip_whole`` with ``--weights clip=...``: any
+CLIP-family model from a folder or the hub; none: the app's automatic choice, clip where its weights load,
+else lite), with
 ``prvr.evaluate.annotated``: first-relevant-video R@1/5/10, SumR, and the localisation of the key moment,
 MS-SL's raw key clip and a random window on that video (IoU >= 0.3/0.5/0.7, mean IoU, centre inside).
 ``--videos/--moments`` reports every number with a 95 % bootstrap interval (seeded; per clip when the moments
@@ -30,24 +31,22 @@ import torch
 
 from extract.pipeline import parse_weights
 from prvr.data.official import add_source_args, check_compatible, prepare_split, source_from_args
-from prvr.evaluate.annotated import evaluate_set, format_report, load_moments_file, training_free_model
+from prvr.evaluate.annotated import evaluate_set, format_report, load_moments_file
 from prvr.evaluate.demo import evaluate_demo
 from prvr.evaluate.retrieval import evaluate_split, format_table
 from prvr.models.checkpoint import load_checkpoint
+from prvr.models.factory import create_model
 from prvr.words import counted
 
 
 def evaluate_folder(videos: Path, moments: Path, checkpoint: str | None, device: str, as_json: bool,
                     profile: str | None = None, weights: dict[str, str] | None = None) -> dict:
-    """``--videos DIR --moments FILE``: the annotated folder's report (printed as JSON or a table)."""
-    if checkpoint:
-        model = load_checkpoint(checkpoint, map_location=device)
-        profile = profile or (model.profile or {}).get("name") or "lite"
-    else:
-        profile = profile or "lite"
-        model = training_free_model(profile, weights, device)
-    aset = load_moments_file(videos, moments, profile=profile, weights=weights)
-    report = {"videos_dir": str(videos), "moments": str(moments), "profile": profile,
+    """``--videos DIR --moments FILE``: the annotated folder's report (printed as JSON or a table), of the
+    model factory's model for the choice (no profile and no checkpoint: the app's automatic choice)."""
+    loaded = create_model(profile, weights, checkpoint, device)
+    model = loaded.model
+    aset = load_moments_file(videos, moments, profile=loaded.profile)  # features of that very profile
+    report = {"videos_dir": str(videos), "moments": str(moments), "profile": loaded.profile.name,
               "model": model.describe() if hasattr(model, "describe") else {"checkpoint": str(checkpoint)},
               **evaluate_set(aset, model)}
     print(json.dumps(report, indent=1) if as_json else format_report(report))
@@ -66,7 +65,8 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--moments", type=Path,
                         help="the moments file of --videos (format: prvr.evaluate.annotated)")
     parser.add_argument("--profile", help="with --videos: the training-free model's feature profile (lite, "
-                        "the default; clip or clip_whole with --weights clip=...)")
+                        "clip or clip_whole with --weights clip=...; default: the app's choice, clip where "
+                        "its weights load, else lite)")
     parser.add_argument("--weights", action="append", default=[], metavar="BACKBONE=SPEC",
                         help="with --videos: weights of the profile's backbones, e.g. clip=/models/clip-b32 "
                         "or clip=hf-hub:laion/CLIP-ViT-B-32-laion2B-s34B-b79K (repeatable)")

@@ -50,11 +50,11 @@ import torch
 
 from extract.decode import sha256_file
 from extract.features import FeatureFile, FeatureWriter
-from extract.pipeline import TextEncoder, VideoExtractor
-from extract.profiles import check_identity
+from extract.pipeline import TextEncoder, VideoExtractor, as_resolved
+from extract.profiles import Profile, check_identity, get_profile
 from prvr.evaluate.bootstrap import N_RESAMPLES, intervals
 from prvr.index import GalleryVideo, IndexConfig, VideoIndex
-from prvr.models.bridge import BridgeModel
+from prvr.models.factory import create_model
 from prvr.models.preprocess import clip_unit_rows, n_proposals, proposal_units
 from prvr.paths import cache_dir
 from prvr.results.confidence import Calibrator
@@ -82,16 +82,17 @@ class AnnotatedSet:
     videos: tuple[tuple[str, Path], ...]  # (id, file), the gallery in order
     queries: tuple[Query, ...]
     features: Path  # feature cache (HDF5, prvr-features) of the videos and the query texts
-    profile: str = "lite"  # the feature profile the cache holds
-    weights: dict[str, str] | None = None  # --weights of that profile's backbones (None: its defaults)
+    profile: str | Profile = "lite"  # the feature profile the cache holds: a name, or a resolved profile
+    weights: dict[str, str] | None = None  # --weights of a named profile's backbones (None: its defaults)
 
 
 def load_moments_file(videos_dir: str | Path, moments_file: str | Path, features: Path | None = None,
-                      profile: str = "lite", weights: dict[str, str] | None = None) -> AnnotatedSet:
+                      profile: str | Profile = "lite", weights: dict[str, str] | None = None) -> AnnotatedSet:
     """Read a moments file (module docstring) over the videos in ``videos_dir``; errors name the bad entry.
 
-    ``profile`` / ``weights``: the features to evaluate on (default: the offline ``lite``); each profile and
-    weights identity has its own feature cache in ``videos_dir``."""
+    ``profile`` / ``weights``: the features to evaluate on (default: the offline ``lite``; a resolved profile,
+    ``LoadedModel.profile``, takes no weights); each profile and weights identity has its own feature cache
+    in ``videos_dir``."""
     videos_dir, moments_file = Path(videos_dir), Path(moments_file)
     if not videos_dir.is_dir():
         raise FileNotFoundError(f"--videos {videos_dir}: not a directory")
@@ -128,40 +129,20 @@ def load_moments_file(videos_dir: str | Path, moments_file: str | Path, features
     return AnnotatedSet(tuple((p.name, p) for p in files), tuple(queries), cache, profile, weights)
 
 
-def feature_cache_name(profile: str, weights: dict[str, str] | None) -> str:
-    """The set's feature cache file for a profile and its weights (``lite`` with its defaults keeps the name
-    it always had)."""
-    if not weights:
-        return f".prvr-features-{profile}.h5"
-    from extract.pipeline import resolve_profile, weights_for
-    from extract.profiles import get_profile
-
-    spec = get_profile(profile)
-    named = resolve_profile(spec, weights_for(spec, weights, tuple(b for b, _ in spec.weights))).identity()
-    digest = hashlib.sha256(json.dumps(named["weights"], sort_keys=True).encode()).hexdigest()[:12]
-    return f".prvr-features-{profile}-{digest}.h5"
+def feature_cache_name(profile: str | Profile, weights: dict[str, str] | None = None) -> str:
+    """The set's feature cache file for a profile and its weights (a profile on its default weights keeps the
+    name it always had)."""
+    resolved = as_resolved(profile, weights)
+    named = resolved.identity()["weights"]
+    if named == dict(get_profile(resolved.name).weights):
+        return f".prvr-features-{resolved.name}.h5"
+    digest = hashlib.sha256(json.dumps(named, sort_keys=True).encode()).hexdigest()[:12]
+    return f".prvr-features-{resolved.name}-{digest}.h5"
 
 
-def training_free_model(profile: str = "lite", weights: dict[str, str] | None = None,
-                        device: str | None = None):
-    """The training-free model that reads ``profile``: the bridge (``lite``, packaged weights) or the
-    CLIP-family model (``clip``, ``clip_whole``; ``weights["clip"]``: a folder or hf-hub:ID, default the
-    profile's hub model)."""
-    from extract.profiles import get_profile
-    from prvr.models.zero_shot import ZeroShotModel
-
-    if profile == "lite":
-        if weights:
-            raise ValueError("the lite profile's bridge uses its packaged weights; --weights is for clip")
-        return BridgeModel.from_pretrained(device=device)
-    if get_profile(profile).text == "clip_text":
-        return ZeroShotModel.from_pretrained((weights or {}).get("clip"), device=device, profile=profile)
-    raise ValueError(f"no training-free model reads profile {profile!r}: give --checkpoint trained on it")
-
-
-def extract_features(aset: AnnotatedSet, profile: str | None = None) -> Path:
+def extract_features(aset: AnnotatedSet, profile: str | Profile | None = None) -> Path:
     """Write the set's video and query features into its cache file; only new or changed items run."""
-    profile = profile or aset.profile
+    profile = as_resolved(profile or aset.profile, aset.weights)  # once, for the extractor and the encoder
     path = aset.features
     have_videos, have_captions = {}, {}
     if path.exists():
@@ -172,12 +153,12 @@ def extract_features(aset: AnnotatedSet, profile: str | None = None) -> Path:
     captions = [(q.id, q.text) for q in aset.queries if have_captions.get(q.id) != q.text]
     if not videos and not captions:
         return path
-    extractor = VideoExtractor(profile, aset.weights) if videos else None
-    encoder = TextEncoder(profile, aset.weights) if captions else None
+    extractor = VideoExtractor(profile) if videos else None
+    encoder = TextEncoder(profile) if captions else None
     path.parent.mkdir(parents=True, exist_ok=True)
     with FeatureWriter(path, (extractor or encoder).profile) as writer:
         for vid, p, sha in videos:
-            log.info("extracting %s features of %s", profile, p.name)
+            log.info("extracting %s features of %s", profile.name, p.name)
             writer.add_video(vid, extractor.extract(p, sha256=sha))
         if encoder is not None:
             for (cid, text), rows in zip(captions, encoder.encode([t for _, t in captions]), strict=True):
@@ -249,7 +230,7 @@ def proposal_spans(start: np.ndarray, end: np.ndarray, map_size: int = 32) -> np
 # ---------------------------------------------------------------------------------------------- scoring
 
 
-def reference_bank(model, profile: str = "lite", weights: dict[str, str] | None = None):
+def reference_bank(model, profile: str | Profile = "lite", weights: dict[str, str] | None = None):
     """The app's reference caption bank (``prvr.results.confidence``) encoded by ``model`` for an index: its
     ``ReferenceQueries`` (caption tokens by ``profile``'s text encoder, cached as the app caches them)."""
     calibrator = Calibrator.for_model(model, TextEncoder(profile, weights), cache_dir=cache_dir("confidence"))
@@ -257,11 +238,11 @@ def reference_bank(model, profile: str = "lite", weights: dict[str, str] | None 
 
 
 def evaluate_set(aset: AnnotatedSet, model=None, references=None) -> dict:
-    """Retrieval and localisation metrics of ``model`` (default: the bridge) on an annotated set, measured
-    through the search path (module docstring); ``references``: the index's ``ReferenceQueries`` (default:
-    ``reference_bank(model)``, as the app)."""
+    """Retrieval and localisation metrics of ``model`` (default: the model factory's for the set's profile) on
+    an annotated set, measured through the search path (module docstring); ``references``: the index's
+    ``ReferenceQueries`` (default: ``reference_bank(model)``, as the app)."""
     if model is None:
-        model = training_free_model(aset.profile, aset.weights)
+        model = create_model(aset.profile, aset.weights).model
     path = extract_features(aset)
     ids = [vid for vid, _ in aset.videos]
     with FeatureFile(path) as ff:

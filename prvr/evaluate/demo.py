@@ -19,7 +19,7 @@ from prvr.evaluate.annotated import (
     reference_bank,
 )
 from prvr.index import GalleryVideo, IndexConfig, VideoIndex
-from prvr.models.bridge import BridgeModel
+from prvr.models.factory import create_model
 from prvr.results.search import search
 
 FEATURES_FILE = "features-{profile}.h5"
@@ -58,7 +58,7 @@ def evaluate_demo(root: str | Path | None = None, model=None, video_ids: list[st
     if not gallery.captions:
         raise ValueError(f"demo gallery in {gallery.root} has no captions to evaluate (videos {video_ids})")
     if model is None:
-        model = BridgeModel.from_pretrained()
+        model = create_model("lite").model
     report = evaluate_set(annotated_set(gallery), model)
     describe = model.describe() if hasattr(model, "describe") else {"fingerprint": model.fingerprint()}
     return {"gallery": {"root": str(gallery.root), "videos": report["videos"], "captions": report["queries"],
@@ -71,7 +71,7 @@ def top_videos(gallery: DemoGallery, model=None, profile: str = "lite") -> dict[
     """Caption text -> the video the search path ranks first for it (two-branch scores), as ``evaluate_set``
     searches: one index of the gallery's videos with the model's reference bank."""
     if model is None:
-        model = BridgeModel.from_pretrained()
+        model = create_model("lite").model
     aset = annotated_set(gallery, profile)
     path = extract_features(aset, profile)
     ids = [vid for vid, _ in aset.videos]

@@ -57,7 +57,7 @@ import hashlib
 import json
 import logging
 import os
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -67,7 +67,8 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from extract.backbones import create_backbone, imagenet_classes
-from extract.profiles import get_profile
+from extract.pipeline import as_resolved
+from extract.profiles import Profile, get_profile
 from prvr import paths
 from prvr.models.branches import key_clip_attention
 from prvr.models.mssl import DictConfig
@@ -153,11 +154,27 @@ class BridgeModel(TrainingFreeModel):
     def from_pretrained(cls, cfg: BridgeConfig = BridgeConfig(), cache_dir: str | Path | None = None,
                         device: str | torch.device | None = None) -> BridgeModel:
         """Build from the ``lite`` profile's own backbones (EfficientNet-Lite0 head, MiniLM)."""
-        profile = get_profile(PROFILE)
+        return cls.build(cls.resolve(get_profile(PROFILE), {}), cfg, device, cache_dir)
+
+    @classmethod
+    def resolve(cls, profile: Profile, weights: Mapping[str, str]) -> Profile:
+        """The profile with its packaged weights: weights given for its backbones are refused."""
+        if set(weights) & {b for b, _ in profile.weights}:
+            raise ValueError(f"the {profile.name!r} training-free model uses its packaged weights; --weights "
+                             "applies to the clip profile or to a checkpoint's profile")
+        return as_resolved(profile)
+
+    @classmethod
+    def build(cls, profile: Profile, cfg: BridgeConfig | None = None,
+              device: str | torch.device | None = None, cache_dir: str | Path | None = None) -> BridgeModel:
+        """The bridge on a resolved profile of EfficientNet-Lite0 + MiniLM (``cache_dir``: the class-name
+        embeddings' cache, default ``prvr.paths.cache_dir("bridge")``)."""
         if tuple(profile.visual) != ("efficientnet_lite0",) or profile.text != "minilm":
-            raise ValueError(f"profile {PROFILE!r} uses {profile.visual} + {profile.text}; the bridge needs "
-                             "('efficientnet_lite0',) + minilm")
-        visual, text = (create_backbone(name, device=device) for name in ("efficientnet_lite0", "minilm"))
+            raise ValueError(f"profile {profile.name!r} uses {profile.visual} + {profile.text}; the bridge "
+                             "needs ('efficientnet_lite0',) + minilm")
+        cfg = cfg or BridgeConfig()
+        visual, text = (create_backbone(name, profile.source(name), device=device)
+                        for name in ("efficientnet_lite0", "minilm"))
         cache = Path(cache_dir or paths.cache_dir("bridge"))
         table = class_embeddings(text, cfg.prompt, imagenet_classes(), cache)
         # the identity VideoExtractor/TextEncoder record for these very weights, so indexes can compare

@@ -20,12 +20,15 @@ among segments (measured in benchmarks/RESULTS.md, "Localisation and segment ran
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from pathlib import Path
 
 import numpy as np
 import torch
 from torch import Tensor
 
+from extract.pipeline import as_resolved
+from extract.profiles import Profile
 from prvr.models.branches import (
     EncodedVideos,
     Scores,
@@ -44,6 +47,20 @@ class TrainingFreeModel:
 
     cfg: object
     profile: dict | None
+
+    # ---- how the model factory (prvr.models.factory) makes one: resolve the profile once, then build on it
+    @classmethod
+    def resolve(cls, profile: Profile, weights: Mapping[str, str]) -> Profile:
+        """``profile`` resolved with the given weights of its backbones: what the model, its text encoder and
+        its video extractor all read (a subclass may refuse weights or load them here)."""
+        return as_resolved(profile, dict(weights) or None)
+
+    @classmethod
+    def build(cls, profile: Profile, cfg: object | None = None, device: str | torch.device | None = None,
+              cache_dir: str | Path | None = None) -> TrainingFreeModel:
+        """The model on a profile ``resolve`` returned (``cfg`` None: the default config; ``cache_dir``: where
+        it may keep files derived from its weights)."""
+        raise NotImplementedError
 
     # ---- what a subclass defines
     @property

@@ -26,8 +26,9 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -36,8 +37,8 @@ from torch import Tensor, nn
 
 from extract.backbones import default_device, get_backbone_cfg
 from extract.clip import load_pair, tower_dims
-from extract.pipeline import resolve_profile, weights_for
-from extract.profiles import get_profile
+from extract.pipeline import as_resolved
+from extract.profiles import Profile, get_profile
 from extract.weights import WeightsUnavailable, hub_offline_reason, in_hub_cache, resolve_weights
 from prvr.models.mssl import DictConfig
 from prvr.models.training_free import TrainingFreeModel
@@ -87,31 +88,57 @@ class ZeroShotModel(TrainingFreeModel):
 
     @classmethod
     def from_pretrained(cls, weights: str | None = None, cfg: ZeroShotConfig = ZeroShotConfig(),
-                        device: str | torch.device | None = None, profile: str = PROFILE) -> ZeroShotModel:
+                        device: str | torch.device | None = None,
+                        profile: str | Profile = PROFILE) -> ZeroShotModel:
         """Load the ``clip`` profile's model (its default hub id, or ``weights``: a folder or hf-hub:ID);
-        ``profile``: another profile of the same towers (e.g. ``clip_whole``, another frame fit).
+        ``profile``: another profile of the same towers (e.g. ``clip_whole``, another frame fit), or one
+        ``resolve`` returned (then no ``weights``).
 
         A hub id on a host that cannot reach the hub loads from the local cache or fails within seconds
         (``WeightsUnavailable`` naming the model and the cause), never after network time-outs.
         """
         profile = get_profile(profile)
+        if profile.resolved and weights is not None:
+            raise ValueError(f"profile {profile.name} is already resolved with its weights; give them once")
+        if not profile.resolved:
+            profile = cls.resolve(profile, {profile.visual[0]: weights} if weights else {})
+        return cls.build(profile, cfg, device)
+
+    @classmethod
+    def resolve(cls, profile: Profile, weights: Mapping[str, str]) -> Profile:
+        """The profile with its image-text model's weights (given for its image tower, else the registry's
+        hub id), loaded here: their config sizes the profile (dims, context length), and a model that does
+        not load fails before anything else is built."""
         if profile.visual != (PROFILE,) or profile.text != "clip_text":
             raise ValueError(f"profile {profile.name!r} reads {profile.visual} + {profile.text}; the "
                              "CLIP-family model reads the clip and clip_text towers")
-        spec = weights or get_backbone_cfg(profile.visual[0]).weights
+        tower = profile.visual[0]
+        if set(weights) - {tower}:
+            raise ValueError(f"the CLIP-family model reads both towers from one folder: give --weights "
+                             f"{tower}=..., not {', '.join(sorted(set(weights) - {tower}))}")
+        spec = weights.get(tower) or get_backbone_cfg(tower).weights
         resolved = resolve_weights(spec)
         offline = hub_offline_reason() if resolved.kind == "hub" else None
         if offline and not in_hub_cache(resolved):
             raise WeightsUnavailable(f"cannot load {spec}: {offline}, and the model is not in the local "
                                      "Hugging Face cache; pass a local copy with --weights clip=DIR")
-        pair = load_pair(resolved, local_only=offline is not None)
-        head = pair.text_head()
+        load_pair(resolved, local_only=offline is not None)
+        # the identity VideoExtractor/TextEncoder record for these very weights, so indexes can compare
+        return as_resolved(profile, {tower: resolved}, profile.visual)
+
+    @classmethod
+    def build(cls, profile: Profile, cfg: ZeroShotConfig | None = None,
+              device: str | torch.device | None = None, cache_dir: str | Path | None = None) -> ZeroShotModel:
+        """The model on a profile ``resolve`` returned (``cache_dir`` is not used: nothing is derived)."""
+        resolved = profile.source(profile.visual[0])
+        if resolved is None:
+            raise ValueError(f"profile {profile.name} is not resolved with its model's weights: "
+                             "ZeroShotModel.resolve(profile, weights) first")
+        head = load_pair(resolved).text_head()
         copy = nn.Linear(head.in_features, head.out_features, bias=head.bias is not None)
         copy.load_state_dict({k: v.float() for k, v in head.state_dict().items()})
-        # the identity VideoExtractor/TextEncoder record for these very weights, so indexes can compare
-        identity = resolve_profile(profile, weights_for(profile, {profile.visual[0]: spec}, profile.visual))
-        return cls(copy.to(default_device(device)), tower_dims(resolved).image, cfg, identity.identity(),
-                   resolved.location)
+        return cls(copy.to(default_device(device)), tower_dims(resolved).image, cfg or ZeroShotConfig(),
+                   profile.identity(), resolved.location)
 
     @property
     def device(self) -> torch.device:

@@ -1,12 +1,12 @@
 """What the app does once, at start: its parts made and the shared gallery brought up to date.
 
     start(settings) -> Predictor       # the whole start (app.py, scripts and tests call it)
-    assemble(settings, model, info, profile, extractor=None) -> Predictor   # the parts only (scripts, tests)
+    assemble(settings, loaded, extractor=None) -> Predictor   # the parts only (scripts, tests)
 
 ``start``, in order: claim the data dir (``prvr.serve.owner``: a second app on it is refused before any
 loading); on ZeroGPU import ``spaces`` before any model (it patches torch); load the model
 (``prvr.serve.model_choice``) and warm the search kernels in the background; ``assemble`` the parts (the
-extractor chosen once, ``prvr.serve.extraction.choose_extractor``; the text encoder on the search device;
+extractor chosen once, ``prvr.serve.model_choice.choose_extractor``; the text encoder on the search device;
 the confidence references; the shared gallery; the media store; --persist's folder; the ingest service);
 sweep what a crash left in the media dir; then, on the extractor's start-up models (CPU on ZeroGPU,
 released afterwards), through the ingest service: restore --persist's videos, index the demo gallery, sync
@@ -22,15 +22,20 @@ import threading
 import time
 
 from extract.backbones import loaded_once
-from extract.pipeline import TextEncoder
 from extract.profiles import ProfileMismatch, check_identity
 from prvr.demo.gallery import build_demo_gallery, interleaved
 from prvr.index import VideoIndex, open_gallery
 from prvr.results.confidence import Calibrator
-from prvr.serve.extraction import Extractor, choose_extractor
+from prvr.serve.extraction import Extractor
 from prvr.serve.ingest import IngestService
 from prvr.serve.media import SHARED_MARKER, MediaStore
-from prvr.serve.model_choice import ModelInfo, load_model, profile_weights, search_device, warm_search_kernels
+from prvr.serve.model_choice import (
+    LoadedModel,
+    choose_extractor,
+    load_model,
+    search_device,
+    warm_search_kernels,
+)
 from prvr.serve.owner import DataDirLock
 from prvr.serve.persist import PersistentStore
 from prvr.serve.predictor import Predictor, Serialised
@@ -62,10 +67,10 @@ def _start(settings: AppSettings, owner: DataDirLock, t0: float) -> Predictor:
     # profile's): each is loaded once
     with loaded_once():
         log.info("loading the model and its feature extractors")
-        model, info, profile = load_model(settings)
-        kernels = warm_search_kernels(model)  # compiles while the gallery renders and extracts
+        loaded = load_model(settings)
+        kernels = warm_search_kernels(loaded.model)  # compiles while the gallery renders and extracts
         log.info("loading the feature extractor and text encoder, and the confidence references")
-        predictor = assemble(settings, model, info, profile)
+        predictor = assemble(settings, loaded)
     predictor.owner = owner
     sweep_media(predictor)
     ingest = predictor.ingest
@@ -93,14 +98,13 @@ def _start(settings: AppSettings, owner: DataDirLock, t0: float) -> Predictor:
     return predictor
 
 
-def assemble(settings: AppSettings, model: object, info: ModelInfo, profile: str,
-             extractor: Extractor | None = None) -> Predictor:
-    """The predictor's parts over a loaded model, without the start-up steps. ``extractor``: default
-    ``choose_extractor`` (build it in the main thread, before ``launch()``)."""
-    weights = profile_weights(settings, profile) or None
-    extractor = extractor or choose_extractor(profile, weights)
+def assemble(settings: AppSettings, loaded: LoadedModel, extractor: Extractor | None = None) -> Predictor:
+    """The predictor's parts over a loaded model (``prvr.models.factory``), without the start-up steps.
+    ``extractor``: default ``choose_extractor`` (build it in the main thread, before ``launch()``)."""
+    model, info, profile = loaded.model, loaded.info, loaded.profile.name
+    extractor = extractor or choose_extractor(loaded.profile)
     # queries are encoded in this process: on the CPU on ZeroGPU (a search spends no quota)
-    text = TextEncoder(profile, weights, device=search_device())
+    text = loaded.text_encoder(device=search_device())
     if getattr(model, "profile", None) is not None:  # features of other weights would be meaningless
         try:
             check_identity(extractor.profile.identity(), model.profile, "the model")

@@ -1,14 +1,14 @@
 """The feature extractor the app runs, chosen once at start and handed down as an object.
 
-    extractor = choose_extractor(profile, weights)     # in the main thread, before launch()
+    extractor = choose_extractor(profile)   # prvr.serve.model_choice: in the main thread, before launch()
     extractor.cost(info)            -> GpuPlan | None  # the GPU seconds a video will ask for (None: no quota)
     extractor.extract(path, info, sha256, work, report) -> VideoFeatures
     with extractor.at_start() as cpu: ...              # start-up work (demo, folder, bucket), no GPU quota
 
 Two kinds: ``InProcess`` (here: ``VideoExtractor`` in this process on the default device, CUDA when
 present) and, on ZeroGPU hardware, ``prvr.serve.zerogpu.ZeroGpuExtractor`` (frames prepared on the CPU,
-the backbones in GPU slots). ``choose_extractor`` is the only place that picks; nothing below ``serve/``
-knows about Spaces.
+the backbones in GPU slots). ``prvr.serve.model_choice.choose_extractor`` is the only place that picks
+(there, not here: ``zerogpu`` builds on this module); nothing below ``serve/`` knows about Spaces.
 
 ``report(fraction, words)``: the fraction of the extraction done (0 to 1) and what is happening, in words
 ("extracting features: 12 of 60 s of video"), called in the caller's thread.
@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Protocol
 
@@ -26,7 +26,6 @@ from extract.decode import VideoInfo
 from extract.features import VideoFeatures
 from extract.pipeline import VideoExtractor
 from extract.profiles import Profile
-from prvr.serve.settings import on_zerogpu
 
 log = logging.getLogger(__name__)
 
@@ -89,15 +88,3 @@ class InProcess:
     def quota_words(self) -> str:
         """Uploads spend no GPU quota here."""
         return ""
-
-
-def choose_extractor(profile: str, weights: str | Mapping[str, str] | None = None) -> Extractor:
-    """ZeroGPU's extractor on ZeroGPU hardware (``settings.on_zerogpu``), else in-process. Call it in the main
-    thread before ``launch()``: on ZeroGPU the models go to (emulated) CUDA now and are moved to the real GPU
-    in each slot's worker."""
-    if on_zerogpu():
-        from prvr.serve.zerogpu import ZeroGpuExtractor  # imports spaces: torch is patched before any model
-
-        log.info("ZeroGPU: uploads are extracted in GPU slots (frames prepared on the CPU first)")
-        return ZeroGpuExtractor.build(profile, weights)
-    return InProcess(VideoExtractor(profile, weights))

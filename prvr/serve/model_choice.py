@@ -1,8 +1,10 @@
-"""Which model the app serves, loaded, and its search kernels prepared at start-up.
+"""Which model the app serves, and its extractor, chosen once at start-up; its search kernels prepared.
 
-``load_model(settings)`` returns a trained MS-SL checkpoint when one is given, else a training-free model:
-the ``clip`` profile's where its weights load (a host with hub access, or ``--weights clip=DIR``), else
-the ``lite`` profile's bridge, with the reason for the choice (``ModelInfo.why``) in the log and the UI.
+``load_model(settings)`` is the model factory's (``prvr.models.factory.create_model``) with the app's flags:
+a trained MS-SL checkpoint when one is given, else a training-free model: the ``clip`` profile's where its
+weights load (a host with hub access, or ``--weights clip=DIR``), else the ``lite`` profile's bridge, with
+the reason for the choice (``ModelInfo.why``) in the log and the UI. ``choose_extractor`` picks the feature
+extractor (in-process, or ZeroGPU's) for the profile the model reads.
 """
 
 from __future__ import annotations
@@ -11,114 +13,45 @@ import logging
 import tempfile
 import threading
 import time
-from dataclasses import dataclass
+from collections.abc import Mapping
 from pathlib import Path
 
 import numpy as np
 import torch
 
-from extract.backbones import get_backbone_cfg
-from extract.profiles import get_profile
+from extract.pipeline import VideoExtractor
+from extract.profiles import Profile
 from prvr.index import GalleryVideo, IndexConfig, VideoIndex
-from prvr.models import bridge, zero_shot
-from prvr.models.checkpoint import load_checkpoint
+from prvr.models.factory import LoadedModel, ModelInfo, create_model
 from prvr.results.search import search
+from prvr.serve.extraction import Extractor, InProcess
 from prvr.serve.settings import AppSettings, on_zerogpu
 
 log = logging.getLogger(__name__)
 
-
-@dataclass(frozen=True)
-class ModelInfo:
-    """What the info panel says about the model in use."""
-
-    name: str
-    description: str
-    metrics: dict | None = None
-    why: str = ""  # why this model serves: an explicit flag, or the automatic choice and any fallback
+__all__ = ["LoadedModel", "ModelInfo", "choose_extractor", "load_model", "search_device",
+           "warm_search_kernels"]
 
 
-TRAINING_FREE = ("clip", "lite")  # profiles with a training-free model: the first that loads serves
+def load_model(settings: AppSettings) -> LoadedModel:
+    """The model the flags ask for, on the search device (``create_model``: --checkpoint, else --profile's
+    training-free model, else clip where its weights load, else lite); the bridge's class-name embeddings are
+    cached in the data dir."""
+    return create_model(settings.profile, settings.weight_specs(), settings.checkpoint,
+                        device=search_device(), cache_dir=settings.data_dir / "bridge")
 
 
-def load_model(settings: AppSettings) -> tuple[object, ModelInfo, str]:
-    """(model, its description, feature profile name): the checkpoint if given, else a training-free model.
+def choose_extractor(profile: str | Profile, weights: str | Mapping[str, str] | None = None) -> Extractor:
+    """ZeroGPU's extractor on ZeroGPU hardware (``settings.on_zerogpu``), else in-process, for ``profile`` (a
+    resolved one, ``LoadedModel.profile``, or a name with ``weights``). Call it in the main thread before
+    ``launch()``: on ZeroGPU the models go to (emulated) CUDA now and are moved to the real GPU in each
+    slot's worker."""
+    if on_zerogpu():
+        from prvr.serve.zerogpu import ZeroGpuExtractor  # imports spaces: torch is patched before any model
 
-    With no --profile: ``clip`` where its weights load (a host with hub access, or --weights clip=DIR),
-    else ``lite``; a failed load is logged with the model, the cause and the fallback.
-    """
-    if settings.checkpoint is None:
-        return _training_free(settings)
-    return _checkpoint(settings)
-
-
-def _training_free(settings: AppSettings) -> tuple[object, ModelInfo, str]:
-    """The clip profile's zero-shot model where it loads (or was asked for), else the lite bridge."""
-    choice = settings.profile
-    if choice not in (None, *TRAINING_FREE):
-        known = " or ".join(map(repr, TRAINING_FREE))
-        raise ValueError(f"the training-free models read the {known} profile, not {choice!r}; give a "
-                         f"--checkpoint trained on {choice!r}")
-    fallback = ""
-    if choice in (None, "clip"):
-        spec = settings.weight_specs().get("clip")
-        try:
-            model = zero_shot.ZeroShotModel.from_pretrained(spec, device=search_device())
-        except Exception as err:  # any failed load falls back (an explicit choice re-raises)
-            if choice == "clip":
-                raise
-            fallback = (f"the clip profile's model {model_source(spec)} did not load ({err}); serving the "
-                        "offline default, the lite profile's bridge, instead")
-            log.warning("%s", fallback)
-        else:
-            why = ("chosen with --profile clip" if choice else
-                   "chosen automatically: no --profile was given and the clip profile's weights loaded")
-            log.info("model: %s from %s (%s)", zero_shot.NAME, model.source, why)
-            about = (f"No PRVR training: the image and text embeddings of one CLIP-family model "
-                     f"({model.source}), scored with MS-SL's clip-scale and frame-scale branches. Give "
-                     "`--checkpoint` to use a trained MS-SL model.")
-            return model, ModelInfo(zero_shot.NAME, about, why=why), zero_shot.PROFILE
-    if set(settings.weight_specs()) & {b for b, _ in get_profile(bridge.PROFILE).weights}:
-        raise ValueError(f"the {bridge.PROFILE!r} training-free model uses its packaged weights; --weights "
-                         "applies to the clip profile or to a checkpoint's profile")
-    model = bridge.BridgeModel.from_pretrained(cache_dir=settings.data_dir / "bridge", device=search_device())
-    why = "chosen with --profile lite" if choice else f"chosen automatically: {fallback}"
-    # the fallback's reason is the warning above, not said twice
-    log.info("model: %s (%s)", bridge.NAME, "chosen automatically, as the warning above says" if fallback
-             else why)
-    about = ("No PRVR training: EfficientNet-Lite0's ImageNet classes mapped into MiniLM's sentence "
-             "space, scored with MS-SL's clip-scale and frame-scale branches. Give `--checkpoint` to use "
-             "a trained MS-SL model.")
-    return model, ModelInfo(bridge.NAME, about, why=why), bridge.PROFILE
-
-
-def model_source(spec: str | None) -> str:
-    """The clip profile's weights in words: the given spec, or the registry's default hub id."""
-    return spec or get_backbone_cfg("clip").weights
-
-
-def profile_weights(settings: AppSettings, profile: str) -> dict[str, str]:
-    """The --weights that concern this profile's backbones (others are for another profile)."""
-    names = {b for b, _ in get_profile(profile).weights}
-    return {b: spec for b, spec in settings.weight_specs().items() if b in names}
-
-
-def _checkpoint(settings: AppSettings) -> tuple[object, ModelInfo, str]:
-    """A trained MS-SL checkpoint and the profile it was trained on."""
-
-    model = load_checkpoint(settings.checkpoint, map_location=search_device()).eval()
-    meta = getattr(model, "checkpoint_meta", None) or {}
-    profile = (model.profile or {}).get("name") or settings.profile
-    if profile is None:
-        raise ValueError(f"checkpoint {settings.checkpoint} records no feature profile; give --profile")
-    if settings.profile and settings.profile != profile:
-        raise ValueError(f"checkpoint {settings.checkpoint} was trained on profile {profile!r}, "
-                         f"not {settings.profile!r}")
-    epoch = f", epoch {meta['epoch']}" if meta.get("epoch") is not None else ""
-    info = ModelInfo(f"MS-SL checkpoint {settings.checkpoint.name}",
-                     f"Trained MS-SL model from `{settings.checkpoint}`{epoch}.", meta.get("metrics"),
-                     why="chosen with --checkpoint")
-    return model, info, profile
+        log.info("ZeroGPU: uploads are extracted in GPU slots (frames prepared on the CPU first)")
+        return ZeroGpuExtractor.build(profile, weights)
+    return InProcess(VideoExtractor(profile, weights))
 
 
 def search_device() -> str:

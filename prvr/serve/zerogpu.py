@@ -24,8 +24,9 @@ numbers they should come from.
 - ``START_SECONDS`` = 10 a slot: forking the worker, initialising CUDA and moving the weights to the GPU
   (``spaces/zero/wrappers.py`` ``worker_init``). Estimated, charged on every slot although a reused worker
   skips most of it.
-- ``SECONDS_PER_FRAME``: ``lite`` 0.05 (EfficientNet-Lite0, about 0.8 GFLOPs a frame), ``clip`` 0.06
-  (CLIP ViT-B/32, 8.7 GFLOPs a frame counted by ``benchmarks/clip_speed.py``), other profiles 0.1. Any CUDA
+- seconds per frame, the model factory's per profile (``prvr.models.factory.ModelEntry``):
+  ``lite`` 0.05 (EfficientNet-Lite0, about 0.8 GFLOPs a frame), ``clip`` and ``clip_whole`` 0.06 (CLIP
+  ViT-B/32, 8.7 GFLOPs a frame counted by ``benchmarks/clip_speed.py``), other profiles 0.1. Any CUDA
   GPU of the last years runs these models at hundreds to thousands of frames a second (1-5 ms a frame);
   the constants allow 10-50x that, for the page-cache read of the frame file, the copy to the GPU and a
   shared card.
@@ -61,7 +62,7 @@ import pickle
 import threading
 import traceback
 from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import gradio
@@ -71,8 +72,9 @@ import torch
 from extract.decode import MediaError, VideoInfo, probe, window_times
 from extract.features import VideoFeatures
 from extract.frames import FrameFile, read_windows
-from extract.pipeline import FrameStream, VideoExtractor
-from extract.profiles import Profile
+from extract.pipeline import FrameStream, VideoExtractor, as_resolved
+from extract.profiles import Profile, get_profile
+from prvr.models.factory import DEFAULT_SECONDS_PER_FRAME, per_frame_table
 from prvr.serve.extraction import GpuUnavailable, InProcess, Report, seconds_words
 from prvr.serve.settings import on_zerogpu
 
@@ -80,8 +82,6 @@ log = logging.getLogger(__name__)
 
 SLOT_SECONDS = 60  # ZeroGPU's default duration; each slot asks for at most this (see the module docstring)
 START_SECONDS = 10.0  # per slot: worker fork, CUDA initialisation, weights to the GPU (estimate)
-SECONDS_PER_FRAME = (("lite", 0.05), ("clip", 0.06))  # conservative estimates (module docstring)
-SECONDS_PER_FRAME_DEFAULT = 0.1
 WORKER_ERROR = "ZeroGPU worker error"  # spaces' title for a slot that ran and failed or was aborted
 
 
@@ -111,8 +111,9 @@ class SlotRule:
     windows whose rows did not come back) at most ``retries`` times per video."""
 
     start_s: float = START_SECONDS
-    per_frame_s: tuple[tuple[str, float], ...] = SECONDS_PER_FRAME  # (profile name, seconds a frame)
-    default_per_frame_s: float = SECONDS_PER_FRAME_DEFAULT
+    # (profile name, seconds a frame): the model factory's registry when the rule is made (module docstring)
+    per_frame_s: tuple[tuple[str, float], ...] = field(default_factory=per_frame_table)
+    default_per_frame_s: float = DEFAULT_SECONDS_PER_FRAME
     slot_s: int = SLOT_SECONDS
     retries: int = 2
 
@@ -138,9 +139,10 @@ class SlotRule:
         return GpuPlan(slots, tuple(self.seconds(profile, hi - lo) for lo, hi in slots))
 
 
-def minutes_table(profile: Profile, rule: SlotRule = SlotRule(),
+def minutes_table(profile: Profile, rule: SlotRule | None = None,
                   minutes: tuple[float, ...] = (1, 5, 10, 30, 60)) -> list[tuple[float, int, int]]:
     """(minutes, GPU seconds asked, slots) for videos of these lengths (README's quota table)."""
+    rule = rule or SlotRule()
     return [(m, (p := rule.plan(profile, 60 * m)).total_s, len(p.slots)) for m in minutes]
 
 
@@ -231,20 +233,21 @@ class ZeroGpuExtractor:
     """Frames prepared on the CPU, the backbones in GPU slots (see the module docstring)."""
 
     def __init__(self, models: VideoExtractor, build_cpu: Callable[[], VideoExtractor],
-                 rule: SlotRule = SlotRule()) -> None:
-        self.models, self.profile, self.rule = models, models.profile, rule
+                 rule: SlotRule | None = None) -> None:
+        self.models, self.profile, self.rule = models, models.profile, rule or SlotRule()
         self.key = len(_SLOTS)
-        _SLOTS[self.key] = (models, rule)
+        _SLOTS[self.key] = (models, self.rule)
         self._build_cpu = build_cpu
         self.start_models: VideoExtractor | None = None  # CPU models, only while ``at_start`` lasts
 
     @classmethod
-    def build(cls, profile: str, weights: str | Mapping[str, str] | None = None,
-              rule: SlotRule = SlotRule()) -> ZeroGpuExtractor:
+    def build(cls, profile: str | Profile, weights: str | Mapping[str, str] | None = None,
+              rule: SlotRule | None = None) -> ZeroGpuExtractor:
         """The slots' models on the default device ((emulated) CUDA on ZeroGPU), built now: call in the main
-        thread before ``launch()``."""
-        return cls(VideoExtractor(profile, weights), lambda: VideoExtractor(profile, weights, device="cpu"),
-                   rule)
+        thread before ``launch()``. ``profile``: a resolved one (the model factory's), or a name with
+        ``weights``."""
+        profile = as_resolved(profile, weights, get_profile(profile).visual)  # once, for both sets of models
+        return cls(VideoExtractor(profile), lambda: VideoExtractor(profile, device="cpu"), rule)
 
     def cost(self, info: VideoInfo) -> GpuPlan:
         """The slots and GPU seconds this video will ask for."""
