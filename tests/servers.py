@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -15,6 +16,14 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 START_TIMEOUT_S = 900  # a first build on a busy 2-core machine; a start with rendered demo videos takes ~30 s
+
+
+def ctrl_c_as_in_a_terminal() -> None:
+    """``preexec_fn`` of an app's process: SIGINT at its default, as a terminal's foreground program has it.
+    A suite started in the background by a shell without job control (``nohup .ci/run &``, cron, a runner)
+    inherits SIGINT ignored, and an app started with it ignored keeps ignoring it (as it should: see
+    ``prvr.serve.lifecycle``), which would turn a Ctrl-C test into a hang instead of a test of the app."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 def free_port() -> int:
@@ -47,7 +56,8 @@ def running_app(data_dir: Path, log: Path, *args: str) -> Iterator[str]:
     with open(log, "w") as out:
         process = subprocess.Popen([sys.executable, str(REPO / "app.py"), "--port", str(port),
                                     "--data-dir", str(data_dir), *args],
-                                   cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT)
+                                   cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT,
+                                   preexec_fn=ctrl_c_as_in_a_terminal)
     try:
         url = f"http://127.0.0.1:{port}/"
         wait_until_serving(url, process, log, START_TIMEOUT_S)

@@ -40,7 +40,7 @@ from typing import NoReturn
 log = logging.getLogger("prvr.serve.lifecycle")
 
 INTERRUPTED = 130  # the status of a start cut short, as a shell reports a program stopped by Ctrl-C
-STOP_WITHIN_S = 4.0  # a stop while serving may take this long, then the process exits anyway (the promise
+STOP_WITHIN_S = 3.0  # a stop while serving may take this long, then the process exits anyway (the promise
 # is 5 s from the signal; the rest is the slack of a busy machine)
 
 
