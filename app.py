@@ -675,7 +675,7 @@ def serve(predictor: Predictor, settings: AppSettings) -> int:
     stop_heartbeat()
     life = lifecycle.install()
     life.serving()  # before the line that says so: a signal after it stops a serving app (exit 0)
-    log.info("serving at %s (Ctrl-C stops)", demo.local_url)
+    log.info("serving at %s (%s)", demo.local_url, life.how_to_stop())
     life.wait_while(lambda: demo.is_running)
     log.info("stopping: closing the server and waiting for background work")
     demo.close()

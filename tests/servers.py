@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -27,10 +28,23 @@ def ctrl_c_as_in_a_terminal() -> None:
 
 
 def free_port() -> int:
-    """A TCP port nobody listens on right now."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A TCP port nobody uses right now, at random below the kernel's ephemeral range: an app binds it
+    seconds after this answers, and a port of that range may meanwhile become the local end of an outgoing
+    connection (this suite's HTTP clients, or those of another suite running on the machine)."""
+    try:
+        low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        low = 32768  # Linux's default
+    chooser = random.SystemRandom()
+    for _ in range(100):
+        port = chooser.randrange(max(1024, low - 12000), low) if low > 2048 else 0
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return s.getsockname()[1]
+    raise RuntimeError("no free TCP port found below the ephemeral range")
 
 
 def wait_until_serving(url: str, process: subprocess.Popen, log: Path, timeout: float) -> None:

@@ -35,6 +35,9 @@ SHARED = REPO.parent / "shared"
 QUIET_LIMIT_S = 5.0
 STOP_LIMIT_S = 5.0  # from a stop signal to the process's end, on a busy machine too
 STOPS = [pytest.param(signal.SIGINT, id="SIGINT"), pytest.param(signal.SIGTERM, id="SIGTERM")]
+# Both signals take one code path (prvr.serve.lifecycle), so what a stop leaves in the data dir does not
+# depend on which came: the next start (tens of seconds) is checked after this one only.
+RESTART_AFTER = signal.SIGINT
 STAMP = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}) ")
 
 
@@ -152,7 +155,7 @@ def test_the_log_says_each_thing_once_in_words(first_start: dict) -> None:
     repeated = {line for line in said if said.count(line) > 1}
     assert not repeated, repeated
     for backbone in ("efficientnet_lite0", "minilm"):
-        loads = [line for line in logged if f"loading backbone {backbone} " in line]
+        loads = [line for line in said if f"loading backbone {backbone} " in line]  # not the heartbeat's
         assert len(loads) == 1, loads
     text = app.output()
     assert not re.search(r"\b1 (videos|uploads|files|leftovers|captions|entries)\b", text), text[-3000:]
@@ -451,6 +454,8 @@ def test_a_stop_signal_while_building_the_demo_leaves_a_dir_the_next_start_compl
     interrupted_start(app, which)
     assert "rendering and indexing the demo gallery" in app.output()
     data_dir_is_free(data)
+    if which != RESTART_AFTER:
+        return
     videos, _ = restarts(data, "--demo-videos", "demo01")
     assert videos == 1
     assert not list((data / "demo").glob("*.tmp*")), sorted((data / "demo").iterdir())  # nothing half-written
@@ -471,6 +476,8 @@ def test_a_stop_signal_while_indexing_a_folder_leaves_a_dir_the_next_start_compl
     assert app.wait_for(f"indexing folder {folder}: video 1 of 3", 900), app.output()[-3000:]
     interrupted_start(app, which)
     data_dir_is_free(data)
+    if which != RESTART_AFTER:
+        return
     videos, text = restarts(data, *args)
     assert videos == 2 + 3, text[-3000:]  # the copied dir's two and the folder's three
 
@@ -516,6 +523,9 @@ def test_a_stop_signal_in_the_middle_of_an_upload_exits_0_and_leaves_no_leftover
     finally:
         app.close()
     stopped_cleanly(app, code, took, 0)
+    data_dir_is_free(data)
+    if which != RESTART_AFTER:
+        return
     videos, text = restarts(data, "--demo-videos", "demo01")
     assert videos in (2, 3), text[-3000:]  # the upload is whole in the index or absent
     assert not list(media.glob("work-*")) and not list(media.glob("upload-*")), sorted(media.iterdir())

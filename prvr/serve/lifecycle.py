@@ -19,7 +19,7 @@ handler does the work here: the C-level handler writes the signal's number to a 
 
 Both signals mean the same: stop. A SIGINT that was ignored when the process started stays ignored (POSIX: a
 shell starts its background jobs that way so that a Ctrl-C meant for the foreground program spares them; a
-user who ignores it on purpose, ``nohup``-style, means it too); the app says so in one line, and SIGTERM
+user who ignores it on purpose, ``nohup``-style, means it too); the "serving at" line says so, and SIGTERM
 still stops it. Standard library only: ``prvr.serve.startup`` installs it before gradio and torch load.
 """
 
@@ -66,10 +66,13 @@ class Lifecycle:
             signal.signal(signum, _noted)  # a Python handler, so that the C handler wakes the watcher
         signal.set_wakeup_fd(self._wake_write.fileno(), warn_on_full_buffer=False)
         self._watcher.start()
-        if signal.SIGINT not in self.signals:
-            log.info("Ctrl-C (SIGINT) was ignored when this process started (a background job's "
-                     "inheritance) and stays ignored: SIGTERM stops it")
         return self
+
+    def how_to_stop(self) -> str:
+        """What stops this process, in words for the "serving at" line."""
+        if signal.SIGINT in self.signals:
+            return "Ctrl-C stops"
+        return "SIGTERM stops; Ctrl-C does not: SIGINT was ignored when this process started"
 
     def serving(self) -> None:
         """From now a stop signal closes the server (exit 0) instead of ending a start (exit 130)."""
