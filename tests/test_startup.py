@@ -48,13 +48,12 @@ def env() -> dict:
 class Running:
     """``python app.py`` with every output line and the time it arrived."""
 
-    def __init__(self, *args: str) -> None:
+    def __init__(self, *args: str, sigint: Callable[[], None] = ctrl_c_as_in_a_terminal) -> None:
         self.t0 = time.monotonic()
         self.lines: list[tuple[float, str]] = []
         self.wall: list[float] = []  # when each line arrived, wall clock
         self.process = subprocess.Popen([sys.executable, "app.py", *args], cwd=REPO, env=env(), text=True,
-                                        stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                        preexec_fn=ctrl_c_as_in_a_terminal)
+                                        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, preexec_fn=sigint)
         self.reader = threading.Thread(target=self._read, daemon=True)
         self.reader.start()
 
@@ -430,6 +429,19 @@ def test_a_stop_signal_while_importing_ends_the_start_at_once(tmp_path: Path, wh
     assert app.wait_for("importing gradio and torch", 120), app.output()[-3000:]
     interrupted_start(app, which)
     assert "loading the model" not in app.output()  # it was importing
+    data_dir_is_free(data)
+
+
+def test_a_sigint_ignored_at_launch_stays_ignored_and_sigterm_still_stops(tmp_path: Path) -> None:
+    """A launcher that ignores SIGINT (a shell's background job, ``nohup``-style scripts) means "Ctrl-C is
+    not for this program": the app keeps ignoring it (it goes on to its next step) and stops on SIGTERM."""
+    data = tmp_path / "data"
+    app = Running("--port", str(free_port()), "--data-dir", str(data), "--demo-videos", "demo01",
+                  sigint=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))
+    assert app.wait_for("importing gradio and torch", 120), app.output()[-3000:]
+    app.process.send_signal(signal.SIGINT)
+    assert app.wait_for("loading the model", 600), app.output()[-3000:]  # it went on
+    interrupted_start(app, signal.SIGTERM)
     data_dir_is_free(data)
 
 
