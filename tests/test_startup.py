@@ -543,3 +543,32 @@ def test_a_stop_signal_in_the_middle_of_an_upload_exits_0_and_leaves_no_leftover
     assert not list(media.glob("work-*")) and not list(media.glob("upload-*")), sorted(media.iterdir())
     files_after = {p for p in media.rglob("*") if p.is_file()}
     assert len(files_after - files_before) == videos - 2, (sorted(files_before), sorted(files_after))
+
+
+def test_a_forked_child_gets_its_own_signals_back(tmp_path: Path) -> None:
+    """ZeroGPU forks its GPU worker from the app and stops it with SIGTERM: in the child, SIGTERM is at its
+    default again and the wake-up socket is not the parent's (whose watcher would stop the app for it)."""
+    script = textwrap.dedent(f"""
+        import importlib.util, os, signal, sys, time
+        spec = importlib.util.spec_from_file_location("lifecycle", {str(REPO / "prvr/serve/lifecycle.py")!r})
+        lifecycle = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(lifecycle)
+        lifecycle.install()
+        ready_r, ready_w = os.pipe()
+        child = os.fork()
+        if child == 0:
+            os.write(ready_w, b"%d\\n" % signal.set_wakeup_fd(-1))
+            time.sleep(30)  # SIGTERM ends it at once (a child that ignored it would live on for 30 s)
+            os._exit(0)
+        print("child wake-up fd", os.read(ready_r, 16).decode().strip(), flush=True)
+        os.kill(child, signal.SIGTERM)
+        _, status = os.waitpid(child, 0)
+        ended = signal.Signals(os.WTERMSIG(status)).name if os.WIFSIGNALED(status) else status
+        print("child ended by", ended)
+        print("parent still starting:", lifecycle.install().phase, flush=True)
+    """)
+    done = subprocess.run([sys.executable, "-c", script], cwd=tmp_path, env=env(), capture_output=True,
+                          text=True, timeout=120, preexec_fn=ctrl_c_as_in_a_terminal)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert done.stdout.splitlines() == ["child wake-up fd -1", "child ended by SIGTERM",
+                                        "parent still starting: starting"], done.stdout + done.stderr

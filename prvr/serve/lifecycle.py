@@ -65,8 +65,19 @@ class Lifecycle:
         for signum in self.signals:
             signal.signal(signum, _noted)  # a Python handler, so that the C handler wakes the watcher
         signal.set_wakeup_fd(self._wake_write.fileno(), warn_on_full_buffer=False)
+        os.register_at_fork(after_in_child=self._forget)
         self._watcher.start()
         return self
+
+    def _forget(self) -> None:
+        """In a forked child (ZeroGPU's worker, multiprocessing's fork): its signals are its own again. The
+        wake-up socket is shared with this process, whose watcher would take the child's SIGTERM for its own,
+        and the child has no watcher: a signal would do nothing."""
+        with contextlib.suppress(ValueError, OSError):
+            signal.set_wakeup_fd(-1)
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
+            if signal.SIGINT in self.signals:
+                signal.signal(signal.SIGINT, signal.default_int_handler)
 
     def how_to_stop(self) -> str:
         """What stops this process, in words for the "serving at" line."""
