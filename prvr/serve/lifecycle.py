@@ -1,26 +1,16 @@
-"""The app's stop: Ctrl-C (SIGINT) or SIGTERM at any moment ends it within milliseconds, however busy it is.
+"""The app's stop: Ctrl-C (SIGINT) or SIGTERM at any moment ends it within seconds, however busy it is.
 
-Python runs a signal's handler only between bytecodes of the main thread, and the app's main thread spends
-seconds inside single calls while it starts (importing torch, loading a model, a numba compile); an
-interrupted start also waited for its non-daemon threads (the kernels' compile) before it could exit. So no
-handler does the work here: the C-level handler writes the signal's number to a wake-up socket
-(``signal.set_wakeup_fd``) the moment it arrives, and a watcher thread blocked on that socket acts on it:
+Python runs a signal's handler only between bytecodes of the main thread, which spends seconds inside single
+calls while the app starts (importing torch, loading a model, a compile), and an interrupted start waited for
+its non-daemon threads. So the C-level handler's write to a wake-up socket (``signal.set_wakeup_fd``) is read
+by a watcher thread, which acts at once: while **starting**, one line and exit 130 (``os._exit``: every write
+of a start is atomic, the next start sweeps what is left, the data dir's lock goes with the process); while
+**serving**, the main thread's wait returns and the app closes its server, exiting 0 at most
+``STOP_WITHIN_S`` after the signal even if work still runs (an upload cut short: swept at the next start).
 
-- while **starting** (importing, loading models, building the demo, indexing a folder): one line
-  ("interrupted while starting (SIGINT)"), the logs flushed, and exit 130 at once (``os._exit``). Nothing
-  is left half-written: every write of a start is atomic (the index's manifest, the demo's renders and
-  manifest, the data dir's media, --persist's write-once files) and a start sweeps what a crash leaves
-  (``prvr.serve.media``, the index store); the data dir's lock goes with the process (``prvr.serve.owner``).
-- while **serving**: the main thread's wait (``wait_while``) returns, and the app closes its server and
-  releases its gallery and data dir; if that has not ended the process ``STOP_WITHIN_S`` after the signal
-  (an upload in the middle of its extraction, a client that keeps its connection), it exits anyway with
-  status 0, as an upload cut short by a crash: its work folder is swept at the next start. A stop that
-  closed everything ends with ``finish``: the exit hooks, then no native teardown (seconds of torch's).
-
-Both signals mean the same: stop. A SIGINT that was ignored when the process started stays ignored (POSIX: a
-shell starts its background jobs that way so that a Ctrl-C meant for the foreground program spares them; a
-user who ignores it on purpose, ``nohup``-style, means it too); the "serving at" line says so, and SIGTERM
-still stops it. Standard library only: ``prvr.serve.startup`` installs it before gradio and torch load.
+A SIGINT ignored when the process started stays ignored (a shell starts background jobs that way so that a
+Ctrl-C meant for the foreground program spares them); the "serving at" line says so, and SIGTERM still
+stops it. Standard library only: ``prvr.serve.startup`` installs it before gradio and torch load.
 """
 
 from __future__ import annotations
