@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import logging
 import os
-import signal
 import sys
 import threading
 import uuid
@@ -48,6 +47,7 @@ import gradio as gr
 from gradio import route_utils
 
 from prvr.results.query import QueryError
+from prvr.serve import lifecycle
 from prvr.serve.bootstrap import start
 from prvr.serve.mcp_tools import install as install_mcp
 from prvr.serve.owner import DataDirBusy
@@ -288,8 +288,10 @@ def api_endpoints(predictor: Predictor, session: gr.State, sessions: ClosedSessi
 
 def main(argv: list[str] | None = None) -> int:
     """Parse settings, claim the data dir, open (or build) the index, serve until Ctrl-C / SIGTERM; the exit
-    status (0: stopped cleanly, 2: could not start, with one line saying why)."""
+    status (0: stopped while serving, 130: stopped while starting, 2: could not start, with one line saying
+    why). A stop signal is acted on at any moment (``prvr.serve.lifecycle``)."""
     logging.basicConfig(level=logging.INFO, format=LOG_FORMAT)
+    lifecycle.install()  # done already under ``python app.py`` (before the imports): the same one
     settings = AppSettings.from_args(argv)
     try:
         predictor = start(settings)
@@ -303,7 +305,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def serve(predictor: Predictor, settings: AppSettings) -> int:
-    """Launch the app over ``predictor`` and block until interrupted (SIGINT or SIGTERM)."""
+    """Launch the app over ``predictor`` and block until a stop signal (SIGINT or SIGTERM) or the server's
+    end; 0, or 2 if the port was taken meanwhile."""
     sessions = ClosedSessions()
     demo = build_ui(predictor, sessions)
     demo.queue(max_size=64, default_concurrency_limit=2)
@@ -321,22 +324,14 @@ def serve(predictor: Predictor, settings: AppSettings) -> int:
     if settings.mcp:
         install_mcp(demo, predictor)
     stop_heartbeat()
-    log.info("serving at %s (Ctrl-C stops)", demo.local_url)
-    stopping = threading.Event()
-    signal.signal(signal.SIGTERM, lambda *_: stopping.set())
-    try:
-        while demo.is_running and not stopping.wait(0.2):
-            pass
-    except KeyboardInterrupt:
-        pass
+    life = lifecycle.install()
+    life.serving()  # before the line that says so: a signal after it stops a serving app (exit 0)
+    log.info("serving at %s (%s)", demo.local_url, life.how_to_stop())
+    life.wait_while(lambda: demo.is_running)
     log.info("stopping: closing the server and waiting for background work")
     demo.close()
     return 0
 
 
 if __name__ == "__main__":
-    try:
-        sys.exit(main())
-    except KeyboardInterrupt:  # Ctrl-C while starting: no traceback, the conventional status
-        logging.getLogger(__name__).info("interrupted while starting")
-        sys.exit(130)
+    lifecycle.finish(main())  # what it opened is closed: exit without torch's seconds of native teardown

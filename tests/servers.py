@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import contextlib
 import os
+import random
+import signal
 import socket
 import subprocess
 import sys
@@ -17,11 +19,32 @@ REPO = Path(__file__).resolve().parents[1]
 START_TIMEOUT_S = 900  # a first build on a busy 2-core machine; a start with rendered demo videos takes ~30 s
 
 
+def ctrl_c_as_in_a_terminal() -> None:
+    """``preexec_fn`` of an app's process: SIGINT at its default, as a terminal's foreground program has it.
+    A suite started in the background by a shell without job control (``nohup .ci/run &``, cron, a runner)
+    inherits SIGINT ignored, and an app started with it ignored keeps ignoring it (as it should: see
+    ``prvr.serve.lifecycle``), which would turn a Ctrl-C test into a hang instead of a test of the app."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def free_port() -> int:
-    """A TCP port nobody listens on right now."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A TCP port nobody uses right now, at random below the kernel's ephemeral range: an app binds it
+    seconds after this answers, and a port of that range may meanwhile become the local end of an outgoing
+    connection (this suite's HTTP clients, or those of another suite running on the machine)."""
+    try:
+        low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        low = 32768  # Linux's default
+    chooser = random.SystemRandom()
+    for _ in range(100):
+        port = chooser.randrange(max(1024, low - 12000), low) if low > 2048 else 0
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return s.getsockname()[1]
+    raise RuntimeError("no free TCP port found below the ephemeral range")
 
 
 def wait_until_serving(url: str, process: subprocess.Popen, log: Path, timeout: float) -> None:
@@ -47,7 +70,8 @@ def running_app(data_dir: Path, log: Path, *args: str) -> Iterator[str]:
     with open(log, "w") as out:
         process = subprocess.Popen([sys.executable, str(REPO / "app.py"), "--port", str(port),
                                     "--data-dir", str(data_dir), *args],
-                                   cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT)
+                                   cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT,
+                                   preexec_fn=ctrl_c_as_in_a_terminal)
     try:
         url = f"http://127.0.0.1:{port}/"
         wait_until_serving(url, process, log, START_TIMEOUT_S)

@@ -3,7 +3,8 @@ output a user cannot act on (library progress bars, deprecation warnings, raw FF
 
 Only the standard library is imported here: ``app.py`` loads this file and calls ``early_start`` before it
 imports gradio and torch (seconds; ``prvr/__init__`` imports torch, so app.py loads it by path), so that
-``--help`` answers at once, a malformed flag and a busy port are refused at once, and the imports are logged.
+``--help`` answers at once, a malformed flag and a busy port are refused at once, the imports are logged, and
+Ctrl-C or SIGTERM end the start at once from the first import on (``prvr.serve.lifecycle``).
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import argparse
 import contextlib
 import errno
 import importlib
+import importlib.util
 import logging
 import os
 import socket
@@ -164,12 +166,15 @@ _HEARTBEAT: Heartbeat | None = None
 
 
 def early_start(argv: Sequence[str] | None = None) -> Heartbeat:
-    """Before gradio and torch load: logging with times, the port check (a busy port exits here with one
-    line), and the heartbeat that speaks during long steps. Returns the heartbeat (``stop`` it once up)."""
+    """Before gradio and torch load: logging with times, the stop signals' handling, the port check (a busy
+    port exits here with one line), and the heartbeat that speaks during long steps. Returns the heartbeat
+    (``stop`` it once up)."""
     global _HEARTBEAT
     argv = sys.argv[1:] if argv is None else argv
     check_command_line(argv)  # --help, or a bad flag: answered here, before any log line
     logging.basicConfig(level=logging.INFO, format=LOG_FORMAT)
+    # Ctrl-C and SIGTERM end the start at once from here on, even inside the imports that follow
+    _stdlib_sibling("lifecycle").install()
     host, port = early_settings(argv)
     if port is not None:
         try:
@@ -177,7 +182,6 @@ def early_start(argv: Sequence[str] | None = None) -> Heartbeat:
         except PortBusy as busy:
             print(f"error: {busy.message}", file=sys.stderr)
             raise
-    sys.excepthook = _quiet_interrupt
     if _HEARTBEAT is None:
         _HEARTBEAT = Heartbeat().start()
         _HEARTBEAT.step = "importing gradio and torch"
@@ -185,12 +189,18 @@ def early_start(argv: Sequence[str] | None = None) -> Heartbeat:
     return _HEARTBEAT
 
 
-def _quiet_interrupt(kind: type[BaseException], value: BaseException, tb: object) -> None:
-    """Ctrl-C while importing or loading: one log line, no traceback (Python still exits as interrupted)."""
-    if issubclass(kind, KeyboardInterrupt):
-        log.info("interrupted while starting")
-        return
-    sys.__excepthook__(kind, value, tb)
+def _stdlib_sibling(name: str) -> types.ModuleType:
+    """``prvr.serve.<name>``, a module of the standard library only: imported as usual once ``prvr`` is,
+    else loaded by its path and registered (``prvr/__init__`` imports torch; later imports get this one)."""
+    full = f"prvr.serve.{name}"
+    if full in sys.modules:
+        return sys.modules[full]
+    if "prvr.serve" in sys.modules:
+        return importlib.import_module(full)
+    spec = importlib.util.spec_from_file_location(full, Path(__file__).with_name(f"{name}.py"))
+    module = sys.modules[full] = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def stop_heartbeat() -> None:
