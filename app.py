@@ -22,7 +22,6 @@ from __future__ import annotations
 import logging
 import os
 import sys
-import threading
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
