@@ -108,6 +108,24 @@ def test_search_result_dicts(index: VideoIndex) -> None:
         assert r["path"].endswith(".mp4") and r["title"].startswith("clip")
 
 
+def test_the_key_clip_spans_exactly_the_key_windows_clip_units(index: VideoIndex) -> None:
+    """MS-SL's key clip runs from the start of its window's first clip unit to the end of its last one (the
+    official binning of the rows into 32 units), for videos shorter and longer than 32 rows."""
+    from prvr.models.preprocess import window_table
+    from prvr.results.response import result_dicts
+    from prvr.results.search import encode_query
+
+    windows = window_table(32)
+    for text in ("a cat", "a dog runs after a ball", "rain on a window", "a red rocket"):
+        q = encode_query(index.model, fake_text_encoder([text])[0])
+        evidence = index.rank(q, k=6)
+        for hit, r in zip(evidence.hits, result_dicts(evidence, ["low"] * 6, q), strict=True):
+            spans = unit_spans(hit.row_start, hit.row_end)
+            first, stop = (int(u) for u in windows[r["key_clip"]["proposal"]])  # units [first, stop)
+            assert (r["key_clip"]["start"], r["key_clip"]["end"]) == pytest.approx(
+                (spans[first, 0], spans[stop - 1, 1]), abs=1e-3), (r["video_id"], r["key_clip"], first, stop)
+
+
 def test_attention_is_the_models_key_clip_attention(index: VideoIndex) -> None:
     """Each result's attention is what MS-SL's frame branch computes for its key clip (model.attend)."""
     rows = {v.id: v.features for v in gallery()}
