@@ -114,6 +114,19 @@ def test_the_offline_default_ships_its_calibration_from_the_calibrate_command() 
     assert found.source["reference_captions"] == hashlib.sha256(captions.encode()).hexdigest()[:16]
 
 
+def test_a_recalibration_in_the_data_dir_wins_over_the_shipped_calibration(tmp_path: Path) -> None:
+    """``python -m benchmarks.calibrate`` writes into the data dir's ``confidence/``: a model calibrated
+    there again is labelled by that calibration, not by the one shipped for it."""
+    lite = BridgeModel.from_pretrained()
+    shipped = find_calibration(lite)
+    assert shipped is not None and Path(shipped.path).parent == SHIPPED_CALIBRATIONS
+    cfg = ConfidenceConfig(high_margin=shipped.cfg.high_margin + 0.05, medium_margin=0.01)
+    mine = Calibration(cfg, model_identity(lite), {"command": "a recalibration"}).write(tmp_path / "confidence")
+    found = find_calibration(lite, [tmp_path / "confidence"])
+    assert found is not None and Path(found.path) == mine and found.cfg == cfg
+    assert find_calibration(lite, [tmp_path / "nothing here"]).path == shipped.path
+
+
 def test_info_says_whether_the_labels_are_calibrated(make_predictor, tmp_path: Path) -> None:
     """The predictor's /info description carries the calibration of the model it serves."""
     served = make_predictor(tmp_path / "lite").describe()["confidence"]  # the offline default: shipped
