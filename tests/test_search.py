@@ -246,6 +246,24 @@ def test_concurrent_searches_equal_serial_ones_while_the_index_is_written(tmp_pa
     assert together == after * 2
 
 
+def test_an_approximate_search_ranks_only_the_approximate_candidates(tmp_path: Path) -> None:
+    """``search(..., approximate=True)`` asks each gallery for its approximate ranking: with room for 2
+    candidate videos, 2 of the 6 are scored (exactly: the same scores as an exact search gives them)."""
+    from prvr.index import IndexConfig
+
+    torch.manual_seed(0)
+    model = MSSL(MSSLConfig(visual_dim=24, query_dim=16, hidden_size=32, n_heads=2, max_ctx_l=32)).eval()
+    ix = VideoIndex.create(tmp_path / "ix", model, IndexConfig(candidate_videos=2, candidate_units=2, nprobe=1))
+    ix.add(gallery())
+    tokens = fake_text_encoder(["a cat on a sofa"])[0]
+    exact, approx = search([ix], tokens, k=6), search([ix], tokens, k=6, approximate=True)
+    assert not exact.approximate and approx.approximate
+    assert exact.stats["scored_exactly"] == len(exact) == 6
+    assert approx.stats["scored_exactly"] == len(approx) == 2
+    scores = {r["video_id"]: r["score"] for r in exact}
+    assert all(r["score"] == pytest.approx(scores[r["video_id"]], abs=1e-6) for r in approx)
+
+
 def test_a_hit_without_fine_rows_falls_back_to_the_key_clip(index: VideoIndex) -> None:
     """Evidence from a producer that fills no fine rows (the fields' defaults) still gives a Contract 4
     dict: the key moment is MS-SL's key clip and the heatmap one cell per clip unit."""
