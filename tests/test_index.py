@@ -774,3 +774,10 @@ def test_an_index_of_the_previous_schema_is_upgraded_when_the_app_opens_it(tmp_p
     other = small_model(seed=5)
     shutil.copytree(old, gallery_dir(data, "p", other, schema=9))  # made for another model: left alone
     assert len(open_gallery(other, refs, data_dir=data, profile="p")) == 0
+    # made for this model but another reference bank (its stored scores are of other captions): left alone
+    elsewhere = tmp_path / "elsewhere"
+    shutil.copytree(old, gallery_dir(elsewhere, "p", model, schema=9))
+    other_bank = ReferenceQueries(model.encode_queries(queries(6, seed=34)), "another bank")
+    assert len(open_gallery(model, other_bank, data_dir=elsewhere, profile="p")) == 0
+    shutil.copytree(old, gallery_dir(tmp_path / "same", "p", model, schema=9))  # the same bank: brought over
+    assert open_gallery(model, refs, data_dir=tmp_path / "same", profile="p").ids == first.ids
