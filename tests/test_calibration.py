@@ -121,7 +121,7 @@ def test_a_recalibration_in_the_data_dir_wins_over_the_shipped_calibration(tmp_p
     shipped = find_calibration(lite)
     assert shipped is not None and Path(shipped.path).parent == SHIPPED_CALIBRATIONS
     cfg = ConfidenceConfig(high_margin=shipped.cfg.high_margin + 0.05, medium_margin=0.01)
-    mine = Calibration(cfg, model_identity(lite), {"command": "a recalibration"}).write(tmp_path / "confidence")
+    mine = Calibration(cfg, model_identity(lite), {"command": "recalibrated"}).write(tmp_path / "confidence")
     found = find_calibration(lite, [tmp_path / "confidence"])
     assert found is not None and Path(found.path) == mine and found.cfg == cfg
     assert find_calibration(lite, [tmp_path / "nothing here"]).path == shipped.path

@@ -253,7 +253,8 @@ def test_an_approximate_search_ranks_only_the_approximate_candidates(tmp_path: P
 
     torch.manual_seed(0)
     model = MSSL(MSSLConfig(visual_dim=24, query_dim=16, hidden_size=32, n_heads=2, max_ctx_l=32)).eval()
-    ix = VideoIndex.create(tmp_path / "ix", model, IndexConfig(candidate_videos=2, candidate_units=2, nprobe=1))
+    cfg = IndexConfig(candidate_videos=2, candidate_units=2, nprobe=1)
+    ix = VideoIndex.create(tmp_path / "ix", model, cfg)
     ix.add(gallery())
     tokens = fake_text_encoder(["a cat on a sofa"])[0]
     exact, approx = search([ix], tokens, k=6), search([ix], tokens, k=6, approximate=True)
