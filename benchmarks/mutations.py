@@ -1,6 +1,6 @@
 """A mutation run: single-line changes a careless developer could make, each applied alone, its tests run.
 
-    python -m benchmarks.mutations [--only SUBSTRING] [--timeout SECONDS] [--list]
+    python -m benchmarks.mutations [--only SUBSTRING ...] [--timeout SECONDS] [--list]
 
 Each mutation in ``MUTATIONS`` is (file, the exact fragment of one line, its replacement, the pytest
 arguments that should catch it). The fragment must occur exactly once in the file. The file is changed in
@@ -196,11 +196,12 @@ def run_tests(tests: tuple[str, ...], timeout: float) -> tuple[str, list[str], f
 def main(argv: list[str] | None = None) -> int:
     """Run the mutations one at a time; JSON lines and a summary on stdout."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--only", default="", help="run the mutations whose file or id contains this")
+    parser.add_argument("--only", action="append", default=[],
+                        help="run the mutations whose file or id contains this (repeatable; default: all)")
     parser.add_argument("--timeout", type=float, default=600, help="seconds per mutation's tests")
     parser.add_argument("--list", action="store_true", help="list the mutations and exit")
     args = parser.parse_args(argv)
-    chosen = [mu for mu in MUTATIONS if args.only in mu.file or args.only in mu.id]
+    chosen = [mu for mu in MUTATIONS if not args.only or any(o in mu.file or o in mu.id for o in args.only)]
     if args.list:
         for mu in chosen:
             print(json.dumps({"id": mu.id, "file": mu.file, "old": mu.old, "new": mu.new, "tests": mu.tests}))
