@@ -101,6 +101,8 @@ def test_cuts_are_strict_and_abstain_means_no_high(cal: Calibrator) -> None:
     assert got == ["low", "medium", "medium", "high"]
     assert Calibrator.no_strong_match(["medium", "low"]) and not Calibrator.no_strong_match(["low", "high"])
     assert labels([0.9, 0.9], [null, None]) == ["high", "low"]  # no stored scores: never strong
+    with_none = VideoNull(medium=0.3, high=0.5, none=0.1)
+    assert [Calibrator.label(s, with_none) for s in (0.09999, 0.1, 0.10001)] == ["none", "none", "low"]
     with pytest.raises(ValueError, match="2 scores but 1 video nulls"):
         labels([0.1, 0.2], [null])
     with pytest.raises(ValueError, match="medium_quantile"):
