@@ -69,6 +69,26 @@ def test_clean_query_rules() -> None:
         clean_query(42)  # type: ignore[arg-type]
 
 
+def test_a_query_is_cut_only_past_the_cap_and_whitespace_is_not_a_replaced_control() -> None:
+    at_cap, past = clean_query("a" * MAX_QUERY_CHARS), clean_query("a" * (MAX_QUERY_CHARS + 1))
+    assert not at_cap.truncated and len(at_cap.text) == MAX_QUERY_CHARS
+    assert past.truncated and len(past.text) == MAX_QUERY_CHARS
+    spaced = clean_query("a\tcat\non the\r\nsofa")
+    assert spaced.text == "a cat on the sofa" and spaced.replaced_controls == 0
+
+
+def test_a_response_is_a_no_match_only_when_it_has_hits_and_every_one_is_none() -> None:
+    """An empty response (an empty gallery) says nothing about the query: it is not "no match"."""
+    from prvr.results.response import SearchResponse
+
+    def response(labels: list[str]) -> SearchResponse:
+        return SearchResponse([{"confidence": c} for c in labels], {"tokens": 1}, True, (0.7, 0.3), False)
+
+    assert response(["none", "none"]).no_match and response(["none"]).to_dict()["no_match"] is True
+    assert not response(["none", "low"]).no_match and not response([]).no_match
+    assert response([]).to_dict()["no_match"] is False
+
+
 def test_time_mapping_follows_the_official_binning() -> None:
     t = np.arange(64, dtype=np.float32)
     spans = unit_spans(t, t + 1)  # 64 rows -> 2 rows per unit
@@ -263,6 +283,13 @@ def test_an_approximate_search_ranks_only_the_approximate_candidates(tmp_path: P
     assert approx.stats["scored_exactly"] == len(approx) == 2
     scores = {r["video_id"]: r["score"] for r in exact}
     assert all(r["score"] == pytest.approx(scores[r["video_id"]], abs=1e-6) for r in approx)
+    from prvr.index import Evidence
+    from prvr.results.search import encode_query
+
+    q = encode_query(model, tokens)
+    merged = Evidence.merge([ix.rank(q, 6), ix.rank(q, 6, approximate=True)], 6)
+    assert merged.approximate and merged.scored_exactly == 6 + 2  # one approximate part makes it approximate
+    assert not Evidence.merge([ix.rank(q, 6), ix.rank(q, 6)], 6).approximate
 
 
 def test_a_hit_without_fine_rows_falls_back_to_the_key_clip(index: VideoIndex) -> None:
