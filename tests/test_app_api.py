@@ -10,6 +10,7 @@ import asyncio
 import json
 import logging
 from pathlib import Path
+from urllib.parse import quote
 
 import pytest
 
@@ -250,3 +251,59 @@ def test_a_long_query_note_says_how_much_the_text_model_read(served: tuple) -> N
     assert "10,400-character" in page and "496 characters" not in page
     short = predictor.search("a cat", k=1)
     assert short.query["tokens"] <= 64 and "Note" not in app.summary_html("a cat", short)
+
+
+def test_the_api_reads_no_server_file_outside_the_allowed_folders(served: tuple, tmp_path: Path,
+                                                                  request: pytest.FixtureRequest) -> None:
+    """A client of the HTTP API can name a server file three ways: a FileData ``path`` (or ``url``) in a
+    call of /add_video, gradio's ``/gradio_api/file=`` route and the app's ``/prvr/video/<id>``. A file
+    outside gradio's upload folder (MCP's --mcp-allow-paths dir is MCP's, not the API's) is refused in every
+    form: the call ends in an error event, the routes answer 403/404, and nothing is read or indexed."""
+    import uuid
+
+    import gradio as gr
+    import httpx
+
+    url, predictor, sessions = served
+    secret = write_clip(tmp_path / "secret.mp4", frames=22, size=(72, 56))
+    upload = Path(gr.utils.get_upload_folder())
+    upload.mkdir(parents=True, exist_ok=True)
+    link = upload / f"link-{uuid.uuid4().hex}.mp4"  # a symlink in gradio's own folder to the file outside
+    link.symlink_to(secret)
+    request.addfinalizer(link.unlink)
+    operator = write_clip(Path(predictor.settings.mcp_allow_paths) / f"{tmp_path.name}.mp4")
+    up = f"{upload}/../{'../' * len(upload.parts)}{str(secret).lstrip('/')}"
+    named = {"absolute": str(secret), "dot-dot": up, "percent-encoded dot-dot": up.replace("..", "%2e%2e"),
+             "file: URL": f"file://{secret}", "symlink": str(link), "MCP's allowed dir": str(operator)}
+    before = (len(predictor.index), {g.root: len(g.index) for g in sessions.galleries()})
+
+    def call(data: dict) -> str:
+        """The add_video call's event stream for a FileData ``data``."""
+        posted = httpx.post(url + "gradio_api/call/add_video", timeout=60,
+                            json={"data": [{**data, "meta": {"_type": "gradio.FileData"}}, ""]})
+        assert posted.status_code == 200, posted.text
+        return httpx.get(url + f"gradio_api/call/add_video/{posted.json()['event_id']}", timeout=120).text
+
+    def refused(answer: str) -> bool:
+        """Gradio's refusal (an error event), or the app's: a literal %2e%2e folder in gradio's folder
+        passes gradio's check and names no file."""
+        return answer.startswith("event: error") or '"status": "rejected"' in answer and "not found" in answer
+
+    for form, path in named.items():
+        answer = call({"path": path})
+        assert refused(answer), (form, answer)
+        answer = call({"path": "video.mp4", "url": f"file://{path}"})
+        assert refused(answer), (form, answer)
+        got = httpx.get(url + "gradio_api/file=" + path, timeout=30)  # (httpx resolves a plain ..: 404)
+        assert got.status_code in (403, 404) and b"ftyp" not in got.content, (form, got.status_code, got.text)
+        got = httpx.get(url + "gradio_api/file=" + quote(path, safe=""), timeout=30)
+        assert got.status_code == 403 and "File not allowed" in got.text, (form, got.status_code, got.text)
+    own = quote(predictor.index.ids[0])
+    for video_id in (quote(str(secret), safe=""), quote(str(secret)).lstrip("/"),
+                     f"{own}%2F..%2F..%2Fsecret.mp4", "%2e%2e%2f%2e%2e%2f" + secret.name,
+                     quote(f"file://{secret}", safe=""), quote(up, safe="")):
+        got = httpx.get(url + "prvr/video/" + video_id, timeout=30)
+        assert got.status_code == 404 and got.text == "no video with this id", (video_id, got.text)
+    after = (len(predictor.index), {g.root: len(g.index) for g in sessions.galleries()})
+    assert after[0] == before[0] and all(after[1].get(root, 0) == n for root, n in before[1].items())
+    assert not any(n for root, n in after[1].items() if root not in before[1])  # no session got a video

@@ -23,6 +23,7 @@ from prvr.results.confidence import (
     Calibration,
     Calibrator,
     ConfidenceConfig,
+    calibration_key,
     find_calibration,
     load_reference_captions,
     model_identity,
@@ -96,6 +97,10 @@ def test_calibrations_are_stored_per_model_with_their_source_and_found(tmp_path:
     assert found.cfg == cfg and found.describe()["calibrated"] is True
     assert found.describe()["source"] == source and found.describe()["file"] == path.name
     assert find_calibration(other, [tmp_path]) is None  # other weights: not this calibration
+    renamed = tmp_path / "elsewhere" / f"toy-{calibration_key(model_identity(other))}.json"
+    renamed.parent.mkdir()
+    renamed.write_text(path.read_text())  # named for the other model, made for this one: not the other's
+    assert find_calibration(other, [renamed.parent]) is None
     assert Calibrator.for_model(other, HashEncoder(), cache_dir=tmp_path).describe()["calibrated"] is False
     path.write_text("{not json")
     assert find_calibration(model, [tmp_path]) is None  # an unreadable file is skipped, not fatal
@@ -112,6 +117,19 @@ def test_the_offline_default_ships_its_calibration_from_the_calibrate_command() 
         assert set(check[name]) >= {"value", "low", "high", "n"}
     captions = "\n".join(load_reference_captions())
     assert found.source["reference_captions"] == hashlib.sha256(captions.encode()).hexdigest()[:16]
+
+
+def test_a_recalibration_in_the_data_dir_wins_over_the_shipped_calibration(tmp_path: Path) -> None:
+    """``python -m benchmarks.calibrate`` writes into the data dir's ``confidence/``: a model calibrated
+    there again is labelled by that calibration, not by the one shipped for it."""
+    lite = BridgeModel.from_pretrained()
+    shipped = find_calibration(lite)
+    assert shipped is not None and Path(shipped.path).parent == SHIPPED_CALIBRATIONS
+    cfg = ConfidenceConfig(high_margin=shipped.cfg.high_margin + 0.05, medium_margin=0.01)
+    mine = Calibration(cfg, model_identity(lite), {"command": "recalibrated"}).write(tmp_path / "confidence")
+    found = find_calibration(lite, [tmp_path / "confidence"])
+    assert found is not None and Path(found.path) == mine and found.cfg == cfg
+    assert find_calibration(lite, [tmp_path / "nothing here"]).path == shipped.path
 
 
 def test_info_says_whether_the_labels_are_calibrated(make_predictor, tmp_path: Path) -> None:
@@ -149,6 +167,7 @@ def test_one_vocabulary_on_the_page_in_the_api_and_in_the_readme() -> None:
     assert '<span class="badge badge-none">no match</span>' in app.card_html(result, 0.7, (0.0, 1.0))
     assert summary_words(["low", "low"], calibrated=False)[0] == "uncalibrated"
     assert summary_words(["high", "low"], calibrated=True) == ("strong", "1 strong match")
+    assert summary_words([], calibrated=True)[0] == "unconfirmed"  # no results: not "nothing like this"
     readme = README.read_text()
     for label, words in LABEL_WORDS.items():  # each machine value beside its words
         assert re.search(rf"`{label}`[^|\n]*\|[^|\n]*{words}", readme), (label, words)

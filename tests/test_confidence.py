@@ -76,12 +76,33 @@ def test_a_reference_caption_is_never_high_and_a_fifth_beat_the_medium_cut(cal: 
             assert null.high == null.medium == pytest.approx(totals[:, j].max() + 0.1)
 
 
+def test_each_cut_adds_its_own_margin_to_its_own_quantile() -> None:
+    """A calibration whose margins differ (the shipped ones happen to be equal): the high cut is the high
+    quantile of the bank's totals plus ``high_margin``, the medium cut the medium quantile plus
+    ``medium_margin``, the none cut the none quantile plus ``none_margin``; labels follow them."""
+    gen = np.random.default_rng(7)
+    clip, frame = gen.normal(size=200), gen.normal(size=200)
+    w = (0.6, 0.4)
+    totals = w[0] * clip + w[1] * frame
+    cfg = ConfidenceConfig(medium_quantile=0.9, high_quantile=1.0, high_margin=0.3, medium_margin=0.05,
+                           none_quantile=0.5, none_margin=-0.02)
+    null = cuts(clip, frame, w, cfg)
+    assert null.high == pytest.approx(totals.max() + 0.3)
+    assert null.medium == pytest.approx(np.quantile(totals, 0.9, method="higher") + 0.05)
+    assert null.none == pytest.approx(np.quantile(totals, 0.5, method="lower") - 0.02)
+    best = totals.max()
+    assert labels([best + 0.31, best + 0.29, best + 0.06, null.none - 0.01], [null] * 4) == \
+        ["high", "medium", "medium", "none"]
+
+
 def test_cuts_are_strict_and_abstain_means_no_high(cal: Calibrator) -> None:
     null = VideoNull(medium=0.3, high=0.5)
     got = [Calibrator.label(s, null) for s in (0.3, 0.30001, 0.5, 0.50001)]
     assert got == ["low", "medium", "medium", "high"]
     assert Calibrator.no_strong_match(["medium", "low"]) and not Calibrator.no_strong_match(["low", "high"])
     assert labels([0.9, 0.9], [null, None]) == ["high", "low"]  # no stored scores: never strong
+    with_none = VideoNull(medium=0.3, high=0.5, none=0.1)
+    assert [Calibrator.label(s, with_none) for s in (0.09999, 0.1, 0.10001)] == ["none", "none", "low"]
     with pytest.raises(ValueError, match="2 scores but 1 video nulls"):
         labels([0.1, 0.2], [null])
     with pytest.raises(ValueError, match="medium_quantile"):

@@ -263,6 +263,27 @@ def test_pruned_top_k_equals_full_scan_with_ties(rank: int) -> None:
                 assert scored < n // 4  # the bounds prune most videos
 
 
+def test_a_video_whose_bound_reaches_the_kth_total_within_the_slack_is_still_scored() -> None:
+    """Ties at tau, where the earliest positions must win: the later page holds them, its bounds equal
+    the totals (no slack) or lie under them by less than ``eps`` (the float rounding ``eps`` covers), and so
+    does the bound given for what the first page leaves (``rest``) and the refined bounds."""
+    totals = np.ones(300)
+    later, earlier = np.arange(100, 300), np.arange(100)
+
+    def score(positions: np.ndarray) -> np.ndarray:
+        return totals[positions]
+
+    exact = [Page(later, totals[later], 1.0), Page(earlier, totals[earlier], -np.inf)]
+    positions, got, _ = top_k(exact, 2, score, None, eps=0.0)
+    assert positions.tolist() == [0, 1] and got.tolist() == [1.0, 1.0]
+    low = 1.0 - 5e-5  # rounded under the totals, by less than eps
+    refined = np.where(np.arange(300) < 100, low, 1.0)
+    rounded = [Page(later, totals[later], low), Page(earlier, refined[earlier], -np.inf)]
+    for refine in (None, lambda positions, tau: refined[positions]):
+        positions, got, _ = top_k(rounded, 2, score, refine, eps=1e-4)
+        assert positions.tolist() == [0, 1] and got.tolist() == [1.0, 1.0]
+
+
 @pytest.mark.parametrize("compact", [False, True])
 def test_frame_bound_uses_only_key_clip_candidates(compact: bool) -> None:
     """The frame bound over every z row (each within its ball's radius of the ball's centre) is what a video
@@ -535,6 +556,20 @@ def test_refuses_other_model_schema_and_corruption(tmp_path: Path) -> None:
         VideoIndex.open(tmp_path / "ix", model)
 
 
+def test_a_file_of_another_size_is_refused_even_without_checksums(tmp_path: Path) -> None:
+    """Sizes are always checked: a file cut short or grown is refused on open with checksums off too."""
+    model = small_model()
+    VideoIndex.create(tmp_path / "ix", model).add(gallery(3))
+    units = next((tmp_path / "ix").glob("seg-*")) / "units.npy"
+    data = units.read_bytes()
+    for changed in (data[:-8], data + bytes(8)):
+        units.write_bytes(changed)
+        with pytest.raises(store.IndexCorruptError, match="bytes, the manifest recorded"):
+            VideoIndex.open(tmp_path / "ix", model, IndexConfig(verify_checksums=False))
+    units.write_bytes(data)
+    assert len(VideoIndex.open(tmp_path / "ix", model, IndexConfig(verify_checksums=False))) == 3
+
+
 def test_an_index_of_the_previous_schema_is_refused_with_a_rebuild_message(tmp_path: Path) -> None:
     """Schema 6 stores fine rows, segments and reference scores per video; a schema-5 index lacks them and
     is refused, naming both schemas (the app keeps its index in a directory named by schema, so it builds a
@@ -774,3 +809,15 @@ def test_an_index_of_the_previous_schema_is_upgraded_when_the_app_opens_it(tmp_p
     other = small_model(seed=5)
     shutil.copytree(old, gallery_dir(data, "p", other, schema=9))  # made for another model: left alone
     assert len(open_gallery(other, refs, data_dir=data, profile="p")) == 0
+    # made for this model but another reference bank (its stored scores are of other captions): left alone
+    elsewhere = tmp_path / "elsewhere"
+    shutil.copytree(old, gallery_dir(elsewhere, "p", model, schema=9))
+    other_bank = ReferenceQueries(model.encode_queries(queries(6, seed=34)), "another bank")
+    assert len(open_gallery(model, other_bank, data_dir=elsewhere, profile="p")) == 0
+    shutil.copytree(old, gallery_dir(tmp_path / "same", "p", model, schema=9))  # the same bank: brought over
+    assert open_gallery(model, refs, data_dir=tmp_path / "same", profile="p").ids == first.ids
+    older = gallery_dir(tmp_path / "older", "p", model, schema=9)  # where schema 9 lives, but of schema 8
+    shutil.copytree(old, older)
+    manifest = json.loads((older / store.MANIFEST).read_text())
+    (older / store.MANIFEST).write_text(json.dumps({**manifest, "schema_version": 8}))
+    assert len(open_gallery(model, refs, data_dir=tmp_path / "older", profile="p")) == 0

@@ -256,3 +256,86 @@ def test_the_gradio_internals_install_reads_are_there(tmp_path: Path) -> None:
     assert found[1] == {"echo": "/echo"}, changed
     assert types.ListToolsRequest in found[0].request_handlers, changed  # Gradio's listing, install wraps it
     assert isinstance(url, str) and url.startswith("http") and isinstance(root, str), changed
+
+
+def outside_forms(allowed: Path, secret: Path, tag: str = "") -> dict[str, str]:
+    """Every way of naming ``secret`` (a video outside ``allowed``) or a path that escapes ``allowed``, by
+    the form it takes (the symlinks it makes in ``allowed`` are named with ``tag`` first)."""
+    import os
+
+    link, folder = allowed / f"{tag}link.mp4", allowed / f"{tag}folder"
+    link.symlink_to(secret)  # a symlink inside to a file outside
+    folder.symlink_to(secret.parent, target_is_directory=True)  # ... to a folder outside
+    up = f"{allowed}/../{secret.name}"
+    return {
+        "absolute": str(secret),
+        "dot-dot": up,
+        "dot-dot inside a sub-folder": f"{allowed}/sub/../../{secret.name}",
+        "symlink to a file": str(link),
+        "symlink to a folder": str(folder / secret.name),
+        "home": "~/" + os.path.relpath(secret, Path.home()),
+        "file: URL": f"file://{secret}",
+        "FILE: URL, upper case": f"FILE://{secret}",
+        "file: URL of localhost": f"file://localhost{secret}",
+        "file: URL with one slash": f"file:{secret}",
+        "file: URL with ..": f"file://{up}",
+        "file: URL, percent-encoded ..": f"file://{allowed}/%2e%2e/{secret.name}",
+        "file: URL, percent-encoded slashes": f"file://{allowed}%2F..%2F{secret.name}",
+        "file: URL, all percent-encoded": "file://" + quote(up, safe=""),
+        "file: URL through a symlink": f"file://{link}",
+        "file: URL of another host": f"file://elsewhere{allowed}/inside.mp4",
+        "relative file: URL": f"file:{os.path.relpath(secret)}",
+        "path with percent-encoded ..": f"{allowed}/%2e%2e/{secret.name}",
+        "a NUL character": f"{allowed}/inside.mp4\x00/../../{secret.name}",
+    }
+
+
+def test_a_path_outside_the_allowed_dirs_is_refused_in_every_form(tmp_path: Path) -> None:
+    """``..``, symlinks, absolute paths, ~, file: URLs and percent-encoding, alone and combined: the file
+    that is checked is the one that would be read (every form decoded and resolved first)."""
+    from prvr.serve.mcp_tools import Refused, allowed_roots, video_argument
+
+    allowed = tmp_path / "allowed"
+    inside = write_clip(allowed / "inside.mp4")
+    write_clip(allowed / "sub" / "other.mp4")
+    secret = write_clip(tmp_path / "secret.mp4")
+    roots = allowed_roots(f" {allowed} ,")
+    for form, video in outside_forms(allowed, secret).items():
+        with pytest.raises(Refused) as refused:
+            video_argument(video, roots, None, "/prvr/video/")
+        said = str(refused.value)
+        assert "\n" not in said and said.endswith("."), (form, said)
+        assert any(words in said for words in ("outside the allowed dirs", "There is no file", "another host",
+                                               "not an absolute path")), (form, said)
+    for video in (str(inside), f"file://{inside}", f"file://{allowed}/sub/..%2Finside.mp4",
+                  f"{allowed}/sub/../inside.mp4", f"file://localhost{allowed}/in%73ide.mp4"):
+        assert video_argument(video, roots, None, "/prvr/video/") == ("path", inside.resolve()), video
+    with pytest.raises(Refused, match="is neither a data URL"):
+        video_argument(f"allowed/../{secret.name}", roots, None, "/prvr/video/")  # relative: no path at all
+
+
+def test_base64_of_a_length_that_is_not_a_multiple_of_4_is_refused() -> None:
+    from prvr.serve.mcp_tools import Refused, video_argument
+
+    for data in ("AAAAA", "AAAAAA", "AAA", "AAAA AAA"):
+        with pytest.raises(Refused, match="is not base64"):
+            video_argument("data:video/mp4;base64," + data, [], None, "/prvr/video/")
+    assert video_argument("data:video/mp4;name=a.mp4;base64,AAAA\nAAAA", [], None, "/prvr/video/") == \
+        ("data", "a.mp4")  # wrapped base64 of whole groups of 4
+
+
+def test_mcp_refuses_every_form_of_a_path_outside_and_reads_nothing(served, tmp_path: Path,
+                                                                    caplog: pytest.LogCaptureFixture) -> None:
+    url, predictor, _ = served
+    allowed = Path(predictor.settings.mcp_allow_paths)
+    allowed.mkdir(parents=True, exist_ok=True)
+    secret = write_clip(tmp_path / "secret.mp4", frames=22, size=(72, 56))
+    forms = outside_forms(allowed, secret, tag=f"{tmp_path.name}-")
+    before = len(predictor.index)
+    with caplog.at_level(logging.INFO):
+        results = call(url, *[("add_video", {"video": v}) for v in forms.values()])
+    for form, result in zip(forms, results, strict=True):
+        assert result.isError and result.structuredContent is None, (form, result.content[0].text)
+    assert len(predictor.index) == before
+    assert not any(r.get("title") == "secret" for r in predictor.index.records())
+    assert not any("reading" in r.getMessage() for r in caplog.records)  # never read from the server

@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from prvr.results.moments import MomentConfig, find_moments
+from prvr.results.moments import MomentConfig, find_moments, play_from
 from prvr.temporal.propagation import propagate_finest
 from prvr.temporal.segments import finest, segment_video
 
@@ -97,6 +97,45 @@ def test_moments_do_not_overlap_come_best_first_and_lie_in_the_video() -> None:
         assert m["score"] == pytest.approx(float((rows[first:stop] @ query).mean()), abs=1e-5)
     assert len(find_moments(query, rows, start, end, segment_video(rows), MomentConfig(n_moments=1))
                ["moments"]) == 1
+
+
+def scene_video(seed: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """A short random video of 1 s rows: 3-12 scenes of random lengths and directions, some scenes close to
+    the query (rows, start, end, query)."""
+    rng = np.random.default_rng(seed)
+    dim, lengths = 16, rng.integers(2, 25, rng.integers(3, 13))
+    n = int(lengths.sum())
+    query = unit(rng.normal(size=dim))
+    centres = rng.normal(size=(len(lengths), dim)) + rng.uniform(0, 2, (len(lengths), 1)) * query
+    rows = unit(np.repeat(centres, lengths, axis=0) + rng.uniform(0.1, 1.0) * rng.normal(size=(n, dim)))
+    start = np.arange(n, dtype=np.float32)
+    return rows, start, start + 1, query
+
+
+def test_moments_never_overlap_on_many_random_videos() -> None:
+    """However the candidates nest and cross, no row belongs to two moments (a candidate that overlaps a
+    kept moment only in part is skipped as one that lies inside it is)."""
+    for seed in range(300):
+        rows, start, end, query = scene_video(seed)
+        out = find_moments(query, rows, start, end, segment_video(rows), MomentConfig(n_moments=5))
+        taken = np.zeros(len(rows), int)
+        for m in out["moments"]:
+            taken[m["rows"][0]:m["rows"][1]] += 1
+        assert taken.max() <= 1, (seed, [m["rows"] for m in out["moments"]])
+
+
+def test_a_moment_plays_from_the_middle_of_its_first_row() -> None:
+    """``play_from`` is the centre of the moment's first row (the frame that row was computed from), and a
+    moment without one (MS-SL's key clip) plays from its start."""
+    rows, start, end, query = long_video(n=300, event=(100, 140), seed=5)
+    start, end = start * 2 + 3, start * 2 + 5  # 2 s rows from 3 s: the centre is neither start nor end
+    out = find_moments(query, rows, start, end, segment_video(rows))
+    for m in out["moments"]:
+        first = m["rows"][0]
+        assert m["play_from"] == pytest.approx((start[first] + end[first]) / 2) == m["start"] + 1
+        assert play_from(m) == m["play_from"]
+    assert play_from({"start": 12.5, "end": 20.0}) == 12.5
+    assert play_from({"start": 12.5, "end": 20.0, "play_from": 13.0}) == 13.0
 
 
 def test_heatmap_resolution_follows_the_length() -> None:

@@ -326,6 +326,12 @@ def test_an_entry_whose_media_is_cut_short_is_skipped(tmp_path: Path,
     assert any(media.name in r.getMessage() and "cut short" in r.getMessage() for r in caplog.records)
     # the size check alone catches it as well (verify_media=False: no hashing of every video at start)
     assert PersistentStore(seen, LITE, verify_media=False).restore() == []
+    # damaged in place (the same size, other bytes): the hash catches it, where media are verified
+    flipped = bytearray(media.read_bytes())
+    flipped[5_000] ^= 0xFF
+    (seen / "media" / media.name).write_bytes(bytes(flipped))
+    assert store.restore() == []
+    assert len(PersistentStore(seen, LITE, verify_media=False).restore()) == 1  # (the size alone: kept)
 
 
 # ---------------------------------------------------------------------------------------------- (c) restore

@@ -69,6 +69,26 @@ def test_clean_query_rules() -> None:
         clean_query(42)  # type: ignore[arg-type]
 
 
+def test_a_query_is_cut_only_past_the_cap_and_whitespace_is_not_a_replaced_control() -> None:
+    at_cap, past = clean_query("a" * MAX_QUERY_CHARS), clean_query("a" * (MAX_QUERY_CHARS + 1))
+    assert not at_cap.truncated and len(at_cap.text) == MAX_QUERY_CHARS
+    assert past.truncated and len(past.text) == MAX_QUERY_CHARS
+    spaced = clean_query("a\tcat\non the\r\nsofa")
+    assert spaced.text == "a cat on the sofa" and spaced.replaced_controls == 0
+
+
+def test_a_response_is_a_no_match_only_when_it_has_hits_and_every_one_is_none() -> None:
+    """An empty response (an empty gallery) says nothing about the query: it is not "no match"."""
+    from prvr.results.response import SearchResponse
+
+    def response(labels: list[str]) -> SearchResponse:
+        return SearchResponse([{"confidence": c} for c in labels], {"tokens": 1}, True, (0.7, 0.3), False)
+
+    assert response(["none", "none"]).no_match and response(["none"]).to_dict()["no_match"] is True
+    assert not response(["none", "low"]).no_match and not response([]).no_match
+    assert response([]).to_dict()["no_match"] is False
+
+
 def test_time_mapping_follows_the_official_binning() -> None:
     t = np.arange(64, dtype=np.float32)
     spans = unit_spans(t, t + 1)  # 64 rows -> 2 rows per unit
@@ -106,6 +126,24 @@ def test_search_result_dicts(index: VideoIndex) -> None:
         assert len(att["time"]) == len(att["weight"]) and sum(att["weight"]) == pytest.approx(1, abs=1e-4)
         assert all(0 <= t <= r["duration"] for t in att["time"])
         assert r["path"].endswith(".mp4") and r["title"].startswith("clip")
+
+
+def test_the_key_clip_spans_exactly_the_key_windows_clip_units(index: VideoIndex) -> None:
+    """MS-SL's key clip runs from the start of its window's first clip unit to the end of its last one (the
+    official binning of the rows into 32 units), for videos shorter and longer than 32 rows."""
+    from prvr.models.preprocess import window_table
+    from prvr.results.response import result_dicts
+    from prvr.results.search import encode_query
+
+    windows = window_table(32)
+    for text in ("a cat", "a dog runs after a ball", "rain on a window", "a red rocket"):
+        q = encode_query(index.model, fake_text_encoder([text])[0])
+        evidence = index.rank(q, k=6)
+        for hit, r in zip(evidence.hits, result_dicts(evidence, ["low"] * 6, q), strict=True):
+            spans = unit_spans(hit.row_start, hit.row_end)
+            first, stop = (int(u) for u in windows[r["key_clip"]["proposal"]])  # units [first, stop)
+            assert (r["key_clip"]["start"], r["key_clip"]["end"]) == pytest.approx(
+                (spans[first, 0], spans[stop - 1, 1]), abs=1e-3), (r["video_id"], r["key_clip"], first, stop)
 
 
 def test_attention_is_the_models_key_clip_attention(index: VideoIndex) -> None:
@@ -226,6 +264,32 @@ def test_concurrent_searches_equal_serial_ones_while_the_index_is_written(tmp_pa
         together = list(pool.map(lambda t: search_text([index], t, fake_text_encoder, k=5).results,
                                  texts * 2))
     assert together == after * 2
+
+
+def test_an_approximate_search_ranks_only_the_approximate_candidates(tmp_path: Path) -> None:
+    """``search(..., approximate=True)`` asks each gallery for its approximate ranking: with room for 2
+    candidate videos, 2 of the 6 are scored (exactly: the same scores as an exact search gives them)."""
+    from prvr.index import IndexConfig
+
+    torch.manual_seed(0)
+    model = MSSL(MSSLConfig(visual_dim=24, query_dim=16, hidden_size=32, n_heads=2, max_ctx_l=32)).eval()
+    cfg = IndexConfig(candidate_videos=2, candidate_units=2, nprobe=1)
+    ix = VideoIndex.create(tmp_path / "ix", model, cfg)
+    ix.add(gallery())
+    tokens = fake_text_encoder(["a cat on a sofa"])[0]
+    exact, approx = search([ix], tokens, k=6), search([ix], tokens, k=6, approximate=True)
+    assert not exact.approximate and approx.approximate
+    assert exact.stats["scored_exactly"] == len(exact) == 6
+    assert approx.stats["scored_exactly"] == len(approx) == 2
+    scores = {r["video_id"]: r["score"] for r in exact}
+    assert all(r["score"] == pytest.approx(scores[r["video_id"]], abs=1e-6) for r in approx)
+    from prvr.index import Evidence
+    from prvr.results.search import encode_query
+
+    q = encode_query(model, tokens)
+    merged = Evidence.merge([ix.rank(q, 6), ix.rank(q, 6, approximate=True)], 6)
+    assert merged.approximate and merged.scored_exactly == 6 + 2  # one approximate part makes it approximate
+    assert not Evidence.merge([ix.rank(q, 6), ix.rank(q, 6)], 6).approximate
 
 
 def test_a_hit_without_fine_rows_falls_back_to_the_key_clip(index: VideoIndex) -> None:

@@ -1,62 +1,23 @@
-"""Confidence that means the same in any gallery: each video's score against a fixed bank of captions,
-with cuts calibrated per model.
+"""Confidence that means the same in any gallery: each hit's score against a fixed bank of captions on the
+same video, with cuts calibrated per model.
 
-Labels and words (one vocabulary: ``LABEL_WORDS``; every result carries both, ``confidence`` and
-``confidence_label``): ``high`` "strong match", ``medium`` "possible match" (only where a calibration found
-a band that meets its precision target; none has so far), ``low`` "unconfirmed", ``none`` "no match" (the
-query scores on that video no better than most everyday captions about something else do).
+Labels (one vocabulary, ``LABEL_WORDS``; every result carries ``confidence`` and ``confidence_label``):
+``high`` "strong match", ``medium`` "possible match", ``low`` "unconfirmed", ``none`` "no match". A raw
+score is not comparable across queries or videos, and a z-score against the rest of the gallery changes
+whenever the gallery does; so a (query, video) label depends only on that pair's total, on the scores of
+the reference captions (``assets/reference_captions.txt``, everyday captions written for this) that the
+index stored with the video, on the model and on the weights in use: query-bank normalisation (Bogolin et
+al., CVPR 2022) reduced to cuts per video. At search time a video's cuts are quantiles of the captions'
+totals at the weights in use plus a margin (``cuts``); ``CalibratedConfidence`` labels every hit of a
+response, shared and session alike, by that one rule; a response without a ``high`` hit has no strong
+match.
 
-Cuts are stored per model (``Calibration``: the model's identity, the cuts, what they were calibrated on and
-what they measured; ``model_identity``: the feature profile with its weights identity, the model's kind and
-settings), found by ``find_calibration`` in the data dir's ``confidence/`` folder (what ``python -m
-benchmarks.calibrate`` writes) or among the shipped ones (``assets/calibrations/``). A model without one is
-labelled by ``UNCALIBRATED``: every hit "low", never "strong match" or "no match", and ``describe`` says why
-(``/info``'s "confidence"). The rules below are those of a calibrated model; the numbers quoted are session
-13's, on the ``lite`` model; the shipped calibration files hold the current ones with their measurements.
-
-A raw MS-SL score is not comparable across queries or videos (the training-free model's scores of a
-relevant pair run from 0.09 to 0.6, those of unrelated pairs up to 0.43 on the demo gallery), and a z-score
-against the other videos of the gallery changes whenever the gallery does. Here a (query, video) label
-depends only on that pair's score, on numbers stored with the video, on the model, the weights in use and
-``assets/reference_captions.txt`` (261 everyday captions written for this purpose; none is a demo or
-Charades caption), never on what else is in the gallery. This is query-bank normalisation (Bogolin et al.,
-"Cross Modal Retrieval with Querybank Normalisation", CVPR 2022) reduced to two cuts per video:
-
-- at indexing time the index stores, per video, the clip and frame scores of every reference caption
-  (``Calibrator.reference_queries`` is handed to the index, encoded: ``prvr.index.ingest``; float16,
-  rounded up, ~1 KB per video);
-- at search time, for the weights in use, the video's cuts are quantiles of the reference captions'
-  totals ``w_clip * clip + w_frame * frame`` plus a margin (``cuts``): a hit is ``high`` ("strong match")
-  when its total beats every reference caption on that video (``high_quantile`` = 1.0) by more than
-  ``high_margin`` = 0.1, ``medium`` ("possible match") when it beats the ``medium_quantile`` quantile by
-  more than ``medium_margin``, ``low`` otherwise; a response has no strong match when no hit is ``high``
-  (``CalibratedConfidence``, one rule for shared and session hits alike).
-
-Calibrated in session 13 on the TUNING half of the real development set (``benchmarks.dev_set``; the numbers
-and the checking half are in benchmarks/RESULTS.md, "Session 13"), with these definitions, over the top 10
-hits of each query's response:
-
-- strong precision: of the hits labelled strong, the fraction that are relevant (the video holds the query's
-  moment);
-- strong recall: of the queries whose rank-1 hit is relevant, the fraction whose rank-1 hit is labelled
-  strong;
-- possible precision: of the hits labelled possible, the fraction that are relevant.
-
-``high_margin`` = 0.1 is the smallest margin at which strong precision on the tuning half reaches 0.90 (10
-hits; strong recall 0.13). No cut of any of the gallery-independent scores tried (the quantile, the margin
-over every caption, the z-score among the captions, per branch or summed) gives a "possible" band of
-precision 0.60 on the tuning half (the best band reached about 0.23, twice the 12 % of relevant hits among
-the top 10), so by default there is no "possible" band (``medium_quantile`` / ``medium_margin`` equal the
-high cut's): every hit is strong or weak. The checking half does not reach the targets either (strong
-precision 0.38, recall 0.10): an ImageNet bridge's scores separate relevant from irrelevant videos only
-weakly (AUC about 0.63).
-
-A label is therefore consistent across weights in this sense: at any weights it compares the query's total
-at those weights with the reference captions' totals at the same weights on the same video (a reference
-caption is never ``high`` on a video at any weights). The cuts are quantiles of the reference bank plus a
-margin calibrated on the dev set's tuning half, never fitted to the demo gallery or the checking half:
-``python -m benchmarks.confidence [--dev-set]`` measures them on the demo gallery (and the dev set).
-The reference captions' token features are computed once per text encoder and cached in ``cache_dir``.
+The quantiles and margins are a model's ``Calibration`` (``python -m benchmarks.calibrate`` writes it to
+the data dir's ``confidence/``, found there first, then among the shipped ``assets/calibrations/``); a
+model without one is ``UNCALIBRATED``: every hit "low", and ``describe`` says why. How the shipped cuts
+were chosen and what they measured: the calibration files, and benchmarks/RESULTS.md ("Session 13",
+"Issue #42: history moved from module docstrings"). The captions' token features are cached per text
+encoder in ``cache_dir``.
 """
 
 from __future__ import annotations

@@ -1,61 +1,29 @@
 """Where a query matches inside one video: moments made of the video's own segments, and a heatmap.
 
-This is the results layer's localisation; it never changes a score or a ranking (MS-SL's key clip is kept
-beside it). Inputs, for one video: the query vector ``q`` (H,), the video's rows in the query space at the
-model's finest resolution with their seconds (``model.encode_rows``), and the video's query-independent
-segments on those rows (``prvr.temporal.segments.segment_video`` of the extracted feature rows, mapped onto
-the model's rows by ``prvr.temporal.segments.resample`` when the model re-bins them).
+The results layer's localisation: it never changes a score or a ranking (MS-SL's key clip stays beside it).
+Input, for one video: the query vector, the video's rows in the query space at the model's finest resolution
+with their seconds (``model.encode_rows``) and its query-independent segments on those rows
+(``prvr.temporal.segments``). The rule, step by step:
 
-1. ``s_t = cos(q, row_t)`` for every row. Where the index stored each row's statistics against the reference
-   caption bank (``prvr.temporal.hubness``; ``reference_z``), the steps below read the z-score of ``s_t``
-   among the bank's cosines with that row instead: a row similar to every caption (a blank card, a vague
-   scene) is not evidence for this one. The propagated rows of step 3 are normalised by their own statistics.
-2. Candidates: every segment of every scale of the hierarchy (distinct spans): coherent stretches of the
-   video, from single shots to groups of them.
-3. Each candidate is scored by how much better the query matches inside it than in the rest of the video,
-   relative to how much of that difference could be chance: the two-sample t statistic
-   ``(mean_in - mean_out) / (sd * sqrt(1 / n_in + 1 / n_out))``, ``sd`` the video's own spread of
-   similarities. A one-row sliver needs a far larger contrast than a whole scene to win, and the score has
-   no unit: it depends neither on the model's cosine scale nor on the video's length. The similarities
-   scored here are those of the rows after TF-PRVR's propagation over the segments
-   (``prvr.temporal.propagation``, ``propagation_beta``; the training-free default ranks with the same
-   propagated rows): a row counts with its shot's and scene's context, so a scene wins as a whole instead of
-   through its noisiest row.
-4. Refinement (a top-down test down the hierarchy): a candidate that holds a finer segment in which the
-   query matches clearly better than in the rest of the candidate, by the own rows' similarities (step 1,
-   not propagated) with t >= ``descend_t``, is replaced by that segment, and so on down. Propagation and a
-   long candidate both favour spans that merge the matching scene with a neighbour; this splits them where
-   the rows themselves disagree. ``descend_t`` = 3 is the usual three-sigma level, stricter than a 95 % test
-   because consecutive 1 s rows are correlated (fewer independent rows than it counts).
-5. The key moment is the best candidate, refined; up to ``n_moments - 1`` more follow, best first: each the
-   best candidate, refined, that overlaps no kept moment and still matches better inside than outside
-   (t > 0).
-6. Filler: a moment never starts or ends on a blank row, so the player opens on content. A row is blank
-   when its stored vector repeats a neighbour's (cosine >= ``blank_cos`` = 0.99995): a frozen picture, as
-   a grey or black card, a black gap or a held frame gives, while moving video never repeats its class
-   posterior to five decimals (``blank_rows``; query-independent: it reads the stored rows only). A chosen
-   span loses its leading and trailing blank rows; a span of blank rows only is skipped (the next candidate
-   is taken); a video whose rows are all blank has none. Also dropping the row that holds the cut (the one
-   right after a card) was measured and not kept: no card start fewer, IoU >= 0.5 -0.9 on both halves. On
-   the real dev set (benchmarks/RESULTS.md, "Session 13") the rule flags 104 of the 113 rows that lie
-   wholly on a card and 2 of 1561 rows of content, and key moments that start on a card fall from 1454 of
-   11448 (every result of both halves) to 0. (The dev set's 1 s cross-fades blend two clips' pictures and
-   have no blank end: moments may start on them.)
+1. Each row's cosine with the query; where the index stored the rows' statistics against the reference
+   caption bank (``reference_z``), their z-scores among the bank's cosines (a row close to every caption,
+   a blank card or a vague scene, is no evidence for this one).
+2. Candidates: every segment of every scale of the hierarchy, scored by the two-sample t statistic of the
+   rows inside against the rest, ``(mean_in - mean_out) / (sd * sqrt(1 / n_in + 1 / n_out))``, on the rows
+   after TF-PRVR's propagation over the segments (``propagation_beta``): unit-free, and a one-row sliver
+   needs a far larger contrast than a whole scene to win.
+3. Refinement: a candidate holding a finer segment whose own rows match clearly better (t >= ``descend_t``
+   = 3, strict because consecutive rows are correlated) is replaced by it, down the hierarchy.
+4. The key moment is the best candidate, refined; up to ``n_moments - 1`` more follow, best first, each
+   overlapping no kept moment and still matching better inside than outside (t > 0).
+5. A moment never starts or ends on a blank row (``blank_rows``: a row repeating a neighbour's vector to
+   cosine ``blank_cos``, a frozen picture such as a grey card), so the player opens on content.
 
-Each moment reports ``score`` (the mean cosine similarity of its rows, the heatmap's scale), ``contrast`` (the
-order: the t statistic, on the propagated similarities (z-scores where normalised), of the candidate it was
-refined from) and ``play_from``, where a player showing it starts: the middle of its first row, the frame a 1
-s row was computed from (``extract.decode.window_times``: one sample at each window's centre), which step 6
-found not blank. The row's own start may still be on a card: "a dog running on the beach" finds a moment of
-demo05 from 25.0 s, where a grey card ends and a 1 s cross-fade begins; the frame at 25.0 is grey, at 25.5 the
-picture shows. The moments are listed by ``contrast``, so a page that shows one number per moment must show
-``contrast`` for the order to agree with it: ordering by ``score`` instead (the key moment = the listed moment
-of highest mean cosine) was measured on the dev set and not kept (key-moment IoU >= 0.5 +2.8 [-4.4, +11.6]
-tuning, +3.8 [-2.2, +10.0] checking: not supported by the tuning half), and on synthetic video it makes a
-3-row sliver of high cosine the key moment instead of a 45 s event (tests/test_moments.py). The heatmap has
-one cell per row up to ``max_cells`` cells, then the rows' cosines averaged into ``max_cells`` equal bins.
-Alternatives measured and dropped are in benchmarks/RESULTS.md ("Moments", "Localisation and segment ranking",
-"Centre inside: query-bank normalised localisation", "Session 13").
+A moment reports ``score`` (its rows' mean cosine, the heatmap's scale), ``contrast`` (the t statistic it
+was chosen by: moments are listed by it) and ``play_from`` (``play_from``: the middle of its first row, the
+frame that row was computed from). The heatmap has one cell per row up to ``max_cells``, then equal bins.
+Measurements behind these choices and the alternatives dropped: benchmarks/RESULTS.md ("Moments",
+"Localisation and segment ranking", "Session 13", "Issue #42: history moved from module docstrings").
 """
 
 from __future__ import annotations

@@ -120,18 +120,10 @@ def video_argument(video: object, roots: Sequence[Path], own_host: str | None,
         return "data", data_url_name(video, how)
     if SCHEME.match(video) and not video.lower().startswith("file:"):
         return web_url(video, own_host, video_route, how)
-    path = server_path(video)
+    path = server_path(video, roots, how)
     if path is None:
         raise Refused(f"{shown(video)} is neither a data URL, an http(s) URL nor a server path: {how}.")
-    if not roots:
-        raise Refused(f"{shown(video)} is a path on the server, and this app reads none (the operator can "
-                      f"allow some with --mcp-allow-paths DIR): {how}.")
-    resolved = path.resolve()
-    if not any(resolved.is_relative_to(root) for root in roots):
-        raise Refused(f"{path} is outside the allowed dirs: {how}.")
-    if not resolved.is_file():
-        raise Refused(f"There is no file {path} on the server: {how}.")
-    return "path", resolved
+    return "path", path
 
 
 def data_url_name(video: str, how: str) -> str | None:
@@ -165,13 +157,35 @@ def web_url(video: str, own_host: str | None, video_route: str, how: str) -> tup
     return "url", None
 
 
-def server_path(video: str) -> Path | None:
-    """The server path ``video`` names (an absolute path, ~/..., or a file: URL), else None."""
+def server_path(video: str, roots: Sequence[Path], how: str) -> Path | None:
+    """The allowed server file ``video`` names, resolved; None when it names no server path (an absolute
+    path, ~/... or a file: URL of this host). The one check of every form: the name is decoded once (a
+    file: URL's percent-escapes), then ``..`` and symlinks are resolved, and only then is the real file
+    compared with the allowed dirs (``roots``, resolved too); anything else raises ``Refused``."""
     if video.lower().startswith("file:"):
-        return Path(unquote(urlparse(video).path))
-    if video.startswith(("/", "~")):
-        return Path(video).expanduser()
-    return None
+        url = urlparse(video)
+        if url.netloc not in ("", "localhost"):
+            raise Refused(f"{shown(video)} names a file on another host ({url.netloc}): {how}.")
+        named = unquote(url.path)
+    elif video.startswith(("/", "~")):
+        named = video
+    else:
+        return None
+    if not roots:
+        raise Refused(f"{shown(video)} is a path on the server, and this app reads none (the operator can "
+                      f"allow some with --mcp-allow-paths DIR): {how}.")
+    path = Path(named).expanduser()
+    if "\x00" in named or not path.is_absolute():
+        raise Refused(f"{shown(video)} is not an absolute path on the server: {how}.")
+    try:
+        resolved = path.resolve()
+    except (OSError, RuntimeError) as e:  # a symlink loop
+        raise Refused(f"{path} cannot be resolved ({e.__class__.__name__}): {how}.") from None
+    if not any(resolved.is_relative_to(root) for root in roots):
+        raise Refused(f"{path} is outside the allowed dirs: {how}.")
+    if not resolved.is_file():
+        raise Refused(f"There is no file {path} on the server: {how}.")
+    return resolved
 
 
 def upload_name(kind: str, found: object, given: object) -> str | None:
