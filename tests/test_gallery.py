@@ -28,7 +28,7 @@ from prvr.index import (
     stored_media_paths,
 )
 from prvr.index.backends import gallery_dir, open_gallery
-from prvr.index.ingest import ReferenceQueries
+from prvr.index.encoding import ReferenceQueries
 from prvr.index.qdrant import QdrantIndex
 from prvr.models.mssl import MSSL, MSSLConfig
 

@@ -23,7 +23,7 @@ Charades caption), never on what else is in the gallery. This is query-bank norm
 "Cross Modal Retrieval with Querybank Normalisation", CVPR 2022) reduced to two cuts per video:
 
 - at indexing time the index stores, per video, the clip and frame scores of every reference caption
-  (``Calibrator.reference_queries`` is handed to the index, encoded: ``prvr.index.ingest``; float16,
+  (``Calibrator.reference_queries`` is handed to the index, encoded: ``prvr.index.encoding``; float16,
   rounded up, ~1 KB per video);
 - at search time, for the weights in use, the video's cuts are quantiles of the reference captions'
   totals ``w_clip * clip + w_frame * frame`` plus a margin (``cuts``): a hit is ``high`` ("strong match")
