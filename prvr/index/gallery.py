@@ -73,6 +73,11 @@ def bank_identity(references: ReferenceQueries | None) -> dict | None:
     return None if references is None else {"id": references.id, "count": len(references)}
 
 
+def bank_words(bank: dict | None) -> str:
+    """A recorded bank identity in words, the same whatever order a store keeps its keys in."""
+    return "none" if bank is None else f"{bank.get('id')!r} of {bank.get('count')} queries"
+
+
 def gallery_identity(model, references: ReferenceQueries | None, mode: str) -> dict:
     """The identity a new gallery records: its model's, its reference bank's, and what it stores (mode)."""
     return {**model_identity(model), "references": bank_identity(references), "mode": mode}
@@ -89,8 +94,9 @@ def check_identity(where: str, stored: dict, model, references: ReferenceQueries
             raise IndexMismatchError(f"{where} was built with {key} = {stored.get(key)!r}, but the model in "
                                      f"use has {key} = {ours!r}; rebuild the index for it")
     if references is not None and stored.get("references") != bank_identity(references):
-        raise IndexMismatchError(f"{where} stores the scores of reference bank {stored.get('references')}, "
-                                 f"not of the one in use {bank_identity(references)}; rebuild the index")
+        raise IndexMismatchError(f"{where} stores the scores of reference bank "
+                                 f"{bank_words(stored.get('references'))}, not of the one in use "
+                                 f"{bank_words(bank_identity(references))}; rebuild the index")
 
 
 class Gallery:
@@ -203,8 +209,8 @@ class Gallery:
         check_videos(videos, set(self.position))  # before encoding: bad input costs nothing
         if self.identity.get("references") != bank_identity(self.references):
             raise GalleryError(f"{self.storage.where} stores reference scores of bank "
-                               f"{self.identity.get('references')}; open it with that bank (references=...) "
-                               "to add videos")
+                               f"{bank_words(self.identity.get('references'))}; open it with that bank "
+                               "(references=...) to add videos")
         fixed, ragged = encode_for_index(self.model, videos, self.storage.mode, self.storage.encode_batch,
                                          self.references)
         ids = [v.id for v in videos]
