@@ -68,7 +68,7 @@ VARIANTS = {  # name -> (rows, config)
 
 def localisation_inputs(model, rows, bank: np.ndarray) -> tuple:
     """find_moments' inputs after the query for one video's extracted rows, exactly as an index stores them
-    (``prvr.index.ingest.localisation_arrays``): vectors, start, end, segments, and as keywords the context
+    (``prvr.index.encoding.localisation_arrays``): vectors, start, end, segments, and as keywords the context
     and both bank statistics."""
     vectors, start, end = model.encode_rows(rows.features, rows.start, rows.end)
     a = localisation_arrays(vectors, start, end, segment_video(rows.features), bank)

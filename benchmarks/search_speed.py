@@ -23,7 +23,7 @@ machine was while it ran (``machine``: a numpy read in GB/s, a query-sized matri
 microseconds): a shared VM's speed drifts by up to 2x within minutes, and latencies are only comparable at
 similar speeds.
 
-Every synthetic video also stores what result building reads, in the real layout (``prvr.index.ingest``):
+Every synthetic video also stores what result building reads, in the real layout (``prvr.index.encoding``):
 its fine rows (the unit-normalised frames, float16, 2 s each), their segments (``prvr.temporal.segments`` on
 those frames), their statistics against a stand-in reference bank of ``REFERENCES`` random vectors, and the
 bank's scores (random numbers of the real shape and dtype: the benchmark times reading and using them, not

@@ -330,7 +330,7 @@ def test_evaluation_through_search_equals_scoring_the_model_directly(small_galle
     model's own scores and of ``find_moments`` on freshly encoded rows with their reference bank statistics
     (the index's float16 copies and stored segments change nothing)."""
     from extract.features import FeatureFile
-    from prvr.index.ingest import bank_vectors
+    from prvr.index.encoding import bank_vectors
     from prvr.models.bridge import BridgeModel
     from prvr.results.moments import MomentConfig, find_moments
     from prvr.temporal.hubness import bank_stats

@@ -1,6 +1,6 @@
-"""The gallery contract (``prvr.index.gallery.Gallery``), run on both backends through the public interface.
+"""The gallery contract (``prvr.index.gallery.Gallery``), run over both stores through the public interface.
 
-Every test is parametrised over the built-in ``VideoIndex`` (a data directory) and ``QdrantIndex`` (embedded,
+Every test is parametrised over the built-in store (``VideoIndex``: a data directory) and Qdrant (embedded,
 ``qdrant+local://DIR``), both opened with ``prvr.index.backends.open_gallery`` as the app opens them: add,
 refused input that changes nothing, remove, the catalogue (ids, records, find_sha256, len), reopening,
 refusal of another model or profile, ``rank`` against the model's own ``model.score`` over every video (ties
@@ -23,12 +23,15 @@ from prvr.index import (
     GalleryError,
     GalleryVideo,
     IndexMismatchError,
+    IndexStoreError,
+    QdrantTarget,
     QueryError,
     VideoIndex,
+    private_gallery,
     stored_media_paths,
 )
 from prvr.index.backends import gallery_dir, open_gallery
-from prvr.index.ingest import ReferenceQueries
+from prvr.index.encoding import ReferenceQueries
 from prvr.index.qdrant import QdrantIndex
 from prvr.models.mssl import MSSL, MSSLConfig
 
@@ -167,9 +170,14 @@ def test_the_media_files_it_names(gallery: Gallery, place: Place) -> None:
     assert gallery.media_paths() == {v.path for v in added}
     gallery.remove([added[0].id])
     assert {v.path for v in added[1:]} <= gallery.media_paths() <= {v.path for v in added}
-    if isinstance(gallery, VideoIndex):
-        assert stored_media_paths(gallery.root) == {v.path for v in added}  # removed ones kept: conservative
-        (gallery.root / "unknown.bin").write_bytes(b"?")
+    folder = gallery.data_folder(place.root)  # the folder the media sweep must not read as another's
+    assert folder.listed == (place.backend == "builtin")
+    if not folder.listed:  # a collection elsewhere: a folder named for it, where the sweep leaves its marker
+        assert folder.path == place.root / "indexes" / f"qdrant-{gallery.describe()['name']}"
+    else:  # the built-in index's own directory
+        assert folder.path == gallery_dir(place.root, PROFILE, gallery.model)
+        assert stored_media_paths(folder.path) == {v.path for v in added}  # removed ones kept: conservative
+        (folder.path / "unknown.bin").write_bytes(b"?")
         foreign = place.root / "not-an-index"
         foreign.mkdir()
         (foreign / "records.bin").write_bytes(b"?")
@@ -292,6 +300,67 @@ def test_refuses_another_model_or_profile(gallery: Gallery, place: Place, model,
         assert state(reopened, qs) == before
     finally:
         reopened.close()
+
+
+def refusal(place: Place, model, references, made_for=None) -> str:
+    """The message of the IndexMismatchError that opening the place for ``model`` raises, its store named
+    "WHERE" (``made_for``: open the built-in index of that model, as ``Place.open_with``)."""
+    with pytest.raises(IndexMismatchError) as err:
+        if made_for is not None:
+            place.open_with(model, references, made_for)
+        else:
+            place.open(model, references)
+    if place.backend == "builtin":
+        where = str(gallery_dir(place.root, PROFILE, made_for or model))
+    else:
+        where = QdrantTarget.parse(f"qdrant+local://{place.root}").where
+    return str(err.value).replace(where, "WHERE")
+
+
+def test_both_stores_refuse_a_mismatch_the_same_way(tmp_path: Path, model, bank, qs) -> None:
+    """One identity check for both stores: another model, profile or reference bank is refused with the same
+    message (the store's name aside), through ``open_gallery``, and the refused open leaves the gallery as it
+    was; opened without a bank, it ranks but refuses to add, the same way."""
+    relabelled = copy.deepcopy(model)  # the same weights, features of another profile
+    relabelled.profile = {"name": "other", "version": 1}
+    other = small_model(seed=1)
+    messages = {}
+    for backend in BACKENDS:
+        place = Place(backend, tmp_path / backend)
+        g = place.open(model, bank)
+        g.add(videos(3))
+        before = state(g, qs)
+        g.close()
+        messages[backend] = (refusal(place, relabelled, bank),
+                             refusal(place, model, ReferenceQueries(bank.queries, "another-bank")),
+                             refusal(place, other, None, made_for=model))
+        reader = place.open(model, None)
+        try:
+            assert state(reader, qs) == before
+            with pytest.raises(GalleryError) as err:
+                reader.add(videos(1, seed=5))
+            messages[backend] += (str(err.value).replace(reader.storage.where, "WHERE"),)
+            assert state(reader, qs) == before
+        finally:
+            reader.close()
+    profile, bank_msg, fingerprint, no_bank = messages["builtin"]
+    assert messages["qdrant"] == messages["builtin"]
+    assert profile.startswith("WHERE was built with profile = None") and "'other'" in profile
+    assert bank_msg.startswith("WHERE stores the scores of reference bank 'test-bank' of 8 queries, not of "
+                               "the one in use 'another-bank' of 8 queries")
+    assert model.fingerprint() in fingerprint and other.fingerprint() in fingerprint
+    assert no_bank.startswith("WHERE stores reference scores of bank 'test-bank' of 8 queries")
+
+
+def test_a_private_gallery_is_its_own(tmp_path: Path, model, bank, qs) -> None:
+    """``private_gallery``: a new, empty gallery in the given directory (a session's, a warm-up's), which
+    refuses a directory that already holds one, and owns that directory."""
+    g = private_gallery(model, bank, tmp_path / "session" / "index")
+    assert len(g) == 0 and g.data_folder(tmp_path) == (tmp_path / "session" / "index", True)
+    g.add(videos(2))
+    assert sorted(h.id for h in g.rank(qs[0], k=5).hits) == sorted(v.id for v in videos(2))
+    with pytest.raises(IndexStoreError, match="already holds"):
+        private_gallery(model, bank, tmp_path / "session" / "index")
 
 
 # ------------------------------------------------------------------ ranking

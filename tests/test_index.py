@@ -19,7 +19,7 @@ import torch
 
 import prvr  # noqa: F401
 from prvr.index import GalleryError, GalleryVideo, IndexConfig, IndexMismatchError, VideoIndex, store
-from prvr.index.ingest import frame_factors, unfactor
+from prvr.index.encoding import frame_factors, unfactor
 from prvr.index.rank import HeadQuery, Page, Stored, clip_bounds, exact_rows, frame_bounds, head_bounds, top_k
 from prvr.index.sketch import BoundQuery, head_basis, quantize, sketch, window_factors
 from prvr.models.mssl import MSSL
@@ -781,7 +781,7 @@ def test_an_index_of_the_previous_schema_is_upgraded_when_the_app_opens_it(tmp_p
     before, without encoding anything; the old directory is left as it was. Another model's old index is
     not brought over (its gallery starts empty), and one of an older schema is never read."""
     from prvr.index import gallery_dir, open_gallery
-    from prvr.index.ingest import ReferenceQueries
+    from prvr.index.encoding import ReferenceQueries
 
     model = small_model()
     refs = ReferenceQueries(model.encode_queries(queries(6, seed=31)), "bank")

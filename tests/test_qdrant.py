@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 
 from prvr.index import GalleryError, GalleryVideo, IndexConfig, IndexMismatchError, VideoIndex
-from prvr.index.ingest import ReferenceQueries, encode_for_index
+from prvr.index.encoding import ReferenceQueries, encode_for_index
 from prvr.index.qdrant import META, QdrantConfig, QdrantIndex
 from prvr.index.qdrant_store import (
     BOUNDS,

@@ -11,7 +11,7 @@ import torch
 
 import prvr  # noqa: F401  - applies the compatibility fix first
 from prvr.index import GalleryVideo, IndexConfig, VideoIndex
-from prvr.index.ingest import ReferenceQueries
+from prvr.index.encoding import ReferenceQueries
 from prvr.models.bridge import BridgeConfig, BridgeModel
 from prvr.results.confidence import CalibratedConfidence, Calibrator, ConfidenceConfig, cuts, labels
 from prvr.results.search import search

@@ -1,13 +1,14 @@
-"""Opening a gallery: the one place that chooses a backend for ``--index`` or a data directory (where the
-built-in index of the previous schema is upgraded on first open: ``prvr.index.upgrade``)."""
+"""Opening a gallery: the one place that chooses a store for ``--index`` or a data directory (where the
+built-in index of the previous schema is upgraded on first open: ``prvr.index.upgrade``), and makes a
+private one (a browser session's uploads, a throwaway warm-up)."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 from prvr.index import store
-from prvr.index.gallery import Gallery, bank_identity, model_identity
-from prvr.index.ingest import ReferenceQueries
+from prvr.index.encoding import ReferenceQueries
+from prvr.index.gallery import Gallery, gallery_identity
 from prvr.index.qdrant import QdrantIndex
 from prvr.index.qdrant_store import QdrantTarget
 from prvr.index.schema import SCHEMA_VERSION
@@ -32,7 +33,13 @@ def open_gallery(model, references: ReferenceQueries | None, *, url: str | None 
         raise ValueError("open_gallery needs a Qdrant url or a data directory")
     root, cfg = gallery_dir(data_dir, profile, model), IndexConfig()
     if not (root / store.MANIFEST).exists():  # the previous release's index of this model: brought over
-        identity = {**model_identity(model), "references": bank_identity(references), "mode": cfg.mode}
+        identity = gallery_identity(model, references, cfg.mode)
         upgraded_into(gallery_dir(data_dir, profile, model, PREVIOUS), root,
                       lambda aside: VideoIndex.create(aside, model, cfg, references), identity)
     return VideoIndex.open_or_create(root, model, cfg, references)
+
+
+def private_gallery(model, references: ReferenceQueries | None, directory: Path) -> Gallery:
+    """A new, empty gallery of its own in ``directory`` (the built-in store, which the caller deletes with the
+    directory): a browser session's uploads, a throwaway gallery."""
+    return VideoIndex.create(directory, model, IndexConfig(), references)

@@ -1,75 +1,63 @@
-"""The gallery contract: what the app, search and evaluation need of a gallery of encoded videos, written
-once.
+"""The gallery: what the app, search and evaluation need of a gallery of encoded videos, written once above a
+store (``prvr.index.storage.GalleryStore``).
 
-Two backends implement it: ``prvr.index.video_index.VideoIndex`` (the built-in, on-disk index) and
-``prvr.index.qdrant.QdrantIndex`` (a Qdrant collection); ``prvr.index.backends.open_gallery`` opens either
-from a URL or a data directory. Everything both backends do alike lives here, on ``Gallery``: the catalogue
-of live videos (ids, records, lookup by sha256), the identity an index records of its model and reference
-bank, the checks of ``k`` and the score weights, and the final ``Evidence``. A backend supplies storage and
-ranking: ``catalog``, ``add``, ``remove``, ``_top`` and its own ``describe`` / ``close``.
+``Gallery`` does everything both stores do alike: opening (create / open / open_or_create over a store), the
+identity a gallery records of its model and reference bank and the checks of it (``IndexMismatchError``),
+the checks and encoding of added videos (``prvr.index.encoding``), the catalogue (ids, records, lookup by
+sha256), the checks of ``k`` and the weights (``prvr.index.query``), and the rank tail: ``rank.top_k`` over
+the store's pages, refined by the sketch and scored exactly (``prvr.index.scoring``), then the ``Evidence``.
+A store keeps the identity, the records and the per-video arrays, and gives pages of bounded candidates and
+``VideoArrays`` to score: the built-in store (``prvr.index.video_index``) and Qdrant (``prvr.index.qdrant``);
+``prvr.index.backends.open_gallery`` opens either from a URL or a data directory.
 
 ```python
 gallery = open_gallery(model, references, url=url, data_dir=data_dir, profile=profile)
 # url: "qdrant://HOST:PORT/NAME" or "qdrant+local://DIR"; without one, the built-in index in data_dir
+gallery = private_gallery(model, references, directory)    # a new built-in one of its own (sessions, warm-up)
 len(gallery); gallery.ids; gallery.record(video_id); gallery.find_sha256(sha)
 gallery.add([GalleryVideo(...)]); gallery.remove([video_id])
-evidence = gallery.rank(q, k=10, weights=None)    # exact, best first (the same bits in both backends)
-gallery.describe(); gallery.close()
+evidence = gallery.rank(q, k=10, weights=None)    # exact, best first (the same bits over both stores)
+gallery.describe(); gallery.data_folder(data_dir); gallery.media_paths(); gallery.close()
 ```
 """
 
 from __future__ import annotations
 
-import math
-from abc import ABC, abstractmethod
+import logging
 from collections.abc import Sequence
-from typing import NamedTuple
+from pathlib import Path
 
 import numpy as np
 import torch
 
+from prvr.index.encoding import (
+    CONTEXT_BETA,
+    GalleryError,
+    GalleryVideo,
+    ReferenceQueries,
+    check_encoded,
+    check_ids,
+    check_videos,
+    encode_for_index,
+)
 from prvr.index.evidence import Evidence, VideoEvidence
-from prvr.index.ingest import CONTEXT_BETA, GalleryVideo, ReferenceQueries
+from prvr.index.query import Weights, check_k, check_weights
+from prvr.index.rank import BOUND_EPS, Exact, top_k
+from prvr.index.schema import EVIDENCE, EXACT, SCHEMA_VERSION
+from prvr.index.scoring import evidence_of, exact_of, is_csa, query_vector, refined_bounds
+from prvr.index.sketch import SKETCH, BoundQuery
+from prvr.index.storage import Catalog, DataFolder, Fixed, GalleryStore, Ragged, StoreView
 from prvr.index.store import IndexStoreError
 from prvr.models.branches import EncodedQueries
+from prvr.words import counted
 
-MAX_K = 1000  # more hits than a person reads; bounds the work of one rank
+log = logging.getLogger(__name__)
+
+SCORED = ("units", "pnorm", "zbasis", "zcoef")  # the arrays an exact score reads (a CSA model's: and frames)
 
 
 class IndexMismatchError(IndexStoreError):
     """The gallery was built for another model, feature profile, schema or reference bank."""
-
-
-class QueryError(ValueError):
-    """A query that cannot be searched; the message is meant for a person."""
-
-
-class Weights(NamedTuple):
-    """(clip_w, frame_w), checked: finite, non-negative, not both 0 (the bounds need it)."""
-
-    clip: float
-    frame: float
-
-
-def check_weights(weights: Sequence[float] | None, default: tuple[float, float]) -> Weights:
-    """The given pair (already checked ``Weights`` pass through) or the default, as ``Weights``."""
-    if isinstance(weights, Weights):
-        return weights
-    if weights is None:
-        return Weights(float(default[0]), float(default[1]))
-    if len(weights) != 2:
-        raise QueryError(f"weights must be a (clip_w, frame_w) pair, got {list(weights)}")
-    w = (float(weights[0]), float(weights[1]))
-    if not all(math.isfinite(x) and x >= 0 for x in w) or sum(w) == 0:
-        raise QueryError(f"weights must be finite, non-negative and not both 0, got {w}")
-    return Weights(*w)
-
-
-def check_k(k: object, limit: int = MAX_K) -> int:
-    """``k`` as an int in [1, limit], else a QueryError naming what was given."""
-    if not isinstance(k, int | np.integer) or isinstance(k, bool) or not 1 <= k <= limit:
-        raise QueryError(f"k must be a whole number from 1 to {limit}, got {k!r}")
-    return int(k)
 
 
 def model_identity(model) -> dict:
@@ -85,59 +73,81 @@ def bank_identity(references: ReferenceQueries | None) -> dict | None:
     return None if references is None else {"id": references.id, "count": len(references)}
 
 
-class Catalog(NamedTuple):
-    """The live videos as one read sees them: records by position, live id -> position, sha256 -> position."""
+def bank_words(bank: dict | None) -> str:
+    """A recorded bank identity in words, the same whatever order a store keeps its keys in."""
+    return "none" if bank is None else f"{bank.get('id')!r} of {bank.get('count')} queries"
 
-    videos: list[dict]  # every record by position (the built-in index keeps removed ones' places)
-    position: dict[str, int]  # live video id -> position, in insertion order
-    by_sha: dict[str, int]  # content hash -> position of a live video with those bytes
+
+def gallery_identity(model, references: ReferenceQueries | None, mode: str) -> dict:
+    """The identity a new gallery records: its model's, its reference bank's, and what it stores (mode)."""
+    return {**model_identity(model), "references": bank_identity(references), "mode": mode}
+
+
+def check_identity(where: str, stored: dict, model, references: ReferenceQueries | None) -> None:
+    """IndexMismatchError unless the stored identity has this code's schema, this model's identity and (when
+    ``references`` are given) this reference bank: the one check of both stores."""
+    if stored.get("schema_version") != SCHEMA_VERSION:
+        raise IndexMismatchError(f"{where} has schema {stored.get('schema_version')}, this code reads "
+                                 f"{SCHEMA_VERSION}; rebuild the index")
+    for key, ours in model_identity(model).items():
+        if stored.get(key) != ours:
+            raise IndexMismatchError(f"{where} was built with {key} = {stored.get(key)!r}, but the model in "
+                                     f"use has {key} = {ours!r}; rebuild the index for it")
+    if references is not None and stored.get("references") != bank_identity(references):
+        raise IndexMismatchError(f"{where} stores the scores of reference bank "
+                                 f"{bank_words(stored.get('references'))}, not of the one in use "
+                                 f"{bank_words(bank_identity(references))}; rebuild the index")
+
+
+class Gallery:
+    """A gallery of encoded videos for one two-branch model over one store (see the module docstring)."""
+
+    def __init__(self, storage: GalleryStore, model, references: ReferenceQueries | None,
+                 identity: dict) -> None:
+        """Over a store whose identity (``identity``, as stored) was written or accepted for this model;
+        ``model`` None: a gallery opened only to be written (moving one: ``add_encoded``)."""
+        self.storage, self.model, self.references, self.identity = storage, model, references, identity
+        self._csa = model is not None and is_csa(model)
+
+    # ------------------------------------------------------------------ opening
+    @classmethod
+    def create_on(cls, storage: GalleryStore, model, references: ReferenceQueries | None = None,
+                  identity: dict | None = None) -> Gallery:
+        """A new, empty gallery in ``storage`` for this model (refuses an existing one); ``references``: the
+        encoded reference queries whose scores each video stores (confidence), None for none. ``identity``:
+        the one to record instead of the model's (a moved gallery's, written without a model)."""
+        if identity is None:
+            identity = gallery_identity(model, references, storage.mode)
+        return cls(storage, model, references, storage.create(identity))
 
     @classmethod
-    def of(cls, videos: list[dict], live: Sequence[int] | None = None) -> Catalog:
-        """The catalogue of ``videos`` whose positions ``live`` are live (default: all)."""
-        live = range(len(videos)) if live is None else live
-        position = {videos[p]["id"]: int(p) for p in live}
-        by_sha = {videos[p]["sha256"]: p for p in position.values() if videos[p].get("sha256")}
-        return cls(videos, position, by_sha)
+    def open_on(cls, storage: GalleryStore, model, references: ReferenceQueries | None = None) -> Gallery:
+        """The gallery in ``storage``; refuses one made for another model, profile, schema or reference bank
+        (without ``references`` it opens for reading; adding then needs the bank it was built with), and
+        then releases the store."""
+        try:
+            stored = storage.identity()
+            check_identity(storage.where, stored, model, references)
+            storage.load()
+        except BaseException:
+            storage.close()  # (Qdrant's engine keeps its directory locked while open)
+            raise
+        return cls(storage, model, references, stored)
 
+    @classmethod
+    def open_or_create_on(cls, storage: GalleryStore, model,
+                          references: ReferenceQueries | None = None) -> Gallery:
+        """Open the gallery in ``storage``, or create it when there is none."""
+        if storage.exists():
+            return cls.open_on(storage, model, references)
+        return cls.create_on(storage, model, references)
 
-class Gallery(ABC):
-    """A gallery of encoded videos for one two-branch model (see the module docstring)."""
-
-    model: object
-    references: ReferenceQueries | None
-
-    # ------------------------------------------------------------------ what a backend supplies
+    # ------------------------------------------------------------------ what is in it
     @property
-    @abstractmethod
     def catalog(self) -> Catalog:
         """The live videos as of now (one consistent view)."""
+        return self.storage.catalog
 
-    @abstractmethod
-    def add(self, videos: Sequence[GalleryVideo]) -> None:
-        """Encode and add videos in one update; a GalleryError (bad input, duplicate id) changes nothing."""
-
-    @abstractmethod
-    def remove(self, ids: Sequence[str]) -> None:
-        """Remove videos by id in one update; an unknown id is a GalleryError and changes nothing."""
-
-    @abstractmethod
-    def _top(self, q: np.ndarray | EncodedQueries, k: int, w: Weights,
-             approximate: bool) -> tuple[list[VideoEvidence], int, int]:
-        """The k best live videos' evidence (best first), how many were scored exactly, how many live."""
-
-    @abstractmethod
-    def describe(self) -> dict:
-        """Backend, mode, where it lives (no server path) and whether it persists: for logs and /info."""
-
-    def close(self) -> None:  # noqa: B027 - a no-op where the backend holds nothing (the built-in index)
-        """Release what the backend holds (a client, a lock); the built-in index holds nothing."""
-
-    @abstractmethod
-    def refresh(self) -> None:
-        """See another process's writes (the built-in index re-reads its manifest; Qdrant its list)."""
-
-    # ------------------------------------------------------------------ one implementation for both
     def __len__(self) -> int:
         return len(self.catalog.position)
 
@@ -162,17 +172,78 @@ class Gallery(ABC):
         cat = self.catalog
         return [cat.videos[p] for p in cat.position.values()]
 
-    def media_paths(self) -> set[str]:
-        """The media paths (as stored: relative to the data dir, or absolute) of the videos this gallery
-        names: what must not be deleted from under it."""
-        return {r.get("path", "") for r in self.records()} - {""}
-
     def find_sha256(self, sha256: str) -> dict | None:
         """The record of a live video with these bytes, or None (a map lookup, not a scan)."""
         cat = self.catalog
         position = cat.by_sha.get(sha256)
         return None if position is None else cat.videos[position]
 
+    def media_paths(self) -> set[str]:
+        """The media paths (as stored: relative to the data dir, or absolute) this gallery's records name:
+        what must not be deleted from under it (the built-in store's removed videos' included: a reader of
+        an older generation may still serve them)."""
+        return self.storage.media_paths()
+
+    def data_folder(self, data_dir: Path) -> DataFolder:
+        """The folder of ``data_dir`` this gallery owns (the media sweep reads every other one's records)."""
+        return self.storage.data_folder(Path(data_dir))
+
+    def describe(self) -> dict:
+        """Backend, mode, where it lives (no server path) and how many videos: for logs and /info."""
+        return self.storage.describe()
+
+    def refresh(self) -> None:
+        """See another process's writes (the built-in store re-reads its manifest; Qdrant its list)."""
+        self.storage.refresh()
+
+    def close(self) -> None:
+        """Release what the store holds (a client, a directory lock); the built-in store holds nothing."""
+        self.storage.close()
+
+    # ------------------------------------------------------------------ writing
+    def add(self, videos: Sequence[GalleryVideo]) -> None:
+        """Encode and add videos in one update; a GalleryError (bad input, duplicate id) changes nothing."""
+        videos = list(videos)
+        if not videos:
+            return
+        check_videos(videos, set(self.position))  # before encoding: bad input costs nothing
+        if self.identity.get("references") != bank_identity(self.references):
+            raise GalleryError(f"{self.storage.where} stores reference scores of bank "
+                               f"{bank_words(self.identity.get('references'))}; open it with that bank "
+                               "(references=...) to add videos")
+        fixed, ragged = encode_for_index(self.model, videos, self.storage.mode, self.storage.encode_batch,
+                                         self.references)
+        ids = [v.id for v in videos]
+        # again, under the store's writer lock: another writer may have added them meanwhile
+        self.storage.append([v.record() for v in videos], fixed, ragged,
+                            lambda cat: check_ids(ids, cat.position))
+        log.info("indexed %s (%d in the gallery)", counted(len(videos), "video"), len(self))
+
+    def add_encoded(self, records: list[dict], fixed: Fixed, ragged: Ragged) -> None:
+        """Add videos whose model outputs were computed elsewhere (benchmarks, moving or upgrading a gallery),
+        in ``encode_for_index``'s layout (``schema.FIXED`` arrays, one row per video; ``schema.RAGGED``
+        lists, one array per video)."""
+        check_encoded(fixed, ragged, len(records))
+        bank = (self.identity.get("references") or {}).get("count", 0)
+        if fixed["ref_clip"].shape[1:] != (bank,) or fixed["ref_frame"].shape[1:] != (bank,):
+            raise GalleryError(f"add_encoded: this gallery stores {bank} reference scores per video, got "
+                               f"{fixed['ref_clip'].shape[1:]}")
+        ids = [r["id"] for r in records]
+        self.storage.append(records, fixed, ragged, lambda cat: check_ids(ids, cat.position))
+
+    def remove(self, ids: Sequence[str]) -> None:
+        """Remove videos by id in one update; an unknown id is a GalleryError and changes nothing (an id
+        given twice is removed once)."""
+        ids = list(dict.fromkeys(ids))
+
+        def check(cat: Catalog) -> None:
+            unknown = [i for i in ids if i not in cat.position]
+            if unknown:
+                raise GalleryError(f"no video with id {unknown[:5]} in {self.storage.where}")
+
+        self.storage.remove(ids, check)
+
+    # ------------------------------------------------------------------ ranking
     def weights(self, weights: Sequence[float] | None = None) -> Weights:
         """(clip_w, frame_w): the given pair, checked, or the model's."""
         return check_weights(weights, (self.model.cfg.clip_scale_w, self.model.cfg.frame_scale_w))
@@ -184,6 +255,46 @@ class Gallery(ABC):
         k, w = check_k(k), self.weights(weights)
         if isinstance(q, torch.Tensor):
             q = q.detach().cpu().numpy()
-        hits, scored, live = self._top(q, k, w, approximate)
+        view = self.storage.view()
+        hits, scored = self._top(view, q, k, w, approximate)
         cfg = self.model.cfg
-        return Evidence(tuple(hits), w, scored, live, int(cfg.map_size), int(cfg.max_ctx_l), approximate)
+        return Evidence(tuple(hits), w, scored, view.live, int(cfg.map_size), int(cfg.max_ctx_l), approximate)
+
+    def _top(self, view: StoreView, q: np.ndarray | EncodedQueries, k: int, w: Weights,
+             approximate: bool) -> tuple[list[VideoEvidence], int]:
+        """The k best live videos' evidence (best first) from one view, and how many were scored exactly:
+        ``rank.top_k`` over the store's pages, refined by the sketch, scored exactly; the winners' exact
+        scores are reused for their evidence."""
+        if not view.live:
+            return [], 0
+        bq, threads = BoundQuery.of(query_vector(q)), torch.get_num_threads()
+
+        def refine(ids: np.ndarray, tau: float) -> np.ndarray:
+            arrays, rows = view.arrays(ids, SKETCH)
+            return refined_bounds(self.model, arrays, rows, bq, w, tau, threads)
+
+        reads = SCORED + (("frames",) if self._csa else ())
+        scored: list[tuple[np.ndarray, Exact]] = []  # what top_k scored: evidence reuses the winners' rows
+
+        def score(ids: np.ndarray) -> np.ndarray:
+            view.prefetch(reads, ids)
+            arrays, rows = view.arrays(ids, reads)
+            scored.append((ids, exact_of(self.model, arrays, rows, q, w, bq)))
+            return scored[-1][1].total
+
+        pages = view.pages(bq, k, w, approximate, refine, not self._csa)
+        ids, _, n = top_k(pages, k, score, refine, BOUND_EPS * (1 + w.clip + w.frame), view.shortlist(k))
+        if not scored:
+            return [], n
+        every = np.concatenate([p for p, _ in scored])  # distinct ids
+        order = np.argsort(every)
+        exact = Exact.concat([ex for _, ex in scored]).take(order[np.searchsorted(every, ids, sorter=order)])
+        winners = np.sort(ids)
+        view.prefetch(EVIDENCE, winners)
+        arrays, rows = view.arrays(ids, (*EXACT, *EVIDENCE))
+        hits = evidence_of(self.model, arrays, rows, q, w, exact)
+        # done with what this query read from disk: its pages leave the process's resident memory (the
+        # page cache keeps them; the hits' arrays read them again if used)
+        view.release(EVIDENCE, winners)
+        view.release(SCORED, every[order])
+        return list(hits), n

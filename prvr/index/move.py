@@ -24,7 +24,7 @@ from pathlib import Path
 import numpy as np
 
 from prvr.index import store
-from prvr.index.qdrant import QdrantConfig, QdrantIndex, read_meta
+from prvr.index.qdrant import QdrantConfig, QdrantIndex, QdrantStore, read_meta
 from prvr.index.qdrant_store import ARRAYS, META_ID, QdrantTarget, array_id, unpack
 from prvr.index.schema import FIXED, RAGGED, RECORD
 from prvr.index.snapshot import Snapshot
@@ -103,8 +103,9 @@ def move(source: str, target: str, batch: int = 256, report: Callable[[str], Non
             out.close()
             raise store.IndexStoreError(f"{dest.where} already exists: move into a new collection (delete a "
                                         "partial one left by an interrupted move first)")
-        gallery = QdrantIndex(dest, out, None, cfg, QdrantIndex.new_meta(
-            cfg, {k: meta.get(k) for k in IDENTITY}, meta.get("references")))
+        identity = {**{k: meta.get(k) for k in IDENTITY}, "references": meta.get("references"),
+                    "mode": cfg.mode}
+        gallery = QdrantIndex.create_on(QdrantStore(dest, cfg, out), None, identity=identity)
         try:
             done = 0
             for records, fixed, ragged in batches:

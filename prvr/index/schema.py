@@ -1,9 +1,9 @@
 """What a gallery stores per video, declared once for both backends: the schema version, the record fields and
 the per-video arrays. Every writer and reader takes their names from here.
 
-``encode_for_index`` (``prvr.index.ingest``) produces the arrays; the built-in index writes them into segments
-(``prvr.index.store``) and reads them through a ``Snapshot``; the Qdrant backend packs them into each point's
-payload (``prvr.index.qdrant_store``); ``prvr.index.scoring`` reads them, through the ``VideoArrays``
+``encode_for_index`` (``prvr.index.encoding``) produces the arrays; the built-in index writes them into
+segments (``prvr.index.store``) and reads them through a ``Snapshot``; the Qdrant backend packs them into each
+point's payload (``prvr.index.qdrant_store``); ``prvr.index.scoring`` reads them, through the ``VideoArrays``
 interface, into exact scores and ``VideoEvidence`` (whose fields carry the same names). A ``fixed`` array has
 one row per video; a ragged one holds a variable number of rows per video, with their count stored under
 ``count``. ``EXACT`` are what exact scores read (every scored video), the rest only what a hit's evidence
@@ -38,7 +38,7 @@ ARRAYS = (
     Array("pidx"),  # (P,) int16 window number of each stored proposal
     # the unit key-clip-attended frame feature of proposal j is zcoef[j r:(j + 1) r] @ zbasis: an attended
     # feature is a mix of the video's L frames, so all P of them lie in an r <= L dimensional space
-    # (prvr.index.ingest.frame_factors); a proposal's r coefficients are contiguous (one read per score)
+    # (prvr.index.encoding.frame_factors); a proposal's r coefficients are contiguous (one read per score)
     Array("zbasis", "n_zrank"),  # (r, H) float32 orthonormal rows spanning the frame-scale features
     Array("zcoef", "n_zcoef"),  # (P r,) float32 each proposal's feature in that basis: (P, r), row by row
     Array("ref_clip"),  # (R,) float16 clip scores of the reference bank's queries (confidence)

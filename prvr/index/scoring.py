@@ -12,7 +12,7 @@ import numpy as np
 import torch
 
 from prvr.index.evidence import VideoEvidence
-from prvr.index.gallery import QueryError
+from prvr.index.query import QueryError
 from prvr.index.rank import BOUND_EPS, Exact, Stored, clip_bounds, exact_rows, frame_bounds
 from prvr.index.schema import FINE
 from prvr.index.sketch import BoundQuery

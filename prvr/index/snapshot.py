@@ -22,10 +22,10 @@ from pathlib import Path
 import numpy as np
 
 from prvr.index import approximate, store
-from prvr.index.gallery import Catalog
 from prvr.index.rank import Stored
 from prvr.index.schema import RAGGED
 from prvr.index.sketch import FIRST_PASS, SKETCH
+from prvr.index.storage import Catalog
 
 ADVISE_ABOVE = 0.25  # share of physical memory the mapped arrays must exceed for prefetch/release
 BASIS = "head_basis"  # a segment's (d, H) head basis (one per segment, not per video)

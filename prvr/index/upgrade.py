@@ -2,7 +2,7 @@
 included, survives the upgrade without extracting or encoding any video again.
 
 Schema 9 stored each proposal's frame-scale feature whole (``zhat``, (P, H) float32); schema 10 stores it
-factored (``ingest.frame_factors``); every other array is the same. ``open_gallery`` upgrades the built-in
+factored (``encoding.frame_factors``); every other array is the same. ``open_gallery`` upgrades the built-in
 index of the model in use when the data dir holds its schema-9 directory and no schema-10 one: the new index
 is written aside and renamed into place when complete (a crash leaves the old one, and the next start tries
 again); the old directory is left as it was. Older schemas are refused with "rebuild the index".
@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 
 from prvr.index import store
-from prvr.index.ingest import frame_factors
+from prvr.index.encoding import frame_factors
 from prvr.index.schema import FIXED, RAGGED, RECORD
 
 log = logging.getLogger(__name__)

@@ -1,4 +1,6 @@
-"""VideoIndex: a persistent, exact, fast gallery of encoded videos for one two-branch model.
+"""The built-in store: a persistent, exact, fast gallery of encoded videos in one directory, for one
+two-branch model (``BuiltinStore``, the ``prvr.index.storage.GalleryStore`` of ``store`` segments +
+manifest), and ``VideoIndex``, a ``Gallery`` over it.
 
 ```python
 index = VideoIndex.create("runs/index", model, IndexConfig(mode="exact"))   # or VideoIndex.open(path, model)
@@ -10,12 +12,10 @@ index.remove(["v1"]); index.compact()
 Modes: ``exact`` stores all P proposals of the model (528; 32 medoids for an MS-SL++ model) and ranks
 exactly by ``model.score``; ``compact`` stores the 32 MS-SL++ length-aware medoids
 (``prvr.models.clustering``) per video, exact with respect to the model run with ``clusters=32``, at 1/16 of
-the per-proposal storage. ``rank(..., approximate=True)`` picks candidate videos with faiss first
-(``prvr.index.approximate``), then scores them exactly. Text, confidence and result dicts live above the index
-(``prvr.results.search``, ``prvr.results.response``); each video also stores what they read
-(``prvr.index.ingest``): its fine rows and segments, and the scores of the reference bank the index was
-created with (``references``: encoded queries, never text), from which confidence cuts are computed at search
-time for any weights.
+the per-proposal storage. Exact ranking's one page is every live video bounded by the first pass (the head
+of the sketch); ``rank(..., approximate=True)`` picks candidate videos with faiss first
+(``prvr.index.approximate``), bounded by the full codes. Each video also stores what results read
+(``prvr.index.encoding``): its fine rows and segments, and the scores of the gallery's reference bank.
 
 Concurrency: every read (``rank``, ``ids``, ``position``...) uses one immutable ``Snapshot`` of the index,
 taken at its start; a write builds the next snapshot aside and swaps it in with one assignment, so reads
@@ -26,9 +26,8 @@ a thread lock and, across processes, by the store's writer lock.
 from __future__ import annotations
 
 import dataclasses
-import logging
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -36,31 +35,20 @@ import numpy as np
 import torch
 
 from prvr.index import approximate, store
-from prvr.index.evidence import VideoEvidence
-from prvr.index.gallery import Catalog, Gallery, IndexMismatchError, Weights, bank_identity, model_identity
-from prvr.index.ingest import (
-    GalleryError,
-    GalleryVideo,
-    ReferenceQueries,
-    check_encoded,
-    check_ids,
-    check_videos,
-    encode_for_index,
-    segment_arrays,
-)
-from prvr.index.rank import BOUND_EPS, Exact, HeadQuery, Page, head_bounds, top_k
-from prvr.index.schema import EVIDENCE, FIXED, RAGGED, SCHEMA_VERSION
-from prvr.index.scoring import evidence_of, exact_of, is_csa, query_vector, refined_bounds
+from prvr.index.encoding import ReferenceQueries, segment_arrays
+from prvr.index.gallery import Gallery
+from prvr.index.query import Weights
+from prvr.index.rank import SHORTLIST, Exact, HeadQuery, Page, head_bounds
+from prvr.index.schema import FIXED, RAGGED, SCHEMA_VERSION
+from prvr.index.scoring import VideoArrays, exact_of
 from prvr.index.sketch import BoundQuery, head_basis, sketch
 from prvr.index.snapshot import BASIS, Snapshot
+from prvr.index.storage import Catalog, DataFolder, Fixed, Ragged, Refine
 from prvr.models.branches import EncodedQueries
 from prvr.models.preprocess import window_table
-from prvr.words import counted
-
-log = logging.getLogger(__name__)
 
 STORED_CONFIG = ("mode", "frame_balls")  # what the stored data depends on: the manifest's, always
-SCORED = ("units", "pnorm", "zbasis", "zcoef")  # the mapped arrays an exact score reads
+MODES = ("exact", "compact")
 
 
 @dataclass(frozen=True)
@@ -77,72 +65,73 @@ class IndexConfig:
     candidate_videos: int = 512  # approximate search: videos (by their best scene centre) ranked exactly
 
 
-class VideoIndex(Gallery):
-    """An index directory opened for one model; see the module docstring."""
+class BuiltinStore:
+    """An index directory (``prvr.index.storage.GalleryStore``); see the module docstring. The config is the
+    given one (else, on open, the one the index was created with), with the stored data's mode and frame
+    balls."""
 
-    def __init__(self, root: Path, model, cfg: IndexConfig, manifest: dict,
-                 references: ReferenceQueries | None = None) -> None:
-        self.root, self.model, self.cfg, self.references = Path(root), model, cfg, references
-        self._csa = is_csa(model)
+    def __init__(self, root: str | Path, cfg: IndexConfig | None = None) -> None:
+        self.root, self._given = Path(root), cfg
+        self.cfg = cfg or IndexConfig()
+        self.where = str(self.root)
         self._writing = threading.Lock()  # one writer per process (the store's flock: one per directory)
-        self.table = window_table(int(manifest["map_size"])).numpy()
-        self.snapshot = self._snapshot(manifest, cfg.verify_checksums)
+        self._read: dict | None = None  # the manifest ``identity`` read, for ``load``
+        self.snapshot: Snapshot | None = None
+
+    @property
+    def mode(self) -> str:
+        """What the index stores of each video."""
+        return self.cfg.mode
+
+    @property
+    def encode_batch(self) -> int:
+        """Videos encoded at once."""
+        return self.cfg.encode_batch
 
     # ------------------------------------------------------------------ opening
-    @classmethod
-    def create(cls, root: str | Path, model, cfg: IndexConfig | None = None,
-               references: ReferenceQueries | None = None) -> VideoIndex:
-        """Make a new, empty index directory for this model (refuses an existing index); ``references``:
-        the encoded reference queries whose scores each video stores (confidence), None for none."""
-        cfg = cfg or IndexConfig()
-        if cfg.mode not in ("exact", "compact"):
-            raise ValueError(f"index mode must be 'exact' or 'compact', got {cfg.mode!r}")
-        root = Path(root)
-        root.mkdir(parents=True, exist_ok=True)
-        with store.writer_lock(root, cfg.lock_timeout):
-            if (root / store.MANIFEST).exists():
-                raise store.IndexStoreError(f"{root} already holds an index; open it instead")
-            manifest = {"format": store.FORMAT, "schema_version": SCHEMA_VERSION, "generation": 0,
-                        "mode": cfg.mode, **model_identity(model), "frame_balls": cfg.frame_balls,
-                        "config": dataclasses.asdict(cfg), "references": bank_identity(references),
-                        "segments": [], "counts": {"videos": 0}}
-            store.commit_manifest(root, manifest)
-        return cls(root, model, cfg, manifest, references)
+    def exists(self) -> bool:
+        """Whether the directory holds an index (its manifest)."""
+        return (self.root / store.MANIFEST).exists()
 
-    @classmethod
-    def open(cls, root: str | Path, model, cfg: IndexConfig | None = None,
-             references: ReferenceQueries | None = None) -> VideoIndex:
-        """Open an existing index; refuses one built for another model, profile, schema or reference bank
-        (without ``references`` it opens for reading; adding then needs the bank it was built with). The
-        config is the given one (else the one the index was created with), with the stored data's mode and
-        frame balls; the given object is not changed."""
-        root = Path(root)
-        manifest = store.read_manifest(root)
-        for key, theirs in model_identity(model).items():
-            if manifest.get(key) != theirs:
-                raise IndexMismatchError(f"{root} was built with {key} = {manifest.get(key)!r}, but the "
-                                         f"model in use has {key} = {theirs!r}; rebuild the index for it")
-        if references is not None and manifest.get("references") != bank_identity(references):
-            raise IndexMismatchError(f"{root} stores the scores of reference bank "
-                                     f"{manifest.get('references')}, not of the one in use "
-                                     f"{bank_identity(references)}; rebuild the index")
+    def create(self, identity: dict) -> dict:
+        """Make a new, empty index directory with this identity (refuses an existing index)."""
+        if self.cfg.mode not in MODES:
+            raise ValueError(f"index mode must be 'exact' or 'compact', got {self.cfg.mode!r}")
+        self.root.mkdir(parents=True, exist_ok=True)
+        with store.writer_lock(self.root, self.cfg.lock_timeout):
+            if self.exists():
+                raise store.IndexStoreError(f"{self.root} already holds an index; open it instead")
+            manifest = {"format": store.FORMAT, "schema_version": SCHEMA_VERSION, "generation": 0, **identity,
+                        "frame_balls": self.cfg.frame_balls, "config": dataclasses.asdict(self.cfg),
+                        "segments": [], "counts": {"videos": 0}}
+            store.commit_manifest(self.root, manifest)
+        self._start(manifest)
+        return manifest
+
+    def identity(self) -> dict:
+        """The manifest (an IndexStoreError when the directory holds no index of this schema)."""
+        self._read = store.read_manifest(self.root)
+        return self._read
+
+    def load(self) -> None:
+        """Open the segments of the manifest ``identity`` read."""
+        manifest = self._read if self._read is not None else store.read_manifest(self.root)
+        cfg = self._given
         if cfg is None:
             known = {f.name for f in dataclasses.fields(IndexConfig)}
             cfg = IndexConfig(**{k: v for k, v in manifest.get("config", {}).items() if k in known})
-        cfg = dataclasses.replace(cfg, **{k: manifest[k] for k in STORED_CONFIG})
-        return cls(root, model, cfg, manifest, references)
+        self.cfg = dataclasses.replace(cfg, **{k: manifest[k] for k in STORED_CONFIG})
+        self._start(manifest)
 
-    @classmethod
-    def open_or_create(cls, root: str | Path, model, cfg: IndexConfig | None = None,
-                       references: ReferenceQueries | None = None) -> VideoIndex:
-        """Open the index at root, or create it when there is none."""
-        if (Path(root) / store.MANIFEST).exists():
-            return cls.open(root, model, cfg, references)
-        return cls.create(root, model, cfg, references)
+    def _start(self, manifest: dict) -> None:
+        """Ready for reads and writes at this manifest."""
+        self.table = window_table(int(manifest["map_size"])).numpy()
+        self.snapshot = self._snapshot(manifest, self.cfg.verify_checksums)
+        self._read = None
 
     def _snapshot(self, manifest: dict, verify: bool) -> Snapshot:
         """The snapshot of one manifest (the segments the current one opened are not opened again)."""
-        return Snapshot(self.root, manifest, verify, self.table, getattr(self, "snapshot", None))
+        return Snapshot(self.root, manifest, verify, self.table, self.snapshot)
 
     def refresh(self) -> None:
         """Re-read the manifest if another writer changed it."""
@@ -150,38 +139,32 @@ class VideoIndex(Gallery):
         if manifest["generation"] != self.snapshot.manifest["generation"]:
             self.snapshot = self._snapshot(manifest, self.cfg.verify_checksums)
 
+    def close(self) -> None:
+        """The built-in store holds nothing open."""
+
     # ------------------------------------------------------------------ what is in it (one snapshot)
     @property
     def catalog(self) -> Catalog:
         """The live videos of the current snapshot."""
         return self.snapshot.catalog
 
-    @property
-    def manifest(self) -> dict:
-        """The manifest of the current snapshot."""
-        return self.snapshot.manifest
-
     def describe(self) -> dict:
         """The built-in index: its mode and directory name (never a server path)."""
-        return {"backend": "built-in", "mode": self.cfg.mode, "name": self.root.name, "videos": len(self)}
-
-    def first_pass_bytes(self) -> int:
-        """Bytes an exact query reads for every video (the head of the sketch); the rest is read per
-        candidate."""
-        return self.snapshot.first_pass_bytes()
-
-    def resident_bytes(self) -> int:
-        """Bytes of the arrays this index keeps in memory (the first pass and what locates the rest)."""
-        return self.snapshot.resident_bytes()
-
-    def stored_bytes(self) -> int:
-        """Bytes of every stored file (what the index occupies on disk, manifest aside)."""
-        return sum(f["bytes"] for seg in self.manifest["segments"] for f in seg["files"].values())
+        return {"backend": "built-in", "mode": self.cfg.mode, "name": self.root.name,
+                "videos": len(self.snapshot.live)}
 
     def media_paths(self) -> set[str]:
         """The media paths every record of this index names, removed videos' included (their files may
         still be served by a reader of an older generation)."""
         return {v.get("path", "") for v in self.snapshot.videos} - {""}
+
+    def data_folder(self, data_dir: Path) -> DataFolder:
+        """The index's own directory."""
+        return DataFolder(self.root, True)
+
+    def view(self) -> BuiltinView:
+        """The current snapshot, for one rank."""
+        return BuiltinView(self.snapshot, self.cfg)
 
     # ------------------------------------------------------------------ writing
     def _commit(self, change: Callable[[Snapshot, dict], dict]) -> None:
@@ -200,59 +183,22 @@ class VideoIndex(Gallery):
             store.remove_debris(self.root, manifest)
             self.snapshot = self._snapshot(manifest, verify=False)  # files this process just wrote
 
-    def add(self, videos: Sequence[GalleryVideo]) -> None:
-        """Encode and append videos (one atomic update); GalleryError leaves the index untouched."""
-        videos = list(videos)
-        if not videos:
-            return
-        check_videos(videos, set(self.position))  # before encoding: bad input costs nothing
-        self._check_bank()
-        fixed, ragged = encode_for_index(self.model, videos, self.cfg.mode, self.cfg.encode_batch,
-                                         self.references)
-
+    def append(self, records: list[dict], fixed: Fixed, ragged: Ragged,
+               check: Callable[[Catalog], None]) -> None:
+        """Write segments of these videos and commit them in one manifest update."""
         def change(snap: Snapshot, manifest: dict) -> dict:
-            check_videos(videos, set(snap.position))  # again: another writer may have added them
-            return self._append(snap, manifest, [v.record() for v in videos], fixed, ragged)
-
-        self._commit(change)
-        log.info("indexed %s (%d in the index)", counted(len(videos), "video"), len(self))
-
-    def _check_bank(self) -> None:
-        """GalleryError when this process cannot store what the index's videos store (reference scores)."""
-        if self.manifest.get("references") != bank_identity(self.references):
-            raise GalleryError(f"{self.root} stores reference scores of bank "
-                               f"{self.manifest.get('references')}; open it with that bank (references=...) "
-                               "to add videos")
-
-    def add_encoded(self, records: list[dict], fixed: dict[str, np.ndarray],
-                    ragged: dict[str, list[np.ndarray]]) -> None:
-        """Append videos whose model outputs were computed elsewhere, in ``encode_for_index``'s layout
-        (``schema.FIXED`` arrays, one row per video; ``schema.RAGGED`` lists, one array per video)."""
-        check_encoded(fixed, ragged, len(records))
-        bank = (self.manifest.get("references") or {}).get("count", 0)
-        if fixed["ref_clip"].shape[1:] != (bank,) or fixed["ref_frame"].shape[1:] != (bank,):
-            raise GalleryError(f"add_encoded: this index stores {bank} reference scores per video, got "
-                               f"{fixed['ref_clip'].shape[1:]}")
-
-        def change(snap: Snapshot, manifest: dict) -> dict:
-            check_ids([r["id"] for r in records], snap.position)
-            return self._append(snap, manifest, records, fixed, ragged)
+            check(snap.catalog)
+            manifest["segments"] = list(manifest["segments"])
+            for a in range(0, len(records), self.cfg.segment_videos):
+                b = slice(a, a + self.cfg.segment_videos)
+                part = self._segment_arrays({k: x[b] for k, x in fixed.items()},
+                                            {k: x[b] for k, x in ragged.items()})
+                manifest["segments"].append(store.write_segment(self.root, part, records[b]))
+            return manifest
 
         self._commit(change)
 
-    def _append(self, snap: Snapshot, manifest: dict, records: list[dict], fixed: dict[str, np.ndarray],
-                ragged: dict[str, list[np.ndarray]]) -> dict:
-        """Write segments for these videos into a manifest copy."""
-        manifest["segments"] = list(manifest["segments"])
-        for a in range(0, len(records), self.cfg.segment_videos):
-            b = slice(a, a + self.cfg.segment_videos)
-            part = self._segment_arrays(snap, {k: x[b] for k, x in fixed.items()},
-                                        {k: x[b] for k, x in ragged.items()})
-            manifest["segments"].append(store.write_segment(self.root, part, records[b]))
-        return manifest
-
-    def _segment_arrays(self, snap: Snapshot, fixed: dict[str, np.ndarray],
-                        ragged: dict[str, list[np.ndarray]]) -> dict[str, np.ndarray]:
+    def _segment_arrays(self, fixed: Fixed, ragged: Ragged) -> dict[str, np.ndarray]:
         """All stored arrays of one segment: the videos' fixed and ragged arrays, the segment's head basis,
         the sketch, the scenes."""
         basis = head_basis(fixed["units"])
@@ -261,14 +207,10 @@ class VideoIndex(Gallery):
         scenes = approximate.scene_centres(fixed["units"])
         return {**segment_arrays(fixed, ragged), BASIS: basis, "scenes": scenes, **bounds}
 
-    def remove(self, ids: Sequence[str]) -> None:
-        """Remove videos by id (one atomic manifest update); unknown ids are an error, nothing changes."""
-        ids = list(dict.fromkeys(ids))  # an id given twice is removed once
-
+    def remove(self, ids: Sequence[str], check: Callable[[Catalog], None]) -> None:
+        """Mark these videos removed in one manifest update (a segment with none left is dropped)."""
         def change(snap: Snapshot, manifest: dict) -> dict:
-            unknown = [i for i in ids if i not in snap.position]
-            if unknown:
-                raise GalleryError(f"no video with id {unknown[:5]} in the index")
+            check(snap.catalog)
             manifest["segments"] = [dict(s, removed=list(s["removed"])) for s in manifest["segments"]]
             for i in ids:
                 pos = snap.position[i]
@@ -287,27 +229,104 @@ class VideoIndex(Gallery):
                 part = snap.live[a:a + self.cfg.segment_videos]
                 fixed = {k: snap.gather(k, part) for k in FIXED}
                 ragged = {k: [snap.ragged(k, p) for p in part] for k in RAGGED}
-                seg = self._segment_arrays(snap, fixed, ragged)
+                seg = self._segment_arrays(fixed, ragged)
                 records = [snap.videos[p] for p in part]
                 manifest["segments"].append(store.write_segment(self.root, seg, records))
             return manifest
 
         self._commit(change)
 
-    # ------------------------------------------------------------------ ranking
-    def _top(self, q: np.ndarray | EncodedQueries, k: int, w: Weights,
-             approximate: bool) -> tuple[list[VideoEvidence], int, int]:
-        """The k best live videos' evidence from one snapshot, how many were scored exactly, how many live."""
-        snap = self.snapshot
-        positions, exact, scored, read = self._best(snap, q, k, w, approximate)
-        winners = np.sort(positions)
-        snap.prefetch(EVIDENCE, winners)
-        hits = evidence_of(self.model, snap, positions, q, w, exact)
-        # done with what this query read from disk: its pages leave the process's resident memory (the
-        # page cache keeps them; the hits' arrays read them again if used)
-        snap.release(EVIDENCE, winners)
-        snap.release(SCORED, read)
-        return hits, scored, len(snap.live)
+
+class BuiltinView:
+    """One snapshot for one rank (``prvr.index.storage.StoreView``): ids are global positions."""
+
+    def __init__(self, snap: Snapshot, cfg: IndexConfig) -> None:
+        self.snap, self.cfg, self.live = snap, cfg, len(snap.live)
+
+    def shortlist(self, k: int) -> int:
+        """Refining reads memory: the default shortlist."""
+        return SHORTLIST
+
+    def pages(self, bq: BoundQuery, k: int, w: Weights, approx: bool, refine: Refine,
+              frame_bounded: bool) -> Iterable[Page]:
+        """One page: every live video (or the approximate candidates) bounded by the head pass (the
+        candidates: by the full codes, at once)."""
+        snap, cfg = self.snap, self.cfg
+        candidates = snap.live
+        if approx and len(snap.live) > cfg.candidate_videos:
+            candidates = approximate.candidates(snap.ivf(cfg.nlist), bq.vector, snap.alive, cfg.nprobe,
+                                                cfg.candidate_units, cfg.candidate_videos)
+        if approx:  # a few thousand candidates: the full codes bound them better, and at once
+            first = refine(candidates, -np.inf)
+        else:
+            head = HeadQuery.of(bq, snap.bases, snap.grams)
+            clip = head_bounds(snap.stored, snap.seg_start, candidates, head, snap.windows,
+                               torch.get_num_threads())
+            first = w.clip * clip + w.frame
+        return [Page(candidates, first, -np.inf)]
+
+    def arrays(self, ids: np.ndarray, names: Sequence[str]) -> tuple[VideoArrays, np.ndarray]:
+        """The snapshot itself (mapped: rows are read where used)."""
+        return self.snap, ids
+
+    def prefetch(self, names: Sequence[str], ids: np.ndarray) -> None:
+        """Read ahead (``Snapshot.prefetch``)."""
+        self.snap.prefetch(names, ids)
+
+    def release(self, names: Sequence[str], ids: np.ndarray) -> None:
+        """Let the pages go (``Snapshot.release``)."""
+        self.snap.release(names, ids)
+
+
+class VideoIndex(Gallery):
+    """A ``Gallery`` over the built-in store; see the module docstring."""
+
+    storage: BuiltinStore
+
+    @classmethod
+    def create(cls, root: str | Path, model, cfg: IndexConfig | None = None,
+               references: ReferenceQueries | None = None) -> VideoIndex:
+        """Make a new, empty index directory for this model (refuses an existing index); ``references``:
+        the encoded reference queries whose scores each video stores (confidence), None for none."""
+        return cls.create_on(BuiltinStore(root, cfg), model, references)
+
+    @classmethod
+    def open(cls, root: str | Path, model, cfg: IndexConfig | None = None,
+             references: ReferenceQueries | None = None) -> VideoIndex:
+        """Open an existing index (``Gallery.open_on``); the config is the given one (else the one the index
+        was created with), with the stored data's mode and frame balls; the given object is not changed."""
+        return cls.open_on(BuiltinStore(root, cfg), model, references)
+
+    @classmethod
+    def open_or_create(cls, root: str | Path, model, cfg: IndexConfig | None = None,
+                       references: ReferenceQueries | None = None) -> VideoIndex:
+        """Open the index at root, or create it when there is none."""
+        return cls.open_or_create_on(BuiltinStore(root, cfg), model, references)
+
+    # ------------------------------------------------------------------ the built-in store's own
+    @property
+    def root(self) -> Path:
+        """The index directory."""
+        return self.storage.root
+
+    @property
+    def cfg(self) -> IndexConfig:
+        """The store's config."""
+        return self.storage.cfg
+
+    @property
+    def snapshot(self) -> Snapshot:
+        """The current snapshot."""
+        return self.storage.snapshot
+
+    @property
+    def manifest(self) -> dict:
+        """The manifest of the current snapshot."""
+        return self.storage.snapshot.manifest
+
+    def compact(self) -> None:
+        """Rewrite the live videos into fresh segments; drop removed rows."""
+        self.storage.compact()
 
     def exact(self, positions: np.ndarray, q: np.ndarray | EncodedQueries,
               weights: Sequence[float] | None = None) -> Exact:
@@ -315,41 +334,15 @@ class VideoIndex(Gallery):
         return exact_of(self.model, self.snapshot, np.asarray(positions, dtype=np.int64), q,
                         self.weights(weights))
 
-    def _best(self, snap: Snapshot, q: np.ndarray | EncodedQueries, k: int, w: Weights,
-              approx: bool) -> tuple[np.ndarray, Exact | None, int, np.ndarray]:
-        """Top-k live positions, their exact scores (best first), how many videos were scored exactly and
-        which: one page of every live video (or of the approximate candidates) bounded by the head pass,
-        refined by the full codes and the frame balls (``rank.top_k``)."""
-        if not len(snap.live):
-            return np.zeros(0, dtype=np.int64), None, 0, np.zeros(0, dtype=np.int64)
-        bq, table, threads = BoundQuery.of(query_vector(q)), snap.windows, torch.get_num_threads()
-        candidates = snap.live
-        if approx and len(snap.live) > self.cfg.candidate_videos:
-            cfg = self.cfg
-            candidates = approximate.candidates(snap.ivf(cfg.nlist), bq.vector, snap.alive, cfg.nprobe,
-                                                cfg.candidate_units, cfg.candidate_videos)
-        if approx:  # a few thousand candidates: the full codes bound them better, and at once
-            first = refined_bounds(self.model, snap, candidates, bq, w, -np.inf, threads)
-        else:
-            head = HeadQuery.of(bq, snap.bases, snap.grams)
-            clip = head_bounds(snap.stored, snap.seg_start, candidates, head, table, threads)
-            first = w.clip * clip + w.frame
+    def first_pass_bytes(self) -> int:
+        """Bytes an exact query reads for every video (the head of the sketch); the rest is read per
+        candidate."""
+        return self.snapshot.first_pass_bytes()
 
-        def refine(positions: np.ndarray, tau: float) -> np.ndarray:
-            return refined_bounds(self.model, snap, positions, bq, w, tau, threads)
+    def resident_bytes(self) -> int:
+        """Bytes of the arrays this index keeps in memory (the first pass and what locates the rest)."""
+        return self.snapshot.resident_bytes()
 
-        scored: list[tuple[np.ndarray, Exact]] = []  # what top_k scored: evidence reuses the winners' rows
-
-        def score(positions: np.ndarray) -> np.ndarray:
-            snap.prefetch(SCORED + (("frames",) if self._csa else ()), positions)
-            scored.append((positions, exact_of(self.model, snap, positions, q, w, bq)))
-            return scored[-1][1].total
-
-        pages = [Page(candidates, first, -np.inf)]
-        positions, _, n = top_k(pages, k, score, refine, BOUND_EPS * (1 + w.clip + w.frame))
-        if not scored:
-            return positions, None, n, np.zeros(0, dtype=np.int64)
-        every = np.concatenate([p for p, _ in scored])  # distinct positions
-        order = np.argsort(every)
-        rows = order[np.searchsorted(every, positions, sorter=order)]
-        return positions, Exact.concat([ex for _, ex in scored]).take(rows), n, every[order]
+    def stored_bytes(self) -> int:
+        """Bytes of every stored file (what the index occupies on disk, manifest aside)."""
+        return sum(f["bytes"] for seg in self.manifest["segments"] for f in seg["files"].values())

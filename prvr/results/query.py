@@ -1,4 +1,4 @@
-"""Input validation of the search path: the query text (``k`` and the weights: ``prvr.index.gallery``).
+"""Input validation of the search path: the query text (``k`` and the weights: ``prvr.index.query``).
 
 ``clean_query``: text (or bytes) -> the text that is searched, with what was changed. Bytes must be UTF-8
 (anything else is refused: guessing an encoding would search for mojibake); control and format characters

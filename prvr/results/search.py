@@ -6,7 +6,7 @@ response = search_text([shared], "a cat jumps", text.encode, k=10)  # text in: c
                                                                     # profile's text backbone (extract)
 ```
 
-``k`` and the weights are checked here, once (``prvr.index.gallery.check_k`` / ``check_weights``); the query
+``k`` and the weights are checked here, once (``prvr.index.query.check_k`` / ``check_weights``); the query
 is encoded by the model ONCE; every gallery ranks the same query vector (``Gallery.rank``); their evidence is
 merged by exact total; results and confidence are built once, for all hits alike.
 """

@@ -24,7 +24,7 @@ import time
 from extract.backbones import loaded_once
 from extract.profiles import ProfileMismatch, check_identity
 from prvr.demo.gallery import build_demo_gallery, interleaved
-from prvr.index import VideoIndex, open_gallery
+from prvr.index import open_gallery
 from prvr.results.confidence import Calibrator
 from prvr.serve.extraction import Extractor
 from prvr.serve.ingest import IngestService
@@ -131,15 +131,13 @@ def sweep_media(predictor: Predictor) -> None:
     among the data dir's indexes, so that a later start with the built-in index, which cannot read the
     collection, keeps every file it may name instead of deleting them."""
     index, settings = predictor.index, predictor.settings
-    if isinstance(index, VideoIndex):
-        own = index.root
-    else:
-        own = settings.data_dir / "indexes" / f"qdrant-{index.describe()['name']}"
-        own.mkdir(parents=True, exist_ok=True)
-        marker = own / SHARED_MARKER
+    own = index.data_folder(settings.data_dir)
+    if not own.listed:  # a store elsewhere: its folder holds the marker
+        own.path.mkdir(parents=True, exist_ok=True)
+        marker = own.path / SHARED_MARKER
         if not marker.exists():
             marker.write_text(f"{settings.index}\n")
-    predictor.media.sweep(predictor.media.referenced([index], own))
+    predictor.media.sweep(predictor.media.referenced([index], own.path))
 
 
 def add_demo_gallery(predictor: Predictor) -> None:

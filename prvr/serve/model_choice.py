@@ -21,7 +21,7 @@ import torch
 
 from extract.pipeline import VideoExtractor
 from extract.profiles import Profile
-from prvr.index import GalleryVideo, IndexConfig, VideoIndex
+from prvr.index import Gallery, GalleryVideo, private_gallery
 from prvr.models.factory import LoadedModel, ModelInfo, create_model
 from prvr.results.search import search
 from prvr.serve.extraction import Extractor, InProcess
@@ -84,10 +84,10 @@ def warm_search_kernels(model: object) -> threading.Thread:
                  "start, while numba compiles them; about a second once cached)")
         rng = np.random.default_rng(0)
         quiet = OtherThreads()  # the throwaway index's "indexed 2 videos" is no event of the app's
-        logging.getLogger(VideoIndex.__module__).addFilter(quiet)
+        logging.getLogger(Gallery.__module__).addFilter(quiet)
         try:
             with tempfile.TemporaryDirectory(prefix="prvr-kernels-") as tmp:
-                index = VideoIndex.create(Path(tmp) / "index", model, IndexConfig())
+                index = private_gallery(model, None, Path(tmp) / "index")
                 videos = []
                 for i, n in enumerate((40, 70)):
                     rows = np.abs(rng.normal(size=(n, visual_dim))).astype(np.float32)
@@ -99,7 +99,7 @@ def warm_search_kernels(model: object) -> threading.Thread:
             log.exception("warming the search kernels failed; the first search will compile them")
             return
         finally:
-            logging.getLogger(VideoIndex.__module__).removeFilter(quiet)
+            logging.getLogger(Gallery.__module__).removeFilter(quiet)
         log.info("search kernels ready in %.1f s", time.perf_counter() - t0)
 
     thread = threading.Thread(target=run, name="warm-search-kernels")

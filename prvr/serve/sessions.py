@@ -8,7 +8,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from prvr.index import IndexConfig, ReferenceQueries, VideoIndex
+from prvr.index import Gallery, ReferenceQueries, private_gallery
 from prvr.words import counted
 
 log = logging.getLogger(__name__)
@@ -19,7 +19,7 @@ class SessionGallery:
     """One browser session's private uploads: a small index in a temp dir, deleted with the session."""
 
     root: Path
-    index: VideoIndex  # over the same model as the shared gallery
+    index: Gallery  # over the same model as the shared gallery
     uploads: int = 0  # uploads accepted so far (the per-session limit counts these)
 
     @property
@@ -43,4 +43,4 @@ def open_session(sessions_dir: Path, model, references: ReferenceQueries | None)
     """A new, empty session gallery under ``sessions_dir`` (the built-in index: sessions never persist)."""
     sessions_dir.mkdir(parents=True, exist_ok=True)
     root = Path(tempfile.mkdtemp(prefix="session-", dir=sessions_dir))
-    return SessionGallery(root, VideoIndex.create(root / "index", model, IndexConfig(), references))
+    return SessionGallery(root, private_gallery(model, references, root / "index"))

@@ -1,0 +1,44 @@
+"""The checks of what a query asks of a gallery, written once: ``k`` and the branch weights, and the error a
+query that cannot be searched raises (its message is meant for a person)."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import NamedTuple
+
+import numpy as np
+
+MAX_K = 1000  # more hits than a person reads; bounds the work of one rank
+
+
+class QueryError(ValueError):
+    """A query that cannot be searched; the message is meant for a person."""
+
+
+class Weights(NamedTuple):
+    """(clip_w, frame_w), checked: finite, non-negative, not both 0 (the bounds need it)."""
+
+    clip: float
+    frame: float
+
+
+def check_weights(weights: Sequence[float] | None, default: tuple[float, float]) -> Weights:
+    """The given pair (already checked ``Weights`` pass through) or the default, as ``Weights``."""
+    if isinstance(weights, Weights):
+        return weights
+    if weights is None:
+        return Weights(float(default[0]), float(default[1]))
+    if len(weights) != 2:
+        raise QueryError(f"weights must be a (clip_w, frame_w) pair, got {list(weights)}")
+    w = (float(weights[0]), float(weights[1]))
+    if not all(math.isfinite(x) and x >= 0 for x in w) or sum(w) == 0:
+        raise QueryError(f"weights must be finite, non-negative and not both 0, got {w}")
+    return Weights(*w)
+
+
+def check_k(k: object, limit: int = MAX_K) -> int:
+    """``k`` as an int in [1, limit], else a QueryError naming what was given."""
+    if not isinstance(k, int | np.integer) or isinstance(k, bool) or not 1 <= k <= limit:
+        raise QueryError(f"k must be a whole number from 1 to {limit}, got {k!r}")
+    return int(k)
