@@ -1,6 +1,6 @@
 """Annotated video sets (videos + queries with their moments) and their evaluation: retrieval and moments.
 
-One implementation for every annotated set: the demo gallery (``prvr.demo.gallery.annotated_set``) and any
+One implementation for every annotated set: the demo gallery (``prvr.evaluate.demo.annotated_set``) and any
 folder of videos with a moments file (``load_moments_file``), both evaluated by ``evaluate_set``.
 
 Moments file (JSON), for ``python -m prvr.evaluate --videos DIR --moments FILE.json``::
