@@ -3,7 +3,8 @@
 Gradio serves MCP and lists the named endpoints /search, /add_video and /info as tools (their functions'
 names and docstrings); ``install`` answers their calls with the ``mcp`` package's public Server API, each run
 as any API client runs the endpoint (gradio_client: the queue, its limits, a session per call). Results are
-JSON (the text is ``json.dumps`` of the API's dict, which is also ``structuredContent``) with absolute URLs.
+JSON (the text is ``json.dumps`` of the API's dict, which is also ``structuredContent``) with absolute URLs;
+a call that waits sends progress notifications to a client that asks for them.
 ``add_video`` declares exactly what it takes (``add_video_schema``, where Gradio's own declaration says "an
 http or https url"): ``video``, a base64 data URL, an http(s) URL on a public host, the app's own
 ``/prvr/video/<id>`` URL ("duplicate") or, only under ``--mcp-allow-paths DIR[,DIR]``, a server path inside
