@@ -3,7 +3,7 @@
     python -m benchmarks.demo_eval [--root DIR]     # default: a new temporary directory
 
 Measures rendering the demo gallery, extracting its ``lite`` features (videos + captions) and
-``prvr.demo.gallery.evaluate_demo`` (model load, indexing the videos and searching every caption: the path
+``prvr.evaluate.demo.evaluate_demo`` (model load, indexing the videos and searching every caption: the path
 users get), each as wall-clock and CPU seconds.
 """
 

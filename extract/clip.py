@@ -2,40 +2,19 @@
 
 The ``clip`` profile's visual backbone ``clip`` (one pooled, projected image embedding per frame) and text
 backbone ``clip_text`` (every token's last hidden state) are two towers of ONE model, loaded once with
-transformers' Auto classes (``AutoModel``, ``AutoTokenizer``, ``AutoImageProcessor``) from a hub id or a
-local folder and shared by both backbones (``load_pair``).
+transformers' Auto classes and shared by both (``load_pair``). Both take their inputs as the model's authors
+prepare them, so a row or a query is what the reference computes (tests/test_clip_fidelity.py): frames go
+through the model's own image processor (``ImageTower.pixel_values``; ``frame_fit`` "whole", profile
+``clip_whole``, resizes the whole frame to the square input instead); text is cleaned as OpenAI's CLIP and
+open_clip clean it (``clean_text``: ftfy, HTML entities, whitespace) and cut at the context length
+(``TowerDims.context``) keeping the end-of-text token. The pooled text embedding is ``text_head`` applied to
+the last row ``clip_text`` returns (CLIP's end-of-text token; SigLIP's last of its 64 padded positions),
+exactly the model's ``get_text_features``.
 
-Both towers take their inputs as the model's authors prepare them, so a row or a query is what the
-reference implementation computes for the same frame or text (tests/test_clip_fidelity.py checks it at full
-size against transformers' ``get_image_features`` / ``get_text_features`` and against ``open_clip``):
-- frames arrive at their display size (the ``clip`` profile's ``frame_fit`` "crop") and go through the
-  model's own image processor (``ImageTower.pixel_values``): shortest side resized to the input size
-  (bicubic), centre crop, rescale, normalise. ``frame_fit`` "whole" (profile ``clip_whole``) asks the same
-  processor for the whole frame resized to its square input instead: a departure, off by default;
-- text is cleaned as OpenAI's CLIP and open_clip clean it before tokenizing (``clean_text``: ftfy's
-  ``fix_text``, HTML entities unescaped, whitespace collapsed; transformers' CLIP tokenizer does not, so
-  curly quotes, ligatures, full-width letters and ``&amp;`` would otherwise get other ids than the model was
-  trained on) and cut at the model's context length (77 for CLIP, 64 for SigLIP: ``TowerDims.context``, the
-  ``clip`` profile's ``max_tokens``), keeping the end-of-text token, as both references do.
-
-The pooled, projected text embedding that training-free scoring needs is a linear head applied to ONE
-token row (``text_head``): CLIP pools the end-of-text token, which is the last non-padding token that
-``clip_text`` keeps; SigLIP was trained on text padded to its full length (64) with no attention mask and
-pools the last position, so for SigLIP ``clip_text`` keeps all 64 positions. Either way the pooled row is
-the last row returned, so ``head(tokens[-1])`` is exactly the model's ``get_text_features``.
-
-Default hub model, chosen by quality per CPU second (``python -m benchmarks.clip_speed`` times the real
-architectures with random weights on CPU, same FLOPs; quality is the published ImageNet zero-shot top-1):
-  laion/CLIP-ViT-B-32-laion2B-s34B-b79K  66.6 %  (open_clip results table)  ViT-B/32: 1/4 of a B/16's FLOPs
-  openai/clip-vit-base-patch32           63.2 %  (CLIP paper)                same cost as the LAION B/32
-  openai/clip-vit-base-patch16           68.6 %  (CLIP paper)                ViT-B/16: about 4x the FLOPs
-  google/siglip-base-patch16-224         76.2 %  (big_vision SigLIP table)   ViT-B/16: about 4x the FLOPs
-Counted: 8.7 GFLOPs per frame for a B/32, 33.7 (CLIP B/16) and 34.0 (SigLIP B/16); measured CPU time per
-frame follows (3.6-4x). The LAION ViT-B/32 gives the most accuracy per CPU second, about 3.5x that of
-either B/16 (a free Space has 2 CPU cores and every uploaded minute is 60 frames), and beats the OpenAI
-B/32 at equal cost. On a GPU host, where frame cost hardly
-matters, ``--weights clip=hf-hub:google/siglip-base-patch16-224`` is the stronger choice (SigLIP-family
-features lead training-free PRVR, docs field notes). Measured numbers: benchmarks/RESULTS.md.
+``DEFAULT_MODEL``: the LAION ViT-B/32, the most published ImageNet zero-shot accuracy per CPU second
+(``python -m benchmarks.clip_speed``); on a GPU host
+``--weights clip=hf-hub:google/siglip-base-patch16-224`` is stronger. The comparison: benchmarks/RESULTS.md,
+"Issue #42: history moved from module docstrings".
 """
 
 from __future__ import annotations

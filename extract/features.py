@@ -14,8 +14,8 @@ Write with ``FeatureWriter(path, profile)`` (appends; refuses a file of another 
 ``FeatureFile(path)``: ``.profile``, ``.video_ids()``, ``.video(id) -> VideoFeatures``,
 ``.caption_ids()``, ``.caption(id) -> (text, tokens)``, ``.caption_video_id(id)``, ``.has_sha256(hex)``.
 
-``export_official`` writes the official BigFile + HDF5 + caption layout (docs/mssl-reference.md section 1)
-so the official code and ours train on the same features.
+``export_official`` writes the official BigFile + HDF5 + caption layout (../shared/docs/mssl-reference.md
+section 1) so the official code and ours train on the same features.
 """
 
 from __future__ import annotations

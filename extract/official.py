@@ -1,7 +1,7 @@
 """The official MS-SL on-disk layout: W2VV BigFile visual features and caption files.
 
-One implementation for both directions: ``extract.features.export_official`` writes it,
-``prvr.data.official`` and ``prvr.data.synthetic`` read and write it (docs/mssl-reference.md section 1)::
+One implementation for both directions: ``extract.features.export_official`` writes it, ``prvr.data.official``
+and ``prvr.data.synthetic`` read and write it (../shared/docs/mssl-reference.md section 1)::
 
     FeatureData/FEATURE/shape.txt         "<n_rows> <dim>"
     FeatureData/FEATURE/id.txt            the row ids, whitespace-separated (ISO-8859-1)

@@ -1,23 +1,18 @@
 """A learnable synthetic PRVR benchmark with planted moments, written in the official MS-SL layout.
 
 The world has *events* and *objects*, each with a visual prototype (Dv) and a text prototype (Dq). A video
-is a sequence of noisy rows (optionally over a per-video scene vector); it holds ``captions_per_video``
-moments, one per equal segment of the video so moments never overlap, plus ``distractors_per_video``
-uncaptioned ones. In a moment, the event is a weak signal on every row of a short span (``moment_frac`` of
-the video) and the object *flickers*: its prototype with alternating sign (+, -, +, -) on ``object_rows``
-consecutive rows inside the span. Each caption describes one moment: noisy copies of its event's and
-object's text prototypes among function-word tokens, in random order.
+is a sequence of noisy rows (optionally over a per-video scene vector) holding ``captions_per_video``
+non-overlapping moments plus ``distractors_per_video`` uncaptioned ones. In a moment the event is a weak
+signal on every row of a short span (``moment_frac``) and the object *flickers*: its prototype with
+alternating sign on ``object_rows`` consecutive rows. A caption is noisy copies of its event's and object's
+text prototypes among function-word tokens, in random order.
 
-Why both MS-SL branches should matter: averaging rows into clip units cancels the flicker, so the clip
-branch sees the event (which its multi-unit proposals integrate) but less of the object, while single frames
-keep the object for the frame branch. The cancellation needs several rows per clip unit and is exact only for
-bins of an even number of rows over a flicker starting on an even row (``object_even_start``); on the small
-default set (32-64 rows) the two branches mostly see the same thing. ``SyntheticConfig.branches()`` is the
-set on which the total score beats each branch alone (``python -m benchmarks.synthetic_branches``); its
-flicker has a weak constant part (``object_mean``) so that the shared query encoder, trained by both
-branches, learns the object at all: with a pure flicker the frame branch did not learn it in 20 epochs.
-
-Everything is float32 and vectorised numpy; the same seed gives byte-identical files.
+Why both MS-SL branches matter: averaging rows into clip units cancels the flicker, so the clip branch sees
+the event and single frames keep the object for the frame branch (exactly only with even bins over an even
+start, ``object_even_start``). ``SyntheticConfig.branches()`` is the set on which the total beats each branch
+alone (``python -m benchmarks.synthetic_branches``); its weak constant part (``object_mean``) lets the shared
+query encoder learn the object at all (history: benchmarks/RESULTS.md, "Issue #42: history moved from module
+docstrings"). Float32, vectorised; the same seed gives byte-identical files.
 ``python -m prvr.data.synthetic ROOT [--tvr] [--field=value ...]`` writes one.
 """
 

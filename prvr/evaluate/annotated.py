@@ -1,7 +1,7 @@
 """Annotated video sets (videos + queries with their moments) and their evaluation: retrieval and moments.
 
-One implementation for every annotated set: the generated demo gallery (``prvr.demo.gallery.annotated_set``)
-and any folder of videos with a moments file (``load_moments_file``), both evaluated by ``evaluate_set``.
+One implementation for every annotated set: the demo gallery (``prvr.evaluate.demo.annotated_set``) and any
+folder of videos with a moments file (``load_moments_file``), both evaluated by ``evaluate_set``.
 
 Moments file (JSON), for ``python -m prvr.evaluate --videos DIR --moments FILE.json``::
 
@@ -9,29 +9,18 @@ Moments file (JSON), for ``python -m prvr.evaluate --videos DIR --moments FILE.j
                  "queries": [{"text": "a man arm-wrestles at a table", "start": 12.0, "end": 21.5}, ...]},
                 ...]}
 
-``file`` is a video file name inside DIR; ``start`` < ``end`` are seconds. A query may also carry ``clip``
-(the source clip it describes) and ``kind`` (e.g. "clip" or "event"); they are kept (the first listing's)
-and ``clip`` makes the bootstrap intervals resample whole clips (a clip's queries are not independent).
-Every video file in DIR (mp4, avi, mov, mkv, webm) is in the gallery, listed or not (unlisted ones are
-distractors). A query is relevant to the videos it is listed under: the same text under two videos (or twice
-under one) is one query with several relevant videos (or moments).
+``file`` is a video in DIR; ``start`` < ``end`` in seconds; optional ``clip`` (the source clip: intervals then
+resample whole clips) and ``kind`` are kept. Every video file in DIR is in the gallery (unlisted ones:
+distractors); the same text under several videos (or twice) is one query with several relevant videos
+(or moments).
 
-Protocol (``evaluate_set``): what users get. The set's videos are indexed (``prvr.index.VideoIndex`` in a
-temporary directory, as the app indexes uploads: with the scores and row statistics of the reference caption
-bank, ``prvr.results.confidence``, which localisation normalises by) and every query goes through
-``prvr.results.search.search`` with k = the number of videos: at the model's weights for the ``two_branch``
-row, at (1, 0) for ``clip`` and at (0, 1) for ``frame``. A query's rank is that of its FIRST-ranked relevant
-video in the response (1-based; equal totals in index order); R@k = % of queries with rank <= k; SumR = R@1 +
-R@5 + R@10. Localisation is judged on that first-ranked relevant video's result, against the query's annotated
-moments in it (best IoU over them): IoU >= 0.3 / 0.5 / 0.7 rates, mean IoU and the rate of predicted centres
-inside a moment, for (a) the result's ``key_moment`` (``prvr.results.moments`` over the stored fine rows and
-segments), (b) its ``key_clip`` (MS-SL's raw key clip) and (c) a random window: one of the 528 MS-SL proposals
-uniformly at random, reported as its exact expectation (nothing is sampled).
-
-Every number has a 95 % percentile bootstrap interval (``prvr.evaluate.bootstrap``; 2000 resamples, seed 0,
-the same draw for every number): per query, or per clip when every query names its ``clip``. The report's
-values stay where they were (``metrics``, ``localisation``: plain numbers); ``ci`` repeats them as
-``{value, low, high}`` under the same keys, with ``unit`` (query or clip) and ``resamples``.
+Protocol (``evaluate_set``): what users get. The videos are indexed as the app indexes uploads (with the
+reference caption bank) and each query goes through ``prvr.results.search.search`` with k = all videos, at the
+model's weights (``two_branch``), (1, 0) (``clip``) and (0, 1) (``frame``). A query's rank is its first-ranked
+relevant video's (1-based; ties in index order): R@1/5/10, SumR. Localisation on that video against the
+query's moments (best IoU): IoU >= 0.3/0.5/0.7, mean IoU and centre inside, for ``key_moment``, ``key_clip``
+and a uniformly random MS-SL proposal (its exact expectation). ``ci`` repeats every number as
+``{value, low, high}``: a 95 % percentile bootstrap (``prvr.evaluate.bootstrap``), per query or per clip.
 """
 
 from __future__ import annotations

@@ -1,54 +1,21 @@
 """The training-free default: MS-SL's two branches run in MiniLM's text space, reached through ImageNet.
 
-No PRVR checkpoint can be downloaded on an offline machine, and no joint image-text model installs here,
-so the default model bridges the two feature spaces of the ``lite`` profile with what it does have:
+No PRVR checkpoint and no joint image-text model is available offline, so the ``lite`` profile's two feature
+spaces are bridged: a 1 s frame row (EfficientNet-Lite0's pooled feature) goes through its own ImageNet
+classifier, and the renormalised top-k class probabilities weight the MiniLM embeddings of the class names
+(``prompt``, "a photo of a {}."); a query is the mean of its MiniLM token rows; both are L2-normalised.
+MS-SL's clip-scale and frame-scale branches then score them unchanged (``prvr.models.training_free``).
 
-1. each 1 s frame row (EfficientNet-Lite0's 1280-d pooled feature) goes through EfficientNet-Lite0's own
-   ImageNet classifier; the top-k class probabilities (renormalised) weight the MiniLM embeddings of the
-   1000 class names, each written into a prompt ("a photo of a {name}."), embedded with mean pooling and
-   L2-normalised. The row becomes the L2-normalised weighted sum: a point in the text space;
-2. a query becomes the mean of its MiniLM token rows, L2-normalised (sentence-transformers' pooling);
-3. MS-SL's clip-scale branch (32 clip units by the official binning, all 528 windows, max cosine, key clip)
-   and frame-scale branch (key-clip-guided attention, here with identity projections and a temperature)
-   run unchanged on these vectors, through the scoring functions the trained model uses
-   (``prvr.models.training_free``).
-
-Settings, and the criterion each was fixed on (none was tuned on the demo gallery's captions):
-- ``prompt``: CLIP's standard single ImageNet template, "a photo of a {}.".
-- ``top_k`` = 5: ImageNet's customary top-5. Keeping the long tail of ~995 tiny probabilities would pull every
-  row towards the mean of all class embeddings, a direction all videos share.
-- ``fine_top_k`` = None (every class): the rows ``encode_rows`` gives localisation (``prvr.results.moments``)
-mix
-  the full posterior, not the top 5. The long tail's shared direction is what ``top_k`` avoids when
-  videos are compared with each other; inside one video it is nearly a constant, and localisation removes
-  what is common to every caption anyway (``prvr.temporal.hubness``), while the tail tells apart scenes whose
-  top 5 are vague. Kept because it raises the key moment's centre-inside rate on both the demo gallery and the
-  real-video set (benchmarks/RESULTS.md, "Centre inside: query-bank normalised localisation"); the
-  ranking never reads these rows.
-- ``temperature`` = 0.05: the largest value of {1, 0.5, 0.2, 0.1, 0.05, 0.02, 0.01} at which key-clip
-  attention puts at least 90 % of its mass on the key clip's own scene, measured by ``attention_focus`` on
-  synthetic videos (1 s rows, 8 s scenes, each scene a random mix of 5 random ImageNet classes in the text
-  space); ``python -m benchmarks.bridge_temperature`` prints the sweep (measured: 0.1 -> 0.70, 0.05 -> 0.96).
-  Without a temperature (the official unscaled dot product of unit vectors) attention is nearly uniform
-  over the whole video (1 -> 0.20).
-- ``clip_scale_w`` / ``frame_scale_w`` = 0.7 / 0.3: MS-SL's default weights.
-- ``propagation`` OFF (``propagation_beta`` = 0.7, TF-PRVR's value, applies when it is turned on): with it on,
-  each row would be replaced by its propagated segment feature (``prvr.temporal.propagation``) before MS-SL's
-  binning. Decided on the real development set (``python -m benchmarks.dev_set``; benchmarks/RESULTS.md,
-  "Session 13"), by the rule: a mechanism is kept only if the tuning half supports it (paired bootstrap
-  95 % interval of the R@1 difference, resampling clips, excludes 0 in its favour) and the checking half
-  agrees beyond its interval. Propagation on minus off, R@1: tuning -4.7 points [-14.3, +3.8], checking -9.4
-  [-19.4, 0.0] (106 queries each, 54 videos); a held-back set of real video agrees (R@1 0.34 on, 0.44
-  off). The burden is on the extra mechanism, so it is off. (It was on until session 13 because it raised
-  R@1 on the demo gallery's 34 and a real set's 21 queries, synthetic or too few to decide.)
-- Ranking alternatives measured on the same set with the same rule and dropped (RESULTS.md, "Session 13"):
-  prompt ensembles for the class texts (3 and 10 of CLIP's ImageNet templates), WordNet synonyms of the
-  class names (timm's ImageNet lemma list), the full posterior at softmax temperature 0.5 / 1 / 2 instead
-  of the top 5, centring rows and queries on the class-embedding mean, and z-scoring each video's total by
-  its reference-caption totals. The 3-template ensemble was decided on the tuning half (R@1 +4.7 [+1.7,
-  +9.0]) but the checking half disagreed (-0.9 [-3.1, 0.0]), so it is not kept; none of the others was
-  supported by the tuning half.
-All of them are fields of ``BridgeConfig`` and enter ``fingerprint()``, which an index stores.
+Settings (``BridgeConfig``, all in ``fingerprint()``, which an index stores; none tuned on the demo captions):
+- ``top_k`` 5: ImageNet's top-5; the long tail would pull every row towards a direction all videos share;
+- ``fine_top_k`` None: localisation's rows (``encode_rows``) keep the full posterior, which tells vague scenes
+  apart inside one video (it raises the key moment's centre-inside rate); the ranking never reads them;
+- ``temperature`` 0.05: the largest that keeps >= 90 % of key-clip attention on the key clip's own scene
+  (``python -m benchmarks.bridge_temperature``); ``clip_scale_w`` / ``frame_scale_w`` 0.7 / 0.3: MS-SL's;
+- ``propagation`` off: the real dev set's tuning half does not support it (the burden is on the extra
+  mechanism).
+The measurements behind these settings and the alternatives dropped: benchmarks/RESULTS.md, "Issue #42:
+history moved from module docstrings" (``prvr/models/bridge.py``) and "Session 13".
 """
 
 from __future__ import annotations

@@ -97,7 +97,7 @@ class MSSLConfig(DictConfig):
     clip_scale_w: float = 0.7  # weight of the clip-scale score in the total (Charades: 0.5)
     frame_scale_w: float = 0.3  # weight of the frame-scale score in the total (Charades: 0.5)
     clusters: int = 0  # MS-SL++: 0 = off, else k-medoids over the proposals, in training and inference
-    # seed-paper extensions (prvr/ral.py, prvr/regularizers.py). Off = the official MS-SL; each one adds
+    # seed-paper extensions (prvr/models/ral.py, regularizers.py). Off = the official MS-SL; each one adds
     # parameters only when on, so default checkpoints keep the official 54 tensors
     csa: bool = False  # RAL: frame score = word-confidence set-to-set score (replaces key-clip attention)
     msra: bool = False  # RAL: Gaussian support-set alignment losses (training only)

@@ -1,24 +1,18 @@
 """The training-free model of the ``clip`` profile: MS-SL's two branches on a CLIP-family model's embeddings.
 
-The bridge's structure (``prvr.models.training_free``) without its ImageNet detour: a CLIP or SigLIP model
-embeds images and text in one space, so
-
-1. each 1 s frame row (the pooled, projected image embedding) is L2-normalised and used as it is;
-2. a query is the model's own pooled, projected text embedding: its text head applied to the pooled token
-   row, which the ``clip_text`` backbone returns last (``extract.clip``), L2-normalised;
-3. MS-SL's clip-scale branch (32 clip units, all 528 windows, max cosine, key clip) and frame-scale branch
-   (key-clip-guided attention over the rows, identity projections, a temperature) score the pairs.
+The bridge's structure (``prvr.models.training_free``) without its ImageNet detour, since a CLIP or SigLIP
+model embeds images and text in one space: a 1 s frame row (the pooled, projected image embedding) and a
+query (the model's own pooled text embedding: its text head on the last row ``clip_text`` returns,
+``extract.clip``) are L2-normalised and scored by MS-SL's clip-scale and frame-scale branches.
 
 Settings (``ZeroShotConfig``, all in ``fingerprint()``, which an index stores):
-- ``temperature`` = 0.05: the bridge's value, fixed there by its written criterion (key-clip attention puts
-  >= 90 % of its mass on the key clip's own scene on synthetic videos). The same criterion needs real
-  CLIP embeddings, which cannot be downloaded on the development machine, so it is not re-measured here.
-  CLIP's own learned logit scale (100, i.e. 0.01) is fitted to image-text cosines, which span a much
-  narrower range than the frame-frame cosines attention compares.
-- ``clip_scale_w`` / ``frame_scale_w`` = 0.7 / 0.3: MS-SL's default weights.
+- ``temperature`` 0.05: the bridge's, fixed by its criterion (>= 90 % of key-clip attention on the key clip's
+  own scene); not re-measured on CLIP, whose weights cannot be downloaded on the development machine. CLIP's
+  own logit scale (0.01) is fitted to image-text cosines, a much narrower range than frame-frame cosines;
+- ``clip_scale_w`` / ``frame_scale_w`` 0.7 / 0.3: MS-SL's default weights.
 
-The weights load from the hub id in the ``clip`` backbone's registry entry or a local folder holding both
-towers (``--weights clip=DIR``); see ``extract.clip`` for the default model and why it was chosen.
+The weights load from the ``clip`` backbone's hub id or a local folder holding both towers
+(``--weights clip=DIR``); ``extract.clip`` says which default model and why.
 """
 
 from __future__ import annotations

@@ -1,30 +1,19 @@
 """One way in for every video: validate -> playable copy -> features -> index -> persist.
 
-Every video enters the app through ``IngestService``; each way in is a ``Way`` (its policy, declared once)
-and a method that hands the service ``Arrival``s:
+Every video enters the app through ``IngestService``; each way in is a ``Way`` (its policy: limits, playable
+copy, ``--persist``, extractor, declared once) and a method that hands the service ``Arrival``s:
 
     ingest.upload(path, session, progress, name) -> Outcome   # the page, the API and MCP's add_video
     ingest.add_demo(videos)                      -> [Outcome]  # the demo gallery, at start
     ingest.sync_folder(folder)                   -> [Outcome]  # --gallery: new or changed files by sha256
-    ingest.restore()                             -> int        # --persist: the bucket's videos, features kept
-    ingest.save_unsaved()                        -> int        # --persist: shared videos the bucket lacks
+    ingest.restore() / ingest.save_unsaved()     -> int        # --persist: read back / write what it lacks
     with ingest.starting(): ...                  # start-up work on the extractor's start-up models
 
-| way     | limits                         | playable copy                  | --persist   | extractor |
-|---------|--------------------------------|--------------------------------|-------------|-----------|
-| upload  | size, count, --max-duration-s  | always, in the gallery's media | shared only | request   |
-| demo    | the decoder's                  | none: served in place          | never       | start-up  |
-| folder  | the decoder's                  | re-encoded if browsers can't   | yes         | start-up  |
-| restore | the bucket's files verified    | none: the bucket's media       | (is there)  | none      |
-
-The contract: an outcome per arrival, in order: "added", "duplicate" (the same bytes are indexed already;
-the video id is the existing one), "rejected" (``MediaError``: the message says what is wrong with the file,
-naming the file its owner knows, never a server copy) or "error" (the GPU was refused, with ZeroGPU's words;
-or unexpected: logged with an error id, never shown as a stack trace). A video that is not added changes no
-gallery and leaves no file behind. The videos of one call that are added join their gallery in one update;
-then, where the way persists and the gallery is the shared one, each is written to ``--persist``. Session
-galleries and the demo gallery are never written there. Progress ``(fraction, words)`` moves at least once a
-second during an upload (``prvr.serve.progress``).
+The contract: one outcome per arrival, in order: "added", "duplicate" (the existing video id), "rejected"
+(``MediaError``, naming the file its owner knows) or "error" (ZeroGPU's words, or logged with an error id,
+never a stack trace). A video not added changes no gallery and leaves no file. One call's added videos join
+their gallery in one update, then, where the way persists and the gallery is the shared one, go to
+``--persist``. Upload progress moves at least once a second (``prvr.serve.progress``).
 """
 
 from __future__ import annotations
@@ -53,7 +42,7 @@ log = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class Way:
-    """How one way in treats its videos (see the module docstring's table)."""
+    """How one way in treats its videos; each is declared once below (``UPLOAD``, ``DEMO``, ``FOLDER``)."""
 
     name: str  # in logs: "upload", "demo", "folder"
     prefix: str | None  # of the video ids it makes (None: the ids it is given, e.g. the demo recipe's)

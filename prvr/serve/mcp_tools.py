@@ -1,23 +1,16 @@
 """The MCP tools as a client sees them (``python app.py --mcp``: tools at ``/gradio_api/mcp/``).
 
 Gradio serves MCP and lists the named endpoints /search, /add_video and /info as tools (their functions'
-names and docstrings); ``install`` answers their calls with the ``mcp`` package's public Server API, each
-call run as any API client runs the endpoint (gradio_client: the queue, its limits, a session per call):
-
-- results are JSON: the tool's text is ``json.dumps`` of the API's dict (Gradio would write Python's repr)
-  and the same dict is the result's ``structuredContent``; result URLs are absolute (``video_url``,
-  ``moment_url``), so a client can fetch or open them as they are;
-- ``add_video`` declares exactly what it takes (``add_video_schema``; Gradio's own declaration of a file
-  input says "an http or https url" with a ``required: ["path"]`` on a string): ``video``, the file as
-  base64 data in a data URL (``data:video/mp4;base64,...``), an http(s) URL on a public host (Gradio
-  downloads it), the app's own ``/prvr/video/<id>`` URL (answered "duplicate": it is in the gallery
-  already) or, where the operator allows it (``--mcp-allow-paths DIR[,DIR]``), a path on the server under
-  one of those dirs; and ``name``, the file name the video is known by (its title; default: a data URL's
-  ``name=`` parameter, else the URL's or path's file name, else "MCP upload <date time>"). Each kind of
-  bad input is refused with its own sentence (not a data URL, not base64, not an http(s) URL, a server path
-  that is not allowed, none of these), logged as a one-line warning, never a traceback.
-
-Gradio's internals are read in one place, ``gradio_mcp_server`` (the Server it launched, its tool names'
+names and docstrings); ``install`` answers their calls with the ``mcp`` package's public Server API, each run
+as any API client runs the endpoint (gradio_client: the queue, its limits, a session per call). Results are
+JSON (the text is ``json.dumps`` of the API's dict, which is also ``structuredContent``) with absolute URLs;
+a call that waits sends progress notifications to a client that asks for them.
+``add_video`` declares exactly what it takes (``add_video_schema``, where Gradio's own declaration says "an
+http or https url"): ``video``, a base64 data URL, an http(s) URL on a public host, the app's own
+``/prvr/video/<id>`` URL ("duplicate") or, only under ``--mcp-allow-paths DIR[,DIR]``, a server path inside
+one of those dirs; and ``name``, the title (default: a data URL's ``name=``, else the file name, else "MCP
+upload <date time>"). Each kind of bad input is refused with its own sentence and a one-line warning, never a
+traceback. Gradio's internals are read in one place, ``gradio_mcp_server`` (the Server it launched, its tools'
 endpoints): nothing of Gradio is replaced at run time.
 """
 

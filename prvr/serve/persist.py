@@ -1,33 +1,22 @@
 """The shared gallery kept across restarts in a folder of write-once files (``--persist DIR``, a bucket).
 
-A Space's disk is ephemeral; its persistent storage is a Storage Bucket mounted as a folder, which behaves
-like hf-mount: eventually consistent, no coordination between writers, files uploaded on close (a crash
-before close loses or cuts the file), no overwrite, rename or unlink-then-create. The working index stays
-on local disk (``--data-dir``); this folder only receives whole files, each written once:
+A Space's persistent storage is a mounted bucket that behaves like hf-mount (eventually consistent, writers
+uncoordinated, files uploaded on close, no overwrite, rename or unlink-then-create); the working index stays
+in ``--data-dir`` and this folder only receives whole files, each created exclusively (``O_CREAT | O_EXCL``)
+under its final name, written once and never changed, so replicas cannot clash (equal names, equal bytes):
 
-    DIR/entries/add-<vid>-<sha256>.prvr   one shared video added: its extracted feature rows, row times,
-                                          duration, title, the media's sha256 and the feature profile
+    DIR/entries/add-<vid>-<sha256>.prvr   a shared video added: feature rows, row times, duration, title,
+                                          the media's sha256 and the feature profile
     DIR/entries/del-<vid>-<sha256>.prvr   a tombstone: the add entries (by name) a removal retires
     DIR/media/<sha256><.ext>              the playable file, named by the sha256 of its bytes
-    DIR/media/<sha256>.r<n><.ext>         the same bytes again, only where an earlier file of that name is
-                                          cut short (a crash): a bad file is never reused or replaced
+    DIR/media/<sha256>.r<n><.ext>         the same bytes again where an earlier file of that name is cut short
 
-``<vid>`` is the first 16 hex digits of sha256(video id) (a removal finds a video's entries by listing);
-``<sha256>`` in an entry's name is the sha256 of the entry's whole bytes. Every file is created exclusively
-(``O_CREAT | O_EXCL``) under its final name, written in one go and closed; nothing is renamed, overwritten,
-appended to, truncated, deleted or locked. Two replicas writing the same folder cannot clash: equal names
-mean equal bytes. Every file verifies itself before use (an entry: the sha256 of its bytes against its name;
-a media file: its size and sha256 against the entry's), so a file cut short is skipped with a warning naming
-it and never served.
-
-Entry bytes: ``MAGIC``, one line of JSON (the header: kind, video id, title, duration, sha256 of the source,
-media, profile identity, written_ns, nonce, array shapes), then the arrays ``features`` (n, D) float32,
-``start`` and ``end`` (n,) float32 in ``.npy`` format (no pickles). A tombstone has no arrays.
-
-``restore()`` answers the live videos (adds not retired by any tombstone, one per video id, in the order
-they were written) as ``GalleryVideo``s whose ``path`` is the verified media file in this folder; adding
-them to a gallery re-encodes their rows with the model, which is much cheaper than decoding and extracting
-the videos again. Entries of another feature profile are skipped with one log line per profile.
+``<vid>``: the first 16 hex digits of sha256(video id); an entry's ``<sha256>``: that of its whole bytes,
+which are ``MAGIC``, a JSON header line (kind, video id, title, duration, source sha256, media, profile
+identity, written_ns, nonce, array shapes), then ``features`` (n, D), ``start``, ``end`` float32 ``.npy``
+(a tombstone has none). Every file is verified before use; one cut short is skipped with a warning naming it.
+``restore()`` answers the live videos, in write order, as ``GalleryVideo``s on their verified media
+(re-encoded, not re-extracted); entries of another feature profile are skipped with one log line per profile.
 """
 
 from __future__ import annotations

@@ -32,7 +32,7 @@ def on_spaces() -> bool:
 def on_zerogpu() -> bool:
     """True on ZeroGPU hardware: ``SPACES_ZERO_GPU`` is true (read as the ``spaces`` package reads it) and
     ``spaces`` is installed. The one answer to "are we on ZeroGPU" (the extractor is chosen by it, once, at
-    start: ``prvr.serve.extraction.choose_extractor``)."""
+    start: ``prvr.serve.model_choice.choose_extractor``)."""
     if os.environ.get("SPACES_ZERO_GPU", "").lower() not in ("1", "t", "true"):
         return False
     return importlib.util.find_spec("spaces") is not None
@@ -64,8 +64,9 @@ class AppSettings:
         "a trained MS-SL checkpoint to serve: a folder saved by prvr.train or an official model.ckpt", None,
         metavar="DIR_OR_FILE", default_words="none, a training-free model serves")
     profile: str | None = option(
-        "the feature profile and model: clip (a CLIP-family model, training-free), lite (the offline "
-        "bridge, training-free) or a checkpoint's profile", None, metavar="NAME",
+        "the feature profile and model: clip (a CLIP-family model, training-free), clip_whole (the same "
+        "model on whole frames), lite (the offline bridge, training-free) or a checkpoint's profile", None,
+        metavar="NAME",
         default_words="the checkpoint's; without one, clip where its weights load, else lite")
     weights: tuple[str, ...] = option(
         "a backbone's weights, by Hugging Face hub id or local folder, e.g. clip=/models/siglip or "

@@ -1,54 +1,18 @@
 """Extraction on Hugging Face ZeroGPU: the CPU decodes, the GPU slots run only the model.
 
-``ZeroGpuExtractor.extract(path, ...)`` (``prvr.serve.extraction.Extractor``):
-
-1. The video's sampled frames are decoded and cut to the model's input (``VideoExtractor.frames``: the
-   profile's square size, or an image-text model's own resize and crop) on the CPU of the Space, outside
-   any GPU slot, and streamed into a frame file in the work folder (``extract.frames.FrameFile``: one
-   ``.npy`` of uint8 windows on local disk).
-2. The windows are split into consecutive slots, each within ZeroGPU's default 60 s (``SlotRule.plan``);
-   a slot starts as soon as its windows are on disk (decoding goes on meanwhile). The GPU function
-   (``_slot_rows``) gets the file's path and a window range, reads those windows, runs the backbones and
-   streams their rows back batch by batch; it never opens the video.
-3. A slot that fails or is aborted is asked for again for the windows whose rows did not come back
-   (``SlotRule.retries`` times per video); ZeroGPU's own refusals (quota, queue, illegal duration) end the
-   upload with ZeroGPU's message (``GpuUnavailable``).
-
-GPU seconds asked (``SlotRule``): per slot ``start_s`` plus ``per_frame_s`` for each decoded frame it embeds.
-A visitor is told the total before the first slot. The constants are *conservative estimates*: no GPU was
-available where this was written, and ``benchmarks/gpu_check.py`` (run it on a CUDA machine) measures the
-numbers they should come from.
-
-- ``SLOT_SECONDS`` = 60: ZeroGPU's default duration (``spaces`` 0.51.3 ``client.DEFAULT_SCHEDULE_DURATION``;
-  hub-docs 2026-05: longer requests are refused for some visitors as "illegal duration").
-- ``START_SECONDS`` = 10 a slot: forking the worker, initialising CUDA and moving the weights to the GPU
-  (``spaces/zero/wrappers.py`` ``worker_init``). Estimated, charged on every slot although a reused worker
-  skips most of it.
-- seconds per frame, the model factory's per profile (``prvr.models.factory.ModelEntry``):
-  ``lite`` 0.05 (EfficientNet-Lite0, about 0.8 GFLOPs a frame), ``clip`` and ``clip_whole`` 0.06 (CLIP
-  ViT-B/32, 8.7 GFLOPs a frame counted by ``benchmarks/clip_speed.py``), other profiles 0.1. Any CUDA
-  GPU of the last years runs these models at hundreds to thousands of frames a second (1-5 ms a frame);
-  the constants allow 10-50x that, for the page-cache read of the frame file, the copy to the GPU and a
-  shared card.
-
-So a 30-minute video (1,800 frames) asks for 110 s with ``lite`` (2 slots) and 138 s with ``clip`` (3 slots).
-``spaces`` itself multiplies the duration it sends to the scheduler by the card's ``duration_factor``
-(``spaces/zero/configs.json``: 1.0 on an H200, 1.5 on the RTX Pro 6000 that ZeroGPU runs now).
-
-How ZeroGPU runs a ``@spaces.GPU`` function (``spaces`` 0.51.3, read from its source): off ZeroGPU the
-decorator returns the function itself (here it is not even applied: ``settings.on_zerogpu``). On ZeroGPU a
-call computes ``duration`` (a callable gets the call's own arguments), asks the scheduler for a GPU (the
-visitor's quota, identified by the request's ``X-IP-Token``, is checked against it), then pickles the
-arguments into a queue read by a worker process ``fork``ed from the main process (kept and reused while
-idle), which moves every tensor the main process put on ``cuda`` onto the real GPU (``worker_init``) and
-runs the function in a thread; a generator's yields are pickled back as they come. An exception in the
-worker reaches the caller as a ``gradio.Error`` whose message is only its class name, except a
-``gradio.Error``, which is pickled back whole (``WorkerFailure`` carries the original exception that way);
-a dead worker (aborted slot) gives "GPU task aborted". The decoration must happen before ``launch()``
-(ZeroGPU's start-up report counts the decorated functions): ``_slot_in_gpu`` is decorated at import.
-Outside a slot the main process runs with CUDA emulated: the models built for the slots at start sit on
-``cuda`` but cannot run in the main process after launch (they are packed to disk), so start-up work runs
-on CPU models built for it and released after it (``at_start``).
+``ZeroGpuExtractor.extract`` (``prvr.serve.extraction.Extractor``) decodes the sampled frames and cuts them to
+the model's input on the Space's CPU, outside any GPU slot, into a frame file (``extract.frames.FrameFile``).
+The windows are split into consecutive slots within ZeroGPU's default 60 s (``SlotRule.plan``), each started
+as soon as its windows are on disk; the GPU function (``_slot_rows``) reads its window range, runs the
+backbones and streams the rows back, never opening the video. A failed or aborted slot is asked for again for
+the windows whose rows did not come back (``SlotRule.retries``); ZeroGPU's own refusals end the upload with
+its message (``GpuUnavailable``). GPU seconds asked per slot: ``START_SECONDS`` plus the model factory's
+seconds per frame (``prvr.models.factory.ModelEntry``) for each frame, told to the visitor first:
+conservative estimates (``benchmarks/gpu_check.py`` measures them on a CUDA machine). ``_slot_in_gpu`` is
+decorated at import (ZeroGPU counts decorated functions before ``launch()``), and start-up work runs on CPU
+models built for it (``at_start``): the ``cuda`` models cannot run in the main process after launch.
+How the estimates were set and how ``spaces`` 0.51.3 runs a slot: benchmarks/RESULTS.md, "Issue #42: history
+moved from module docstrings" (``prvr/serve/zerogpu.py``).
 """
 
 from __future__ import annotations
@@ -80,7 +44,7 @@ from prvr.serve.settings import on_zerogpu
 
 log = logging.getLogger(__name__)
 
-SLOT_SECONDS = 60  # ZeroGPU's default duration; each slot asks for at most this (see the module docstring)
+SLOT_SECONDS = 60  # ZeroGPU's default duration (longer is refused for some visitors): a slot's most
 START_SECONDS = 10.0  # per slot: worker fork, CUDA initialisation, weights to the GPU (estimate)
 WORKER_ERROR = "ZeroGPU worker error"  # spaces' title for a slot that ran and failed or was aborted
 
@@ -159,7 +123,8 @@ class GpuTaskError(RuntimeError):
 
 @dataclass
 class _Failure:
-    """An exception raised in the worker, carried back as a value (see the module docstring)."""
+    """An exception raised in the worker, carried back as a value: ZeroGPU would give the caller only its
+    class name (only a ``gradio.Error`` is pickled back whole)."""
 
     pickled: bytes | None  # the exception itself, when it pickles and unpickles
     kind: str

@@ -1,33 +1,19 @@
 """Query-independent temporal segments of one video, at several scales, from its own feature rows.
 
-In the spirit of TF-PRVR (``../shared/docs/field-notes.md`` section 3): boundaries are placed where the
-content changes, found as peaks of multi-scale detail responses, and the scales form a hierarchy.
+As in TF-PRVR (``../shared/docs/field-notes.md`` section 3), boundaries lie where the content changes, as
+peaks of multi-scale detail responses, and the scales nest. Rows are L2-normalised and, wider than 64,
+projected by a fixed random sign matrix to 64 dimensions (Johnson-Lindenstrauss: the peaks stay, the cost
+falls). Scale ``j``'s response at the gap before row ``t`` is the distance between the means of the ``2**j``
+rows before and after (an undecimated Haar detail, flat inside a shot, peaking at a cut or fade; TF-PRVR's
+turning of velocity vectors is noise inside a static shot of 1 s rows). Its boundaries are peaks above its
+mean + std, at least ``2**j`` rows apart, each moved to the sharpest change within half a window so that
+scales agree; a scale also keeps every coarser boundary, so segments nest from coarse to fine.
 
-1. Rows are L2-normalised (cosine geometry, as every model here compares them) and, when wider than 64,
-   projected by a fixed random sign matrix to 64 dimensions: distances between window means are kept to
-   within a few tens of percent (Johnson-Lindenstrauss), enough to find where they peak, and a 20-minute
-   video's 1,200 1280-d rows then take ~8 ms instead of ~120 (one core, idle machine).
-2. Scale ``j`` (window ``w = 2**j`` rows) has an undecimated Haar detail response at every gap ``t`` between
-   rows ``t - 1`` and ``t``: the distance between the mean of the ``w`` rows before and the ``w`` rows after
-   (windows truncated at the video's ends). A scene cut is a step: its response is a peak at the cut on
-   every scale, wider and more robust to noise at coarse scales.
-3. Boundaries of scale ``j``: peaks of its response above its own mean + std (``scipy.signal.find_peaks``,
-   peaks at least ``w`` rows apart), each moved to the sharpest change within ``w // 2`` rows (the finest
-   response's maximum there), so that every scale agrees on where a cut lies.
-4. Hierarchy: a scale's partition keeps every boundary of the coarser scales plus its own (a boundary
-   within one row of a kept one is the same cut), so segments nest from coarse to fine.
-
-TF-PRVR measures change as the turning of consecutive velocity vectors; with 1 s rows a static shot's
-velocities are noise whose directions turn at random, so the window-mean difference (the vector-valued Haar
-detail) is used instead: it is flat inside a static or slowly moving shot and peaks at a cut or a fade.
-
-``segment_video(rows) -> (S, 3) int32`` rows ``[scale, start_row, end_row)``: for every scale, the segments
-that partition ``[0, n)``, in time order, scales ascending (0 = finest). There are ``max(1, ceil(log2(n)))``
-scales (windows ``2**j < n``), each listed even when its partition equals a neighbour's. A constant video, or
-one row, is one segment per scale. Deterministic (the projection's seed is fixed).
-
-``finest(segments, n)`` checks that the finest scale partitions ``[0, n)``; ``resample`` moves segments found
-on the extracted rows onto a model's coarser rows (MS-SL re-bins past ``max_ctx_l`` frames).
+``segment_video(rows) -> (S, 3) int32`` rows ``[scale, start_row, end_row)``: per scale
+(``max(1, ceil(log2(n)))`` of them, 0 = finest, ascending) the segments partitioning ``[0, n)`` in time
+order; deterministic. ``finest`` checks the finest scale's partition; ``resample`` moves segments onto a
+model's coarser rows (MS-SL re-bins past ``max_ctx_l``). The projection's measured cost:
+benchmarks/RESULTS.md, "Issue #42: history moved from module docstrings".
 """
 
 from __future__ import annotations

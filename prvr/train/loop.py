@@ -6,9 +6,9 @@ random then hard negatives, validation SumR every epoch, best checkpoint kept, e
         --out runs/mine [--preset charades] [--clusters 32] [--n_epoch=30 --lr=1e-4 ...]
     python -m prvr.train ... --resume runs/tvr/last          # continue an interrupted run
 
-A preset (``prvr/presets/<name>.json``) lists only what differs from the defaults; ``--key=value`` options
-override any field of ``MSSLConfig`` or ``TrainConfig``, type-checked. OUT gets ``best/`` (the checkpoint
-with the best val SumR), ``last/`` (model + ``train_state.pt`` for ``--resume``) and ``log.jsonl``.
+A preset (``prvr/train/presets/<name>.json``) lists only what differs from the defaults; ``--key=value``
+options override any field of ``MSSLConfig`` or ``TrainConfig``, type-checked. OUT gets ``best/`` (the
+checkpoint with the best val SumR), ``last/`` (model + ``train_state.pt`` for ``--resume``) and ``log.jsonl``.
 """
 
 from __future__ import annotations
