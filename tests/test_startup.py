@@ -121,7 +121,7 @@ def first_start(tmp_path_factory: pytest.TempPathFactory) -> dict:
         clip = write_clip(tmp_path_factory.mktemp("mcp") / "sent.mp4", frames=36, size=(80, 48))
         called = mcp_calls(f"http://127.0.0.1:{port}/", clip)
         assert [c.isError for c in called] == [False] * 3, [c.content[0].text for c in called]
-        assert app.wait_for("indexed 1 video (2 in the index)", 60), app.output()[-3000:]  # the upload's
+        assert app.wait_for("indexed 1 video (2 in the gallery)", 60), app.output()[-3000:]  # the upload's
         mcp_lines = [line for _, line in app.lines[before_mcp:]]
         t = time.monotonic()
         second = subprocess.run([sys.executable, "app.py", "--port", str(free_port()),
@@ -163,7 +163,7 @@ def test_the_log_says_each_thing_once_in_words(first_start: dict) -> None:
     assert len(fallback) == 1 and "WARNING" in fallback[0], fallback  # the reason once, as a warning
     mcp_lines = first_start["mcp_lines"]
     assert not [line for line in mcp_lines if " INFO mcp" in line or " INFO httpx" in line], mcp_lines
-    assert any("indexed 1 video (2 in the index)" in line for line in mcp_lines), mcp_lines  # the upload
+    assert any("indexed 1 video (2 in the gallery)" in line for line in mcp_lines), mcp_lines  # the upload
     assert len(mcp_lines) <= 2, mcp_lines  # three calls: the upload's own line (and the trace's) at most
 
 
