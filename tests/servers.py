@@ -15,6 +15,9 @@ from pathlib import Path
 
 import pytest
 
+PATIENCE_S = 180.0  # how long a condition of a page may take on a busy machine (waits end once it holds)
+PATIENCE_MS = int(PATIENCE_S * 1000)  # the same for playwright's waits
+
 REPO = Path(__file__).resolve().parents[1]
 START_TIMEOUT_S = 900  # a first build on a busy 2-core machine; a start with rendered demo videos takes ~30 s
 

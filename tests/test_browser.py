@@ -13,6 +13,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.servers import PATIENCE_MS, PATIENCE_S
+
 REPO = Path(__file__).resolve().parents[1]
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--no-first-run",
@@ -26,8 +28,6 @@ QUERIES = (CRYSTAL, "a small white rabbit figurine on a wooden table", CRYSTAL)
 # An off-topic query whose results include key moments that begin on a card (in the 8-video demo: demo07 from
 # 40 s and demo02 from 17 s, where a card ends and a cross-fade begins): the case the players must not show.
 OFF_TOPIC = "a chef chopping vegetables"
-PATIENCE_S = 180.0  # how long a condition of the page may take on a busy machine (waits end once it holds)
-PATIENCE_MS = int(PATIENCE_S * 1000)  # the same for playwright's waits
 CARD_SPREAD = 8.0  # a grey or black card's grey levels spread ~4 (standard deviation); a picture's 20 or more
 # The standard deviation of the grey levels of the player's current picture, once it is decoded.
 FRAME_SPREAD_JS = """async v => {
