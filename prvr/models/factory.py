@@ -116,7 +116,7 @@ class LoadedModel:
         """A model made elsewhere (a test's, a variant built from another's parts) on ``profile`` resolved
         with ``weights``, checked against the profile the model records."""
         resolved = as_resolved(profile, dict(weights) if weights else None)
-        _check(resolved, model)
+        check_features(resolved, model)
         return cls(model, resolved, info or ModelInfo(type(model).__name__, ""))
 
     @property
@@ -204,14 +204,14 @@ def _checkpoint(path: Path, profile: str | Profile | None, weights: dict[str, st
         raise ValueError(f"checkpoint {path} was trained on profile {name!r}, not {asked!r}")
     resolved = (profile if isinstance(profile, Profile) and profile.resolved else
                 as_resolved(name, _own(get_profile(name), weights) or None))
-    _check(resolved, model)
+    check_features(resolved, model)
     epoch = f", epoch {meta['epoch']}" if meta.get("epoch") is not None else ""
     info = ModelInfo(f"MS-SL checkpoint {path.name}", f"Trained MS-SL model from `{path}`{epoch}.",
                      meta.get("metrics"), why="chosen with --checkpoint")
     return LoadedModel(model, resolved, info)
 
 
-def _check(profile: Profile, model: object) -> None:
+def check_features(profile: Profile, model: object) -> None:
     """Refuse a model made for other features than ``profile``'s (ProfileMismatch naming both)."""
     if getattr(model, "profile", None) is not None:  # features of other weights would be meaningless
         try:

@@ -22,9 +22,9 @@ import threading
 import time
 
 from extract.backbones import loaded_once
-from extract.profiles import ProfileMismatch, check_identity
 from prvr.demo.gallery import build_demo_gallery, interleaved
 from prvr.index import open_gallery
+from prvr.models.factory import check_features
 from prvr.results.confidence import Calibrator
 from prvr.serve.extraction import Extractor
 from prvr.serve.ingest import IngestService
@@ -105,11 +105,7 @@ def assemble(settings: AppSettings, loaded: LoadedModel, extractor: Extractor | 
     extractor = extractor or choose_extractor(loaded.profile)
     # queries are encoded in this process: on the CPU on ZeroGPU (a search spends no quota)
     text = loaded.text_encoder(device=search_device())
-    if getattr(model, "profile", None) is not None:  # features of other weights would be meaningless
-        try:
-            check_identity(extractor.profile.identity(), model.profile, "the model")
-        except ProfileMismatch as err:
-            raise ProfileMismatch(f"{err} Pass the weights the model was made with (--weights).") from None
+    check_features(extractor.profile, model)  # a given extractor too: other weights' features are meaningless
     # HF's fast tokenizers refuse concurrent calls ("Already borrowed"): only the tokenizer is serialised,
     # the text model runs in parallel for concurrent searches
     text.backbone.tokenizer = Serialised(text.backbone.tokenizer)
