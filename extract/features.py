@@ -31,7 +31,7 @@ import numpy as np
 
 from extract.official import BigFileWriter, read_captions
 from extract.profiles import Profile, ProfileMismatch, check_identity
-from prvr.words import counted
+from prvr.plural import counted
 
 log = logging.getLogger(__name__)
 

@@ -51,7 +51,7 @@ from extract.official import (  # noqa: F401 - re-exported: the layout's names l
 from extract.profiles import check_identity
 from prvr.models import preprocess
 from prvr.models.preprocess import clip_input, frame_input, query_input
-from prvr.words import counted
+from prvr.plural import counted
 
 log = logging.getLogger(__name__)
 

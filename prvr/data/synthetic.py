@@ -27,7 +27,7 @@ import h5py
 import numpy as np
 
 from prvr.data.official import SPLITS, BigFileWriter
-from prvr.words import counted
+from prvr.plural import counted
 
 log = logging.getLogger(__name__)
 

@@ -36,7 +36,7 @@ from prvr.evaluate.demo import evaluate_demo
 from prvr.evaluate.retrieval import evaluate_split, format_table
 from prvr.models.checkpoint import load_checkpoint
 from prvr.models.factory import create_model
-from prvr.words import counted
+from prvr.plural import counted
 
 
 def evaluate_folder(videos: Path, moments: Path, checkpoint: str | None, device: str, as_json: bool,

@@ -14,7 +14,7 @@ import math
 import numpy as np
 
 from prvr.index.sketch import cover_balls
-from prvr.words import counted
+from prvr.plural import counted
 
 log = logging.getLogger(__name__)
 

@@ -49,7 +49,7 @@ from prvr.index.sketch import SKETCH, BoundQuery
 from prvr.index.storage import Catalog, DataFolder, Fixed, GalleryStore, Ragged, StoreView
 from prvr.index.store import IndexStoreError
 from prvr.models.branches import EncodedQueries
-from prvr.words import counted
+from prvr.plural import counted
 
 log = logging.getLogger(__name__)
 

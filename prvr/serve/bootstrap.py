@@ -25,6 +25,7 @@ from extract.backbones import loaded_once
 from prvr.demo.gallery import build_demo_gallery, interleaved
 from prvr.index import open_gallery
 from prvr.models.factory import check_features
+from prvr.plural import counted
 from prvr.results.confidence import Calibrator
 from prvr.serve.extraction import Extractor
 from prvr.serve.ingest import IngestService
@@ -41,7 +42,6 @@ from prvr.serve.persist import PersistentStore
 from prvr.serve.predictor import Predictor, Serialised
 from prvr.serve.settings import AppSettings, on_zerogpu
 from prvr.serve.startup import quiet_libraries
-from prvr.words import counted
 
 log = logging.getLogger(__name__)
 

@@ -29,13 +29,13 @@ from pathlib import Path
 from extract.decode import DecodeLimits, MediaError, find_videos, probe, sha256_file
 from extract.transcode import ensure_browser_playable
 from prvr.index import Gallery, GalleryVideo
+from prvr.plural import counted
 from prvr.serve.extraction import Extractor, GpuUnavailable, seconds_words
 from prvr.serve.media import MediaStore
 from prvr.serve.persist import PersistentStore
 from prvr.serve.progress import LiveProgress, Progress, Throttled
 from prvr.serve.sessions import SessionGallery
 from prvr.serve.settings import AppSettings, on_spaces
-from prvr.words import counted
 
 log = logging.getLogger(__name__)
 

@@ -17,8 +17,8 @@ from pathlib import Path
 
 from extract.transcode import EncodeSettings, transcode, unplayable_reason
 from prvr.index import stored_media_paths
+from prvr.plural import counted
 from prvr.serve.progress import Progress
-from prvr.words import counted
 
 log = logging.getLogger(__name__)
 

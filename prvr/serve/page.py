@@ -9,12 +9,12 @@ from __future__ import annotations
 
 import html
 
+from prvr.plural import counted
 from prvr.results.confidence import summary_words
 from prvr.results.moments import play_from
 from prvr.results.response import SearchResponse
 from prvr.serve.routes import video_url
 from prvr.serve.settings import AppSettings
-from prvr.words import counted
 
 CLEARLY_T = 3.0  # "stands out" this much is "clearly better": the three-sigma level moments refine at
 # (prvr.results.moments.MomentConfig.descend_t)

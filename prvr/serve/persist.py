@@ -35,7 +35,7 @@ from pathlib import Path
 import numpy as np
 
 from prvr.index import GalleryVideo
-from prvr.words import counted
+from prvr.plural import counted
 
 log = logging.getLogger(__name__)
 

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from prvr.index import Gallery, ReferenceQueries, private_gallery
-from prvr.words import counted
+from prvr.plural import counted
 
 log = logging.getLogger(__name__)
 

@@ -35,8 +35,8 @@ from prvr.data.official import (
 from prvr.evaluate.retrieval import evaluate_split, format_table
 from prvr.models.checkpoint import load_checkpoint, save_checkpoint
 from prvr.models.mssl import EXTENSIONS, MSSL, MSSLConfig
+from prvr.plural import counted
 from prvr.train.optim import BertAdam, param_groups
-from prvr.words import counted
 
 log = logging.getLogger(__name__)
 
