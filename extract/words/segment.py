@@ -11,6 +11,11 @@ from dataclasses import asdict, dataclass
 SOURCES = ("subtitles", "speech", "screen")
 
 
+class WordsUnavailable(Exception):
+    """One source of words cannot be read for this video (a corrupt subtitle file, undecodable audio, an
+    unknown codec): its message is the one line the upload's report shows; the video is still indexed."""
+
+
 @dataclass(frozen=True)
 class WordSegment:
     """Text heard or seen in [start, end) seconds of a video, from one source, with the recogniser's
