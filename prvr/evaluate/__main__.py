@@ -4,6 +4,8 @@ an annotated set (prints a table, or JSON with ``--json``)::
     python -m prvr.evaluate --checkpoint CKPT --data ROOT --collection NAME --feature FEATURE --split test
     python -m prvr.evaluate --checkpoint CKPT --features V.h5 --captions C.h5 [--splits test=test.txt]
     python -m prvr.evaluate --gallery demo [--root DIR] [--json]     # the default model on the demo gallery
+    python -m prvr.evaluate --gallery words [--root DIR] [--weights speech=DIR_OR_HUB_ID] [--json]
+    (prvr.evaluate.words: the words dev set, with and without words, both halves)
     python -m prvr.evaluate --videos DIR --moments FILE.json [--json]  # any annotated folder
     python -m prvr.evaluate --videos DIR --moments FILE.json --profile clip --weights clip=DIR_OR_HUB_ID
     (prvr.evaluate.annotated)
@@ -53,13 +55,41 @@ def evaluate_folder(videos: Path, moments: Path, checkpoint: str | None, device:
     return report
 
 
+def evaluate_words_cli(parser: argparse.ArgumentParser, args: argparse.Namespace) -> dict:
+    """``--gallery words``: the words dev set's report (printed as JSON or a table)."""
+    from prvr.evaluate.words import evaluate_words, format_words_report  # the words readers load only here
+
+    speech = [w.partition("=")[2] for w in args.weights if w.startswith("speech=")]
+    if len(speech) > 1 or (speech and not speech[0]):
+        parser.error("--weights speech=DIR_OR_HUB_ID: give one Whisper model (or speech=pocketsphinx)")
+    try:
+        weights = parse_weights([w for w in args.weights if not w.startswith("speech=")]) or {}
+    except ValueError as e:
+        parser.error(str(e))
+    if isinstance(weights, str):
+        parser.error(f"--weights {weights}: write it as NAME=SPEC, e.g. speech={weights} or clip={weights}")
+    weights = {**weights, **({"speech": speech[0]} if speech else {})}
+    try:
+        report = evaluate_words(args.root, args.shared, weights, args.words, args.device, args.profile)
+    except FileNotFoundError as e:
+        parser.exit(1, f"{e}\n")
+    print(json.dumps(report, indent=1) if args.json else format_words_report(report))
+    return report
+
+
 def main(argv: list[str] | None = None) -> dict:
     """CLI entry point; returns the results dict."""
     parser = argparse.ArgumentParser(description="Evaluate an MS-SL checkpoint (official protocol).")
     parser.add_argument("--checkpoint", help="our checkpoint dir or an official model.ckpt")
-    parser.add_argument("--gallery", choices=("demo",), help="instead: evaluate the embedded default model "
-                        "on the demo gallery")
-    parser.add_argument("--root", type=Path, default=None, help="with --gallery demo: its data directory")
+    parser.add_argument("--gallery", choices=("demo", "words"), help="instead: evaluate the embedded default "
+                        "model on the demo gallery, or the words dev set (prvr.evaluate.words_set) with and "
+                        "without its words")
+    parser.add_argument("--root", type=Path, default=None,
+                        help="with --gallery demo or words: its data directory")
+    parser.add_argument("--shared", type=Path, default=None, help="with --gallery words: the shared clips "
+                        "it is built from (default ../shared next to the repository)")
+    parser.add_argument("--words", choices=("all", "subtitles", "off"), default="all",
+                        help="with --gallery words: the words sources read (default all)")
     parser.add_argument("--demo-videos", nargs="+", default=None, help="with --gallery demo: only these ids")
     parser.add_argument("--videos", type=Path, help="instead: a folder of videos annotated by --moments")
     parser.add_argument("--moments", type=Path,
@@ -69,13 +99,16 @@ def main(argv: list[str] | None = None) -> dict:
                         "its weights load, else lite)")
     parser.add_argument("--weights", action="append", default=[], metavar="BACKBONE=SPEC",
                         help="with --videos: weights of the profile's backbones, e.g. clip=/models/clip-b32 "
-                        "or clip=hf-hub:laion/CLIP-ViT-B-32-laion2B-s34B-b79K (repeatable)")
+                        "or clip=hf-hub:laion/CLIP-ViT-B-32-laion2B-s34B-b79K (repeatable); with --gallery "
+                        "words also speech=DIR_OR_HUB_ID (a Whisper model) or speech=pocketsphinx")
     add_source_args(parser)
     parser.add_argument("--split", default=None, help="split to evaluate (default: test; 'all' for "
                         "--features/--captions without --splits)")
     parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     args = parser.parse_args(argv)
+    if args.gallery == "words":
+        return evaluate_words_cli(parser, args)
     if args.gallery == "demo":
         report = evaluate_demo(args.root, video_ids=args.demo_videos)
         gallery = report["gallery"]

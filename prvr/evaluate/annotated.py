@@ -10,9 +10,9 @@ Moments file (JSON), for ``python -m prvr.evaluate --videos DIR --moments FILE.j
                 ...]}
 
 ``file`` is a video in DIR; ``start`` < ``end`` in seconds; optional ``clip`` (the source clip: intervals then
-resample whole clips) and ``kind`` are kept. Every video file in DIR is in the gallery (unlisted ones:
-distractors); the same text under several videos (or twice) is one query with several relevant videos
-(or moments).
+resample whole clips), ``kind`` and ``source`` (where the answer is: subtitles, speech, screen) are kept.
+Every video file in DIR is in the gallery (unlisted ones: distractors); the same text under several videos
+(or twice) is one query with several relevant videos (or moments).
 
 Protocol (``evaluate_set``): what users get. The videos are indexed as the app indexes uploads (with the
 reference caption bank) and each query goes through ``prvr.results.search.search`` with k = all videos, at the
@@ -64,6 +64,7 @@ class Query:
     moments: dict[str, tuple[tuple[float, float], ...]]  # relevant video id -> its annotated spans (s)
     clip: str | None = None  # the source clip the query describes, if the moments file says (bootstrap unit)
     kind: str | None = None  # e.g. "clip" or "event", if the moments file says
+    source: str | None = None  # where the answer is: "subtitles", "speech" or "screen" (the words set)
 
 
 @dataclass(frozen=True)
@@ -108,8 +109,8 @@ def load_moments_file(videos_dir: str | Path, moments_file: str | Path, features
             if not (0 <= start < end) or not text:
                 raise ValueError(f"{moments_file}: {name} query {n} needs text and 0 <= start < end, got {q}")
             spans.setdefault(text, {}).setdefault(name, []).append((start, end))
-            extra.setdefault(text, (None if q.get("clip") is None else str(q["clip"]),
-                                    None if q.get("kind") is None else str(q["kind"])))
+            extra.setdefault(text, tuple(None if q.get(f) is None else str(q[f])
+                                         for f in ("clip", "kind", "source")))
     if not spans:
         raise ValueError(f"{moments_file}: no queries")
     queries = [Query(f"q{k:05d}", text, {vid: tuple(m) for vid, m in per_video.items()}, *extra[text])

@@ -16,7 +16,8 @@ queries of the drawn groups.
 
 ``python -m prvr.evaluate.bootstrap A.json [B.json]`` reads files of such arrays (``{"ranks": [...], "iou":
 [...], "inside": [...], "groups": [...]}``, one entry per query in the same order; ``groups`` optional,
-read from A) and prints the intervals, or the paired differences B - A. Pure numpy.
+read from A) and prints the intervals, or the paired differences B - A. ``ratio_interval``: a ratio of sums
+(a precision: right strong hits over strong hits) resampled as a ratio. Pure numpy.
 """
 
 from __future__ import annotations
@@ -127,6 +128,28 @@ def paired_bootstrap(a: dict, b: dict, groups: Sequence | None = None, n_resampl
         boots = _replicates(diff, idx, groups)
         out[name] = {**_interval(diff.mean(), boots, level), "p_le_0": float(np.mean(boots <= 0))}
     return out
+
+
+def ratio_interval(num: np.ndarray, den: np.ndarray, groups: Sequence | None = None,
+                   n_resamples: int = N_RESAMPLES, seed: int = 0, level: float = LEVEL) -> dict:
+    """{value, low, high, num, den} of sum(num) / sum(den) with a percentile bootstrap over items (or over
+    ``groups``); value None when den sums to 0 (nothing to measure), bounds over resamples with den > 0."""
+    num, den = np.asarray(num, np.float64), np.asarray(den, np.float64)
+    out = {"num": float(num.sum()), "den": float(den.sum())}
+    if den.sum() == 0:
+        return {"value": None, "low": None, "high": None, **out}
+    if groups is None:
+        member, n = np.arange(len(num)), len(num)
+    else:
+        _, member = np.unique(np.asarray(groups), return_inverse=True)
+        n = int(member.max()) + 1
+    sums_n, sums_d = np.bincount(member, num, n), np.bincount(member, den, n)
+    idx = resample_indices(n, n_resamples, seed)
+    bn, bd = sums_n[idx].sum(axis=1), sums_d[idx].sum(axis=1)
+    ok = bd > 0
+    tail = 100.0 * (1.0 - level) / 2.0
+    low, high = np.percentile(bn[ok] / bd[ok], [tail, 100.0 - tail])
+    return {"value": float(num.sum() / den.sum()), "low": float(low), "high": float(high), **out}
 
 
 def decides(paired: dict[str, dict[str, float]], metric: str = "SumR") -> int:
