@@ -19,10 +19,10 @@ half (``tune``: decide; ``check``: confirm):
 - the key moment on that video against the query's spans: IoU >= 0.5 and mean IoU; the share whose key
   moment came from words (``key_moment.from``);
 - labels: strong precision (of every "strong match" among the top 10 hits of the half's queries, the share
-  on a relevant video), strong recall (of the queries whose first hit is right, the share labelled strong),
-  and false strong matches: the share of near-miss queries (a wrong number or name: no video is right) and of
-  off-topic queries (``benchmarks/offtopic_queries.txt`` for tuning, ``offtopic_queries_check.txt`` for
-  checking) with a strong hit in their top 10.
+  on a relevant video; the same for "possible match"), strong recall (of the queries whose first hit is
+  right, the share labelled strong), and false strong matches: the share of near-miss queries (a wrong number
+  or name: no video is right) and of off-topic queries (``benchmarks/offtopic_queries.txt`` for tuning,
+  ``offtopic_queries_check.txt`` for checking) with a strong hit in their top 10.
 
 Every number has a 95 % bootstrap interval (``prvr.evaluate.bootstrap``: 2000 resamples, seed 0): resampling
 videos for the set's queries (a video's queries share its words), queries for off-topic ones; ratios
@@ -37,7 +37,7 @@ import json
 import logging
 import tempfile
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -50,7 +50,7 @@ from extract.words.segment import WordSegment
 from extract.words.subtitles import find_sidecar
 from prvr.evaluate.annotated import AnnotatedSet, extract_features, load_moments_file, span_iou
 from prvr.evaluate.bootstrap import intervals, ratio_interval
-from prvr.evaluate.words_set import DEFAULT_ROOT, DEFAULT_SHARED, HALVES, build
+from prvr.evaluate.words_set import DEFAULT_ROOT, DEFAULT_SHARED, HALVES, RECIPE_PATH, build
 from prvr.index import GalleryVideo, IndexConfig, VideoIndex
 from prvr.models.factory import create_model
 from prvr.paths import cache_dir
@@ -62,7 +62,7 @@ log = logging.getLogger(__name__)
 BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
 OFF_TOPIC = {"tune": BENCHMARKS / "offtopic_queries.txt", "check": BENCHMARKS / "offtopic_queries_check.txt"}
 TOP = 10  # the hits a person reads: label measures count these
-STRONG = "high"  # the machine value of "strong match" (prvr.results.confidence)
+STRONG, POSSIBLE = "high", "medium"  # the machine values of "strong match", "possible match"
 VARIANTS = ("words", "pictures")
 COMMAND = "python -m prvr.evaluate --gallery words"
 
@@ -142,14 +142,15 @@ class WordsBench:
 
 def prepare(root: Path | None = None, shared: Path | None = None, weights: dict[str, str] | None = None,
             words: str = "all", device: str | None = None, profile: str | None = None, seed: int = 0,
-            off_topic: dict[str, Path] | None = None) -> WordsBench:
-    """Build (or reuse) the set, read its pictures and words, index it twice (with and without words)."""
+            off_topic: dict[str, Path] | None = None, recipe: Path = RECIPE_PATH) -> WordsBench:
+    """Build (or reuse) the set, read its pictures and words, index it twice (with and without words);
+    ``off_topic``: half -> a file of off-topic queries (default ``OFF_TOPIC``)."""
     root, shared = Path(root or DEFAULT_ROOT), Path(shared or DEFAULT_SHARED)
     weights = dict(weights or {})
     speech = weights.pop("speech", None)
     timings: dict[str, float] = {}
     t0 = time.perf_counter()
-    built = build(shared, root, seed)
+    built = build(shared, root, seed, recipe)
     timings["build_s"] = time.perf_counter() - t0
     loaded = create_model(profile, weights or None, None, device)
     model, encoder = loaded.model, loaded.text_encoder()
@@ -188,9 +189,9 @@ def prepare(root: Path | None = None, shared: Path | None = None, weights: dict[
 # -------------------------------------------------------------------------------------------- measuring
 
 
-def _strong(results: Sequence[dict]) -> list[bool]:
-    """Whether each of the top hits is labelled a strong match."""
-    return [r["confidence"] == STRONG for r in results[:TOP]]
+def _strong(results: Sequence[dict], label: str = STRONG) -> list[bool]:
+    """Whether each of the top hits is labelled ``label`` (default: a strong match)."""
+    return [r["confidence"] == label for r in results[:TOP]]
 
 
 def run_queries(bench: WordsBench, half: str, variant: str) -> dict:
@@ -200,7 +201,7 @@ def run_queries(bench: WordsBench, half: str, variant: str) -> dict:
     n = len(bench.ids)
     aset = bench.halves[half]
     rows = {k: [] for k in ("rank", "iou", "from_words", "strong_right", "strong_all", "top_strong_right",
-                            "clip", "kind", "source", "text")}
+                            "possible_right", "possible_all", "clip", "kind", "source", "text")}
     for q in aset.queries:
         results = search_text([index], q.text, bench.encoder, k=n, confidence=bench.confidence).results
         rank = next(r for r, res in enumerate(results, 1) if res["video_id"] in q.moments)
@@ -215,6 +216,10 @@ def run_queries(bench: WordsBench, half: str, variant: str) -> dict:
         rows["strong_right"].append(sum(s for s, r in zip(strong, results, strict=False)
                                         if r["video_id"] in q.moments))
         rows["top_strong_right"].append(float(rank == 1 and strong[0]))
+        possible = _strong(results, POSSIBLE)
+        rows["possible_all"].append(sum(possible))
+        rows["possible_right"].append(sum(s for s, r in zip(possible, results, strict=False)
+                                          if r["video_id"] in q.moments))
         rows["clip"].append(q.clip)
         rows["kind"].append(q.kind)
         rows["source"].append(q.source or "")
@@ -248,6 +253,7 @@ def summarise(per: dict) -> dict:
     out["strong_precision"] = ratio_interval(per["strong_right"], per["strong_all"], groups)
     right = ranks == 1
     out["strong_recall"] = ratio_interval(per["top_strong_right"], right.astype(float), groups)
+    out["possible_precision"] = ratio_interval(per["possible_right"], per["possible_all"], groups)
     out["near_miss_strong"] = (ratio_interval(per["near_strong"], np.ones(len(per["near_strong"])),
                                               per["near_clip"]) if len(per["near_strong"]) else None)
     out["off_topic_strong"] = (ratio_interval(per["off_strong"], np.ones(len(per["off_strong"])))
@@ -264,14 +270,12 @@ def measure(bench: WordsBench, halves: Sequence[str] = HALVES, variants: Sequenc
 
 def evaluate_words(root: Path | None = None, shared: Path | None = None,
                    weights: dict[str, str] | None = None, words: str = "all", device: str | None = None,
-                   profile: str | None = None,
-                   seed: int = 0, prepared: Callable[[WordsBench], None] | None = None) -> dict:
+                   profile: str | None = None, seed: int = 0, off_topic: dict[str, Path] | None = None,
+                   recipe: Path = RECIPE_PATH) -> dict:
     """The words set's report (module docstring): build, read, index, search; JSON-able."""
     t0 = time.perf_counter()
-    bench = prepare(root, shared, weights, words, device, profile, seed)
+    bench = prepare(root, shared, weights, words, device, profile, seed, off_topic, recipe)
     try:
-        if prepared is not None:
-            prepared(bench)
         t1 = time.perf_counter()
         got = measure(bench)
         bench.timings["search_s"] = time.perf_counter() - t1
@@ -316,7 +320,8 @@ def format_words_report(report: dict) -> str:
         extra = ", ".join(f"{k[4:]} {_cell(row[k])}" for k in row if k.startswith("R@1_"))
         lines.append(f"words / {half}: R@1 by kind and source: {extra}; key moment from words "
                      f"{_cell(row['key_moment_from_words'])} %; strong recall "
-                     f"{_cell(row['strong_recall'], 2)}")
+                     f"{_cell(row['strong_recall'], 2)}; possible right "
+                     f"{_cell(row['possible_precision'], 2)}")
     t = report["timings"]
     lines.append("seconds: " + ", ".join(f"{k} {v:.1f}" for k, v in t.items()))
     return "\n".join(lines)

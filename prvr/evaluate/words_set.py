@@ -143,6 +143,8 @@ def composite_spans(entry: dict) -> tuple[dict[str, tuple[float, float]], float]
         length = round(length * RENDER.fps) / RENDER.fps  # whole frames
         if "slide" in item:
             spans[item["slide"]["key"]] = (t, t + length)
+        elif "key" in item:  # a clip's own span (text that is in the footage itself)
+            spans[item["key"]] = (t, round(t + length, 3))
         for element in (*item.get("overlays", ()), *item.get("says", ())):
             if not 0 <= element["from"] < element["to"] <= length + 1e-9:
                 raise ValueError(f"{entry['id']}: {element['key']} [{element['from']}, {element['to']}] is "

@@ -1,0 +1,161 @@
+"""Decide the words channel's constants on the words dev set's tuning half; confirm them on its checking half.
+
+    python -m benchmarks.words_decisions [--root DIR] [--shared DIR] [--json FILE]
+
+The set, its galleries and its searches are ``prvr.evaluate.words``' (``--gallery words``): one bench is
+prepared (videos, pictures and words read once), then every variant below is measured by searching again
+with the constants patched (they are read at search time). Rules, fixed before measuring:
+
+1. The words-match rule (``prvr.index.words``: ``WORDS_MATCH``, the score a line needs to match;
+   ``DENSE_Z_FLOOR`` / ``DENSE_Z_FULL``, where the dense part starts and saturates): each variant is compared
+   with the defaults on the tuning half by a paired bootstrap over videos (``prvr.evaluate.bootstrap``,
+   2000 resamples, seed 0) on R@1 (primary). A variant is decided only when the interval of its difference
+   excludes 0 in its favour (``decides`` = +1) AND no more near-miss or off-topic queries get a strong match
+   than with the defaults; it is kept only if the checking half agrees beyond its interval too. Otherwise the
+   defaults stay.
+2. The strong-match threshold for exact text (``prvr.results.confidence.STRONG_WORDS``: the lexical coverage
+   a subtitle or on-screen line must reach): the smallest value of the grid at which the tuning half's strong
+   precision (right strong hits over strong hits in the top 10) is at least 0.90 AND no tuning near-miss
+   query and no tuning off-topic query gets a strong hit; then the checking half (its near misses, the
+   held-back ``offtopic_queries_check.txt``) measures it with intervals. None such: 1.0 (every content term).
+
+Prints a JSON report (and writes it to ``--json``): every variant's tuning numbers, the decisions, and the
+checking half's numbers for the decided settings and the defaults.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import logging
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+
+import prvr.index.words as words_module
+import prvr.results.confidence as confidence_module
+from prvr.evaluate.bootstrap import decides, paired_bootstrap
+from prvr.evaluate.words import prepare, run_queries, summarise
+
+log = logging.getLogger(__name__)
+
+MATCH_GRID = {"WORDS_MATCH": (0.3, 0.4, 0.5, 0.6, 0.7), "DENSE_Z_FLOOR": (1.0, 2.0, 3.0),
+              "DENSE_Z_FULL": (4.0, 6.0, 8.0)}
+STRONG_GRID = (0.5, 0.6, 0.7, 0.8, 0.9, 1.0)
+STRONG_PRECISION = 0.90
+
+
+@contextlib.contextmanager
+def patched(**values: float) -> Iterator[None]:
+    """The words constants set to ``values`` for the block (module attributes read at search time)."""
+    owners = {name: confidence_module if name == "STRONG_WORDS" else words_module for name in values}
+    before = {name: getattr(owners[name], name) for name in values}
+    try:
+        for name, value in values.items():
+            setattr(owners[name], name, value)
+        yield
+    finally:
+        for name, value in before.items():
+            setattr(owners[name], name, value)
+
+
+def defaults() -> dict[str, float]:
+    """The constants as the code defines them."""
+    return {**{n: getattr(words_module, n) for n in MATCH_GRID},
+            "STRONG_WORDS": confidence_module.STRONG_WORDS}
+
+
+def _brief(numbers: dict) -> dict:
+    """The numbers a decision reads, from ``summarise``."""
+    def value(d: dict | None) -> float | None:
+        return None if d is None else d["value"]
+
+    return {"R@1": numbers["R@1"], "R@5": numbers["R@5"], "mean_iou": numbers["key_moment_mean_iou"],
+            "strong_precision": numbers["strong_precision"], "strong_recall": numbers["strong_recall"],
+            "near_miss_strong": value(numbers["near_miss_strong"]),
+            "off_topic_strong": value(numbers["off_topic_strong"])}
+
+
+def _false_strong(per: dict) -> int:
+    """Near-miss and off-topic queries with a strong hit."""
+    return int(per["near_strong"].sum() + per["off_strong"].sum())
+
+
+def main(argv: list[str] | None = None) -> dict:
+    """Measure every variant on the tuning half, decide, confirm on the checking half."""
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--root", type=Path, default=None, help="the words set's folder (default: its cache)")
+    parser.add_argument("--shared", type=Path, default=None, help="the shared clips (default ../shared)")
+    parser.add_argument("--json", type=Path, default=None, help="also write the report here")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    t0 = time.perf_counter()
+    bench = prepare(args.root, args.shared)
+    base = defaults()
+    report: dict = {"defaults": base, "timings": bench.timings, "match": [], "strong": []}
+    try:
+        with patched(**base):
+            reference = {h: run_queries(bench, h, "words") for h in ("tune", "check")}
+        ref = reference["tune"]
+        groups = list(ref["clip"])
+        # 1. the words-match rule, one constant at a time around the defaults
+        decided = dict(base)
+        for name, grid in MATCH_GRID.items():
+            for value in grid:
+                if value == base[name] or (name == "DENSE_Z_FULL" and value <= base["DENSE_Z_FLOOR"]):
+                    continue
+                with patched(**{**base, name: value}):
+                    per = run_queries(bench, "tune", "words")
+                diff = paired_bootstrap({"ranks": ref["rank"]}, {"ranks": per["rank"]}, groups=groups)
+                row = {"constant": name, "value": value, **_brief(summarise(per)), "delta_R@1": diff["R@1"],
+                       "decides": decides(diff, "R@1"), "false_strong": _false_strong(per)}
+                report["match"].append(row)
+                log.info("%s=%s: R@1 %.1f (delta %+.1f [%+.1f, %+.1f])", name, value, row["R@1"]["value"],
+                         diff["R@1"]["value"], diff["R@1"]["low"], diff["R@1"]["high"])
+        candidates = [r for r in report["match"]
+                      if r["decides"] == 1 and r["false_strong"] <= _false_strong(ref)]
+        if candidates:
+            best = max(candidates, key=lambda r: r["delta_R@1"]["value"])
+            trial = {**base, best["constant"]: best["value"]}
+            with patched(**trial):
+                per = run_queries(bench, "check", "words")
+            diff = paired_bootstrap({"ranks": reference["check"]["rank"]}, {"ranks": per["rank"]},
+                                    groups=list(per["clip"]))
+            report["match_check"] = {"constant": best["constant"], "value": best["value"],
+                                     "delta_R@1": diff["R@1"], "decides": decides(diff, "R@1")}
+            if decides(diff, "R@1") == 1:
+                decided = trial
+        # 2. the strong-match threshold for exact text, on the decided match rule
+        chosen = None
+        for value in STRONG_GRID:
+            with patched(**{**decided, "STRONG_WORDS": value}):
+                per = run_queries(bench, "tune", "words")
+            numbers = summarise(per)
+            precision = numbers["strong_precision"]["value"]
+            ok = (precision is not None and precision >= STRONG_PRECISION and not per["near_strong"].any()
+                  and not per["off_strong"].any())
+            report["strong"].append({"STRONG_WORDS": value, **_brief(numbers), "meets_rule": ok})
+            if ok and chosen is None:
+                chosen = value
+        decided["STRONG_WORDS"] = 1.0 if chosen is None else chosen
+        report["decided"] = decided
+        report["confirm"] = {}
+        for name, setting in (("decided", decided), ("defaults", base)):
+            with patched(**setting):
+                report["confirm"][name] = {h: _brief(summarise(run_queries(bench, h, "words")))
+                                           for h in ("tune", "check")}
+    finally:
+        bench.close()
+    report["seconds"] = time.perf_counter() - t0
+    text = json.dumps(report, indent=1, default=lambda x: x.tolist() if isinstance(x, np.ndarray) else str(x))
+    print(text)
+    if args.json:
+        args.json.write_text(text)
+    return report
+
+
+if __name__ == "__main__":
+    main()
