@@ -1,5 +1,5 @@
 """``python -m prvr.evaluate --gallery words`` (prvr.evaluate.words) end to end on a tiny words set made on
-the spot: sidecar subtitles through the app's words reader and gallery, with and without words, both halves."""
+the spot: sidecar subtitles through the app's words reader and gallery, with and without words, by half."""
 
 import json
 from pathlib import Path
