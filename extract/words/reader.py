@@ -231,14 +231,18 @@ class WordsReader:
             return self._recognizer
 
     def _read_speech(self, path: Path, hook: Callable[[float], None]) -> _Outcome:
-        """Speech: the audio decoded on the CPU, then transcribed (one video at a time per reader)."""
-        from extract.words.speech import decode_audio
-
-        recognizer = self._speech()
+        """Speech: the audio decoded on the CPU, then transcribed (one video at a time per reader); the model
+        is loaded only once there is audio to hear."""
+        try:
+            from extract.words.speech import decode_audio
+        except ImportError:
+            self._speech()  # says why, once
+            raise
         audio = decode_audio(path, 16000)
         hook(0.05)
         if audio is None:
             return [], ["speech: the file has no audio"], False
+        recognizer = self._speech()
         with self._speech_lock:
             segments = recognizer.transcribe(audio, 16000, lambda f: hook(0.05 + 0.95 * f))
         return list(segments), [], True

@@ -128,6 +128,7 @@ def scenes(video_path: str | Path, settings: ScreenSettings | None = None,
         raise WordsUnavailable(f"frames cannot be read ({e.reason})") from None
     if not times:
         return []
+    starts[0] = 0.0  # the first scene is on screen from the start, before the first sample
     ends = starts[1:] + [max(info.duration, times[-1])]
     sampled = np.asarray(times)
     found = []

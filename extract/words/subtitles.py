@@ -113,8 +113,7 @@ def _refusal(stream) -> str:  # av.SubtitleStream
     if context is None:
         return f"{_track(stream)} has a subtitle codec this FFmpeg does not know; it cannot be read"
     if context.codec.bitmap_sub or not context.codec.text_sub:
-        return (f"{_track(stream)} is {context.codec.name} subtitles: pictures of text, not text; "
-                "it cannot be read")
+        return f"{_track(stream)} holds pictures of text (a bitmap codec), not text; it cannot be read"
     return ""
 
 
@@ -172,11 +171,11 @@ def find_sidecar(video_path: str | Path) -> Path | None:
     video = Path(video_path)
     if not video.parent.is_dir():
         return None
-    by_name = {p.name.lower(): p for p in video.parent.iterdir() if p.is_file()}
+    beside = [p for p in video.parent.iterdir() if p.stem == video.stem and p.is_file()]
     for suffix in SIDECAR_SUFFIXES:
-        found = by_name.get(f"{video.stem}{suffix}".lower())
-        if found is not None and found.stem == video.stem:
-            return found
+        found = sorted(p for p in beside if p.suffix.lower() == suffix)
+        if found:
+            return found[0]
     return None
 
 
