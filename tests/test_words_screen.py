@@ -7,7 +7,7 @@ import re
 
 import pytest
 
-from extract.words.screen import Ocr, Scene, ScreenSettings, choose, scenes, screen_text
+from extract.words.screen import Ocr, Scene, ScreenSettings, _thinned, choose, scenes, screen_text
 from tests.words_clips import card_video
 
 CAPTION = "Quarterly revenue grew 12 percent"
@@ -63,6 +63,32 @@ def test_over_budget_every_part_of_the_video_is_visited_and_long_scenes_first():
     assert choose(mixed, 2) == [0, 1]  # both evenly spaced times fall in the long scene, then the longest
     assert choose(mixed, 3) == [0, 1, 2]  # other (the earlier of equals)
     assert choose(mixed, 4) == [0, 1, 2, 3]
+
+
+def test_ocr_slower_than_planned_reads_fewer_frames_not_longer(card, ocr):
+    class Counted(Ocr):
+        """The same engine, its reads counted."""
+
+        def __init__(self) -> None:
+            self.__dict__.update(ocr.__dict__)
+            self.frames = 0
+
+        def read(self, rgb):
+            self.frames += 1
+            return super().read(rgb)
+
+    counted = Counted()
+    # planned: every scene (a frame "costs" 0.1 ms); allowed: 0.06 s of OCR for 6 s of video; one frame is
+    # always read, and it takes longer than that
+    screen_text(card, ScreenSettings(share=0.01, seconds_per_frame=0.0001), counted)
+    assert counted.frames == 1
+
+
+def test_frames_left_are_thinned_evenly_over_the_rest_of_the_video():
+    # 10 planned, frame 0 read in 1 s, 3 s left: 3 of the 9 ahead, spread (not the next three)
+    assert _thinned(set(range(10)), 0, 10, 3.0, 1.0) == {0, 2, 5, 8}
+    assert _thinned(set(range(10)), 0, 10, 20.0, 1.0) == set(range(10))  # on pace: all
+    assert _thinned({0, 2, 5, 8}, 2, 10, 0.5, 1.0) == {0, 2}  # out of time: nothing more
 
 
 def test_settings_out_of_range_are_refused_in_one_line():

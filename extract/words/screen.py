@@ -10,7 +10,10 @@ OCR is slow (about 1.5 s a frame on one loaded core), so it reads one frame per 
 2. a frame budget: OCR may cost ``share`` of the video's duration on one core, ``max(1, share * duration /
    seconds_per_frame)`` frames; when there are more scenes, the scenes under evenly spaced times are read
    (long scenes, where text worth reading stays on screen, are hit most; every part of the video is
-   visited), then the longest others while the budget lasts;
+   visited), then the longest others while the budget lasts. The budget also holds in time: when OCR runs
+   slower than planned (a loaded machine; frames full of text cost several times a sparse one), the frames
+   left are thinned, evenly over the rest of the video, to what ``share * duration`` seconds of OCR allow
+   at the pace so far (the first frame is always read): the upload waits no longer, fewer frames are read;
 3. each chosen scene's middle frame is read at up to ``max_side`` pixels; lines scoring ``min_score`` or more
    are kept. 0.85 because, on real frames here, text was read at 0.96-0.999 (rendered captions, printed
    labels) while fragments of textures and half-hidden words came back at 0.51-0.84;
@@ -20,8 +23,10 @@ OCR is slow (about 1.5 s a frame on one loaded core), so it reads one frame per 
 
 from __future__ import annotations
 
+import logging
 import re
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,6 +34,8 @@ from pathlib import Path
 import numpy as np
 
 from extract.words.segment import WordSegment, WordsUnavailable
+
+log = logging.getLogger(__name__)
 
 OCR_PACKAGE = "rapidocr-onnxruntime"
 OCR_MODEL = "RapidOCR PP-OCRv4 (rapidocr-onnxruntime 1.4.4)"  # what /info shows
@@ -183,13 +190,34 @@ def screen_text(video_path: str | Path, settings: ScreenSettings | None = None, 
         size = None if scale == 1.0 else (2 * round(width * scale / 2), 2 * round(height * scale / 2))
         reader = read_frames(video_path, times=np.array([found[i].middle for i in chosen]), size=size,
                              batch_size=1)  # one frame at a time: frames are big, OCR is the slow part
-        lines: list[list[tuple[str, float]]] = []
-        for batch in reader:
-            lines.append([(t, s) for t, s in ocr.read(batch.frames[0]) if s >= settings.min_score])
-            report(0.2 + 0.8 * len(lines) / len(chosen))
+        cap = settings.share * found[-1].end  # seconds of OCR this video may cost, as the wait grows
+        keep, spent, read = set(range(len(chosen))), 0.0, []
+        for k, batch in enumerate(reader):
+            if k in keep:
+                started = time.perf_counter()
+                lines = [(t, s) for t, s in ocr.read(batch.frames[0]) if s >= settings.min_score]
+                spent += time.perf_counter() - started
+                read.append((chosen[k], lines))
+                keep = _thinned(keep, k, len(chosen), cap - spent, spent / len(read))
+            report(0.2 + 0.8 * (k + 1) / len(chosen))
     except MediaError as e:
         raise WordsUnavailable(f"frames cannot be read ({e.reason})") from None
-    return _merge([found[i] for i in chosen], chosen, lines)
+    if len(read) < len(chosen):
+        log.info("%s: OCR read %d of %d planned frames in %.1f s (its share of the duration: %.1f s)",
+                 Path(video_path).name, len(read), len(chosen), spent, cap)
+    return _merge([found[i] for i, _ in read], [i for i, _ in read], [lines for _, lines in read])
+
+
+def _thinned(keep: set[int], done: int, planned: int, left_s: float, per_frame_s: float) -> set[int]:
+    """The frames still read after frame ``done`` when OCR runs slower than planned (a loaded machine, frames
+    full of text): as many as the seconds left allow at the pace so far, evenly spread over the rest of the
+    video, so that its end is read too."""
+    ahead = [j for j in range(done + 1, planned) if j in keep]
+    allowed = max(0, int(left_s / per_frame_s)) if per_frame_s > 0 else len(ahead)
+    if allowed >= len(ahead):
+        return keep
+    spread = {ahead[int((i + 0.5) * len(ahead) / allowed)] for i in range(allowed)}
+    return {j for j in keep if j <= done} | spread
 
 
 def _merge(read: list[Scene], positions: list[int],
