@@ -51,7 +51,8 @@ class Speech:
 
 
 def test_subtitles_mode_reads_the_tracks_and_the_sidecar_beside_the_video(talk, tmp_path):
-    write(tmp_path / "talk.srt", "1\n00:00:05,000 --> 00:00:05,800\nFrom the sidecar\n")
+    # the sidecar repeats the subrip track's lines and adds one: each line once
+    write(tmp_path / "talk.srt", SRT + "\n3\n00:00:05,000 --> 00:00:05,800\nFrom the sidecar\n")
     report = WordsReader(WordsConfig(mode="subtitles")).read(talk)
     assert [(s.start, s.text) for s in report.segments] == [
         (0.5, "Coolant & pressure"), (1.0, "The reactor is overheating"), (2.0, "Check gauge seven"),
@@ -102,7 +103,7 @@ def test_all_sources_in_parallel_merged_by_time_the_speech_model_loaded_once(tal
     speech = Speech(np.zeros(16000, np.float32), [WordSegment("speech", 1.2, 2.0, "open the valve", 0.7)])
     monkeypatch.setitem(sys.modules, "extract.words.speech", speech.module)
     reader = WordsReader(WordsConfig(speech="pocketsphinx", device="cpu", screen=ScreenSettings(share=0.3)))
-    assert reader.describe()["models"] == {"subtitles": "PyAV (FFmpeg) tracks, pysubs2 1.8.1 sidecars",
+    assert reader.describe()["models"] == {"subtitles": "PyAV 18.1.0 (tracks), pysubs2 1.8.1 (sidecars)",
                                            "speech": "pocketsphinx (loaded with the first video)",
                                            "screen": OCR_MODEL}
     shown = []

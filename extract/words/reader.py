@@ -21,9 +21,9 @@ from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from extract.words.screen import OCR_MODEL, Ocr, ScreenSettings, screen_text
+from extract.words.screen import OCR_MODEL, Ocr, ScreenSettings, package_version, screen_text
 from extract.words.segment import SOURCES, WordSegment, WordsUnavailable
-from extract.words.subtitles import find_sidecar, read_sidecar, subtitle_tracks
+from extract.words.subtitles import by_time, find_sidecar, read_sidecar, subtitle_tracks
 
 log = logging.getLogger(__name__)
 
@@ -32,7 +32,8 @@ _SOURCES_BY_MODE = {"off": (), "subtitles": ("subtitles",), "all": SOURCES}
 # a share of the progress bar per source, by what each costs: subtitles are read in a moment, speech in about
 # the video's duration on one core, on-screen text in about half of it (ScreenSettings.share) plus decoding
 _WEIGHTS = {"subtitles": 0.05, "speech": 1.0, "screen": 0.7}
-SUBTITLES_READER = "PyAV (FFmpeg) tracks, pysubs2 1.8.1 sidecars"  # what describe() says reads subtitles
+# what describe() says reads subtitles
+SUBTITLES_READER = f"PyAV {package_version('av')} (tracks), pysubs2 {package_version('pysubs2')} (sidecars)"
 
 
 @dataclass
@@ -210,7 +211,7 @@ class WordsReader:
                 read = True
             except WordsUnavailable as e:
                 skipped.append(f"subtitles: {_one_line(e)}")
-        return segments, skipped, read
+        return by_time(segments), skipped, read
 
     def _speech(self):  # -> extract.words.speech.SpeechRecognizer
         """The speech recogniser, loaded at the first call; WordsUnavailable when it cannot be."""

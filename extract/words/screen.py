@@ -38,7 +38,19 @@ from extract.words.segment import WordSegment, WordsUnavailable
 log = logging.getLogger(__name__)
 
 OCR_PACKAGE = "rapidocr-onnxruntime"
-OCR_MODEL = "RapidOCR PP-OCRv4 (rapidocr-onnxruntime 1.4.4)"  # what /info shows
+
+
+def package_version(package: str) -> str:
+    """An installed package's version, or "not installed"."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version(package)
+    except PackageNotFoundError:
+        return "not installed"
+
+
+OCR_MODEL = f"RapidOCR PP-OCRv4 ({OCR_PACKAGE} {package_version(OCR_PACKAGE)})"  # what /info shows
 
 _CHANGE_WIDTH = 128  # grey frames for change detection: 128 px wide (about 128x72), enough to see a caption
 _GRID = 4  # change is measured per cell of a 4x4 grid

@@ -98,13 +98,19 @@ def subtitle_tracks(video_path: str | Path,
                 problems.append(f"{_track(stream)}: skipped {damaged[stream.index]} damaged or non-UTF-8 "
                                 f"line{'s' if damaged[stream.index] != 1 else ''}")
         # while the container is open: a closed container's streams no longer know their index
-        segments = {seg: None for s in readable for seg in _segments(lines[s.index], end_of_video)}
+        segments = [seg for s in readable for seg in _segments(lines[s.index], end_of_video)]
     if problems:
         if on_skip is None:
             raise WordsUnavailable("; ".join(problems))
         for problem in problems:
             on_skip(problem)
-    return sorted(segments, key=lambda s: (s.start, s.end, s.text))
+    return by_time(segments)
+
+
+def by_time(segments: list[WordSegment]) -> list[WordSegment]:
+    """Subtitle lines sorted by time, each line once (two tracks, or a track and a sidecar, often repeat one
+    another exactly)."""
+    return sorted(dict.fromkeys(segments), key=lambda s: (s.start, s.end, s.text))
 
 
 def _refusal(stream) -> str:  # av.SubtitleStream
@@ -212,7 +218,7 @@ def read_sidecar(path: str | Path) -> list[WordSegment]:
             segments.append(WordSegment("subtitles", start, end, line))
     if not segments:
         raise WordsUnavailable(f"{name} has no timed subtitle lines; is it a {kind[1]} file?")
-    return sorted(segments, key=lambda s: (s.start, s.end, s.text))
+    return by_time(segments)
 
 
 def _decode(data: bytes, name: str) -> str:
