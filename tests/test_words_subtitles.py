@@ -106,6 +106,7 @@ def test_a_sidecar_vtt_is_read_without_markup(tmp_path):
      r"^sidecar talk.srt is not valid UTF-8 \(byte 0xe9 at \d+\); save it as UTF-8$"),
     ("talk.srt", b"", r"^sidecar talk.srt is empty$"),
     ("talk.vtt", b"  \n\n", r"^sidecar talk.vtt is empty$"),
+    ("talk.vtt", codecs.BOM_UTF8 + b"\n", r"^sidecar talk.vtt is empty$"),
     ("talk.srt", b"just some notes, no cues\n", r"^sidecar talk.srt has no timed subtitle lines; is it a SRT "
                                                 r"file\?$"),
     ("talk.srt", bytes(range(256)) * 4, r"^sidecar talk.srt is not valid UTF-8"),

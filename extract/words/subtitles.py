@@ -203,9 +203,9 @@ def read_sidecar(path: str | Path) -> list[WordSegment]:
         data = path.read_bytes()
     except OSError as e:
         raise WordsUnavailable(f"{name} cannot be read ({e.strerror or e})") from None
-    if not data.strip():
-        raise WordsUnavailable(f"{name} is empty")
     text = _decode(data, name)
+    if not text.strip():  # no bytes, blank lines, or a byte-order mark alone
+        raise WordsUnavailable(f"{name} is empty")
     try:
         subs = pysubs2.SSAFile.from_string(text, format_=kind[0])
     except (pysubs2.Pysubs2Error, ValueError, IndexError, KeyError) as e:
