@@ -1,7 +1,8 @@
 """Text on screen as timed words: RapidOCR (PP-OCRv4, ONNX, inside the rapidocr-onnxruntime wheel) on frames
 sampled where the picture changes.
 
-OCR is slow (about 1.5 s a frame on one loaded core), so it reads one frame per *scene*, not one per second:
+OCR is slow (0.5-3 s a frame on one loaded core, by how much text it holds), so it reads one frame per
+*scene*, not one per second:
 1. change detection: the video is decoded at ``sample_fps`` as small grey frames (``extract.decode``'s
    decoder, resized at decode time); a new scene starts at the first sample whose most-changed cell of a 4x4
    grid differs from the scene's first frame by more than ``change_level`` grey levels on average (a cell, not
@@ -62,11 +63,11 @@ class ScreenSettings:
 
     min_score: float = 0.85  # recognition score a line must reach to be kept
     share: float = 0.5  # OCR may cost this share of the video's duration on one core...
-    seconds_per_frame: float = 1.5  # ...this many seconds a frame (measured: 0.7-1.5 s, loaded 2 cores)
+    seconds_per_frame: float = 2.0  # ...this many seconds a frame (measured: 0.5-3.3 s, loaded 2 cores)
     min_gap_s: float = 1.0  # scenes start at least this far apart
     sample_fps: float = 2.0  # change detection looks at this many frames a second
     change_level: float = 12.0  # mean grey difference (0-255) of the most-changed cell that starts a scene
-    max_side: int = 960  # frames are read at up to this many pixels on their longer side
+    max_side: int = 1280  # frames are read at up to this many pixels on their longer side (see Ocr)
     threads: int = 1  # onnxruntime threads: one core, the other is speech's (extract.words.reader)
 
     def __post_init__(self) -> None:
@@ -95,8 +96,11 @@ class Ocr:
             from rapidocr_onnxruntime import RapidOCR
         except ImportError as e:
             raise WordsUnavailable(f"on-screen text needs {OCR_PACKAGE} ({e})") from None
-        # limit_type "max": frames are scaled down to fit, never up (the default "min" scales a 640x360
-        # frame's short side up to 736 px and doubles the cost for nothing)
+        # detection sees the frame scaled to fit 960 px ("max": never up; the default "min" scales a 640x360
+        # frame's short side up to 736 px and doubles the cost for nothing); recognition reads each line's
+        # crop of the frame as given: 1280 px wide frames of a 1920x880 screen recording gave 12 lines, spaced
+        # right, where 960 px gave 8, words run together, for about 1.5x the time
+
         self._engine = RapidOCR(intra_op_num_threads=threads, inter_op_num_threads=1,
                                 det_limit_type="max", det_limit_side_len=960)
         self._lock = threading.Lock()
