@@ -83,10 +83,11 @@ def subtitle_tracks(video_path: str | Path,
             try:
                 for packet in container.demux(readable):
                     text = _packet_text(packet)
+                    stamp = packet.pts if packet.pts is not None else packet.dts  # subtitles: dts = pts
                     if text is None:
                         damaged[packet.stream.index] += 1
-                    elif text and packet.pts is not None and packet.time_base:
-                        start = float(packet.pts * packet.time_base) - offset
+                    elif text and stamp is not None and packet.time_base:
+                        start = float(stamp * packet.time_base) - offset
                         length = float(packet.duration * packet.time_base) if packet.duration else None
                         lines[packet.stream.index].append((start, length, text))
             except av.error.FFmpegError as e:  # the container breaks off: keep the lines read before it
