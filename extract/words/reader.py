@@ -168,13 +168,11 @@ class WordsReader:
         segments = [seg for source in sources for seg in results[source][0]]
         skipped = [line for source in sources for line in results[source][1]]
         read = tuple(source for source in sources if results[source][2])
-        segments = _within(segments, path)
-        return WordsReport(tuple(sorted(segments, key=lambda s: (s.start, s.end, SOURCES.index(s.source),
-                                                                 s.text))),
-                           tuple(skipped), read)
+        in_order = sorted(_within(segments, path),
+                          key=lambda s: (s.start, s.end, SOURCES.index(s.source), s.text))
+        return WordsReport(tuple(in_order), tuple(skipped), read)
 
-    def _guarded(self, source: str, run: Callable[[], _Outcome], name: str
-                 ) -> _Outcome:
+    def _guarded(self, source: str, run: Callable[[], _Outcome], name: str) -> _Outcome:
         """Run one source; its failure becomes a skipped line (a bug's traceback goes to the log)."""
         from extract.decode import MediaError
 
