@@ -7,7 +7,7 @@ import re
 
 import pytest
 
-from extract.words.screen import Ocr, Scene, ScreenSettings, _thinned, choose, scenes, screen_text
+from extract.words.screen import Ocr, Scene, ScreenSettings, _merge, _thinned, choose, scenes, screen_text
 from tests.words_clips import card_video
 
 CAPTION = "Quarterly revenue grew 12 percent"
@@ -89,6 +89,17 @@ def test_frames_left_are_thinned_evenly_over_the_rest_of_the_video():
     assert _thinned(set(range(10)), 0, 10, 3.0, 1.0) == {0, 2, 5, 8}
     assert _thinned(set(range(10)), 0, 10, 20.0, 1.0) == set(range(10))  # on pace: all
     assert _thinned({0, 2, 5, 8}, 2, 10, 0.5, 1.0) == {0, 2}  # out of time: nothing more
+
+
+def test_a_line_is_one_segment_while_read_in_scenes_next_to_each_other():
+    read = [Scene(0.0, 2.0, 1.0), Scene(2.0, 3.0, 2.5), Scene(5.0, 6.0, 5.5)]  # scene 2 (3-5 s) was not read
+    lines = [[("Q3 revenue", 0.9), ("口", 0.99)], [("q3 Revenue", 0.97), ("Thanks", 0.9)],
+             [("Q3 revenue", 0.95)]]
+    assert [(s.start, s.end, s.text, s.score) for s in _merge(read, [0, 1, 3], lines)] == [
+        (0.0, 3.0, "Q3 revenue", 0.97),  # the same letters in scenes 0 and 1: one segment, its best score
+        (2.0, 3.0, "Thanks", 0.9),
+        (5.0, 6.0, "Q3 revenue", 0.95),  # again after an unread scene: a new segment
+    ]  # "口" alone: an icon, dropped
 
 
 def test_settings_out_of_range_are_refused_in_one_line():

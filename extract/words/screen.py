@@ -17,7 +17,8 @@ OCR is slow (0.5-3 s a frame on one loaded core, by how much text it holds), so 
    at the pace so far (the first frame is always read): the upload waits no longer, fewer frames are read;
 3. each chosen scene's middle frame is read at up to ``max_side`` pixels; lines scoring ``min_score`` or more
    are kept. 0.85 because, on real frames here, text was read at 0.96-0.999 (rendered captions, printed
-   labels) while fragments of textures and half-hidden words came back at 0.51-0.84;
+   labels) while fragments of textures and half-hidden words came back at 0.51-0.84; a line of fewer than
+   two letters or digits is dropped (icons read as "口", specks as "l");
 4. a line read in consecutive scenes is one segment: start = the first sampled frame of the first scene
    showing it, end = the time the picture changed after the last one (the video's end for the last scene).
 """
@@ -246,7 +247,7 @@ def _merge(read: list[Scene], positions: list[int],
         seen = set()
         for text, score in scene_lines:
             key = _key(text)
-            if not key or key in seen:
+            if len(key) < 2 or key in seen:  # one sign alone is an icon or a speck read as "口" or "l"
                 continue
             seen.add(key)
             current = open_.get(key)
