@@ -111,11 +111,13 @@ def test_text_is_drawn_where_the_recipe_puts_it() -> None:
     assert not (slide == render_slide({"title": "Budget 24", "lines": ["Second line"]})).all()
     grey = np.full((RENDER.height, RENDER.width, 3), 90, np.uint8)
     third = render_overlay(grey, {"kind": "lower_third", "lines": ["Ada Byron", "Engineer"]})
+    u = RENDER.width // 480  # the layout's grid
     changed = (third != grey).any(axis=2)
-    assert changed[-60:].mean() > 0.5 and not changed[:150].any()  # a bar at the bottom only
+    assert changed[-60 * u:].mean() > 0.5 and not changed[:150 * u].any()  # a bar at the bottom only
     sign = render_overlay(grey, {"kind": "sign", "lines": ["Gate C"]})
     changed = (sign != grey).any(axis=2)
-    assert changed[16:60, -110:-16].mean() > 0.5 and not changed[120:].any() and not changed[:, :200].any()
+    assert changed[16 * u:60 * u, -110 * u:-16 * u].mean() > 0.5
+    assert not changed[120 * u:].any() and not changed[:, :200 * u].any()  # a box at the top right only
     with pytest.raises(ValueError, match="lower_third or sign"):
         render_overlay(grey, {"kind": "banner", "lines": ["x"]})
 
@@ -168,7 +170,7 @@ def test_build_writes_videos_sidecars_and_halves_and_reuses_them(tiny, tmp_path:
 
     with av.open(str(root / "c1.mp4")) as c:
         frames = [f.to_ndarray(format="rgb24") for f in c.decode(video=0)]
-    assert len(frames) == 55  # 2 + 1.5 + 2 s at 10 fps
+    assert len(frames) == 55 and frames[0].shape == (RENDER.height, RENDER.width, 3)  # 2 + 1.5 + 2 s, 10 fps
     assert frames[3].mean(axis=(0, 1))[0] > 150 and frames[50].mean(axis=(0, 1))[2] > 150  # red, then blue
     assert (frames[10][-60:] != frames[3][-60:]).any()  # the lower-third from 0.5 s
     assert (root / "c1.srt").read_text() == sidecar_text(TINY["composites"][0], "srt")

@@ -180,6 +180,7 @@ def prepare(root: Path | None = None, shared: Path | None = None, weights: dict[
     features = extract_features(AnnotatedSet(videos, (), halves["tune"].features, loaded.profile))
     timings["pictures_s"] = time.perf_counter() - t0
     reader = WordsReader(WordsConfig(mode=words, speech=speech, device=device))
+    reader.prepare()  # its models loaded: describe() names them (the words cache's key)
     t0 = time.perf_counter()
     read = read_words(videos, reader, root / words_cache_name(reader))
     timings["words_s"] = time.perf_counter() - t0

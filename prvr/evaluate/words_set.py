@@ -6,7 +6,7 @@ The recipe is ``prvr/evaluate/words_set.json`` (in the repository; nothing of ``
 - ``real``: real clips kept whole (copied into the folder as they are, audio and subtitle tracks included):
   the NASA clip (recorded narration and an English ``mov_text`` track) and the art-critic screen recording
   (recorded speech). Their queries' spans were read off the subtitle track's times and the recording.
-- ``composites``: real footage (clips of ``../shared``, 480x270 at 10 fps, hard cuts) with text rendered onto
+- ``composites``: real footage (clips of ``../shared``, 960x540 at 10 fps, hard cuts) with text rendered onto
   the frames with PIL: full-frame slides (a title and lines, with names and numbers), lower-thirds (a name and
   a role over the footage) and signs (a box of text over the footage), each shown for a stated span; and a
   sidecar subtitle file written beside the video (``.srt`` or ``.vtt``, with the stem of the video) with the
@@ -54,8 +54,11 @@ log = logging.getLogger(__name__)
 RECIPE_PATH = Path(__file__).resolve().with_name("words_set.json")
 DEFAULT_SHARED = Path(__file__).resolve().parents[3] / "shared"
 DEFAULT_ROOT = cache_dir("words_set")
-GENERATOR_VERSION = 1  # bump whenever rendering changes: cached composites are rebuilt
-RENDER = RenderConfig(fps=10)  # 480x270; 10 fps is enough for one feature row a second and keeps OCR cheap
+GENERATOR_VERSION = 2  # bump whenever rendering changes: cached composites are rebuilt
+# 960x540: text of a slide or lower-third is then 36-60 px high, as on a 720p-1080p talk or broadcast (at
+# 480x270 the OCR drops the spaces of 24 px lines: "Ovenat220degrees"); 10 fps is enough for one feature
+# row a second
+RENDER = RenderConfig(width=960, height=540, fps=10)
 KINDS = ("exact", "paraphrase", "near_miss")
 SOURCES = ("subtitles", "speech", "screen")  # extract.words.segment.SOURCES (checked in the tests)
 HALVES = ("tune", "check")
@@ -164,50 +167,72 @@ def _font(size: int) -> ImageFont.FreeTypeFont:
     return ImageFont.load_default(size=size)
 
 
-def _fitted(draw: ImageDraw.ImageDraw, text: str, size: int, width: float) -> ImageFont.FreeTypeFont:
+SPACE_EM = 0.28  # a word space as wide as Arial's (the bundled font's is 0.21 em: OCR then reads "Zone3")
+
+
+def _width(text: str, font: ImageFont.FreeTypeFont) -> float:
+    """How wide ``_draw`` sets ``text`` in ``font`` (pixels)."""
+    words = text.split(" ")
+    return sum(font.getlength(w) for w in words) + SPACE_EM * font.size * (len(words) - 1)
+
+
+def _draw(draw: ImageDraw.ImageDraw, xy: tuple[float, float], text: str, font: ImageFont.FreeTypeFont,
+          fill: tuple[int, ...]) -> None:
+    """Draw ``text`` word by word with ``SPACE_EM`` spaces."""
+    x, y = xy
+    for word in text.split(" "):
+        draw.text((x, y), word, font=font, fill=fill)
+        x += font.getlength(word) + SPACE_EM * font.size
+
+
+def _fitted(text: str, size: int, width: float) -> ImageFont.FreeTypeFont:
     """The bundled font at ``size``, or smaller until ``text`` fits in ``width`` pixels."""
-    while size > 12 and draw.textlength(text, font=_font(size)) > width:
+    while size > 12 and _width(text, _font(size)) > width:
         size -= 1
     return _font(size)
 
 
 def render_slide(slide: dict, cfg: RenderConfig = RENDER) -> np.ndarray:
-    """A full-frame slide: a title and its lines, light text on dark blue (RGB, height x width x 3)."""
+    """A full-frame slide: a title and its lines, light text on dark blue (RGB, height x width x 3); laid out
+    on a 480-pixel-wide grid scaled to the frame."""
+    u = cfg.width / 480
     image = Image.new("RGB", (cfg.width, cfg.height), (24, 38, 82))
     draw = ImageDraw.Draw(image)
-    draw.text((28, 40), slide["title"], font=_fitted(draw, slide["title"], 30, cfg.width - 56),
-              fill=(255, 255, 255))
-    draw.line((28, 86, cfg.width - 28, 86), fill=(240, 190, 60), width=3)
+    width = cfg.width - 56 * u  # the text's room
+    title = slide["title"]
+    _draw(draw, (28 * u, 40 * u), title, _fitted(title, round(30 * u), width), (255, 255, 255))
+    draw.line((28 * u, 86 * u, cfg.width - 28 * u, 86 * u), fill=(240, 190, 60), width=round(3 * u))
     for n, line in enumerate(slide["lines"]):
-        draw.text((28, 110 + 40 * n), line, font=_fitted(draw, line, 24, cfg.width - 56),
-                  fill=(235, 235, 235))
+        _draw(draw, (28 * u, (110 + 40 * n) * u), line, _fitted(line, round(24 * u), width), (235, 235, 235))
     return np.asarray(image)
 
 
 def render_overlay(picture: np.ndarray, overlay: dict) -> np.ndarray:
     """A lower-third (dark bar at the bottom: a name, then a smaller role) or a sign (black text on a pale
-    yellow box, top right) drawn onto a footage picture."""
+    yellow box, top right) drawn onto a footage picture (laid out on a 480-pixel-wide grid, scaled)."""
     image = Image.fromarray(picture).convert("RGBA")
     layer = Image.new("RGBA", image.size, (0, 0, 0, 0))
     draw = ImageDraw.Draw(layer)
     w, h = image.size
+    u = w / 480
     if overlay["kind"] == "lower_third":
         first, rest = overlay["lines"][0], overlay["lines"][1:]
-        draw.rectangle((0, h - 78, w, h - 10), fill=(10, 10, 10, 215))
-        draw.rectangle((0, h - 78, 8, h - 10), fill=(230, 60, 50, 255))
-        draw.text((20, h - 74), first, font=_fitted(draw, first, 26, w - 40), fill=(255, 255, 255, 255))
+        draw.rectangle((0, h - 78 * u, w, h - 10 * u), fill=(10, 10, 10, 215))
+        draw.rectangle((0, h - 78 * u, 8 * u, h - 10 * u), fill=(230, 60, 50, 255))
+        _draw(draw, (20 * u, h - 74 * u), first, _fitted(first, round(26 * u), w - 40 * u),
+              (255, 255, 255, 255))
         for n, line in enumerate(rest):
-            draw.text((20, h - 42 + 18 * n), line, font=_fitted(draw, line, 18, w - 40),
-                      fill=(220, 220, 220, 255))
+            _draw(draw, (20 * u, h - (42 - 18 * n) * u), line, _fitted(line, round(18 * u), w - 40 * u),
+                  (220, 220, 220, 255))
     elif overlay["kind"] == "sign":
-        font = _font(24)
-        widths = [draw.textlength(line, font=font) for line in overlay["lines"]]
-        box_w, box_h = int(max(widths)) + 28, 34 * len(overlay["lines"]) + 14
-        x0, y0 = w - box_w - 16, 16
+        font = _font(round(24 * u))
+        widths = [_width(line, font) for line in overlay["lines"]]
+        box_w, box_h = max(widths) + 28 * u, (34 * len(overlay["lines"]) + 14) * u
+        x0, y0 = w - box_w - 16 * u, 16 * u
         draw.rectangle((x0, y0, x0 + box_w, y0 + box_h), fill=(250, 232, 120, 255), outline=(20, 20, 20, 255),
-                       width=3)
+                       width=round(3 * u))
         for n, line in enumerate(overlay["lines"]):
-            draw.text((x0 + 14, y0 + 8 + 34 * n), line, font=font, fill=(10, 10, 10, 255))
+            _draw(draw, (x0 + 14 * u, y0 + (8 + 34 * n) * u), line, font, (10, 10, 10, 255))
     else:
         raise ValueError(f"overlay kind {overlay['kind']!r}: expected lower_third or sign")
     return np.asarray(Image.alpha_composite(image, layer).convert("RGB"))
