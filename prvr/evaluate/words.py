@@ -101,11 +101,14 @@ def read_words(videos: Sequence[tuple[str, Path]], reader: WordsReader, cache: P
     by ``reader`` as an upload is (its sidecar found beside it), cached in ``cache`` per file content and
     reader."""
     stored = json.loads(cache.read_text()) if cache is not None and cache.is_file() else {}
+    keys = {}
+    for vid, path in videos:
+        sidecar = find_sidecar(path)
+        keys[vid] = f"{path.name}:{sha256_file(path)}:{sha256_file(sidecar) if sidecar else ''}"
+    stored = {k: v for k, v in stored.items() if k in set(keys.values())}  # other versions of the videos go
     out = {}
     for vid, path in videos:
-        sha = sha256_file(path)
-        sidecar = find_sidecar(path)
-        key = f"{path.name}:{sha}:{sha256_file(sidecar) if sidecar else ''}"
+        key, sidecar = keys[vid], find_sidecar(path)
         if key not in stored:
             t0 = time.perf_counter()
             report = reader.read(path, sidecar=sidecar)
@@ -121,6 +124,30 @@ def read_words(videos: Sequence[tuple[str, Path]], reader: WordsReader, cache: P
                 tmp.replace(cache)
         entry = stored[key]
         out[vid] = {**entry, "segments": [WordSegment(**s) for s in entry["segments"]]}
+    return out
+
+
+def _letters(text: str) -> str:
+    """Case-folded letters and digits only: what reading a line must give back, spacing and punctuation
+    aside."""
+    return "".join(c for c in text.casefold() if c.isalnum())
+
+
+def found_written(split: dict, words: dict[str, dict]) -> dict[str, dict[str, int]]:
+    """Per source, how many of the composites' written lines (``split.json``'s ``written``: slides,
+    overlays, sidecar lines) the reader found: a segment of that source overlapping the element's span whose
+    letters hold the line's; {"screen": {"lines": n, "found": k}, "subtitles": {...}}."""
+    out: dict[str, dict[str, int]] = {}
+    for vid, elements in split["written"].items():
+        name = split["videos"][vid]
+        for key, element in elements.items():
+            start, end = split["spans"][vid][key]
+            near = [_letters(s.text) for s in words[name]["segments"]
+                    if s.source == element["source"] and s.start < end and s.end > start]
+            tally = out.setdefault(element["source"], {"lines": 0, "found": 0})
+            for line in element["lines"]:
+                tally["lines"] += 1
+                tally["found"] += any(_letters(line) in seg for seg in near)
     return out
 
 
@@ -150,6 +177,7 @@ class WordsBench:
     off_topic: dict[str, list[str]]
     words: dict[str, dict]  # video id -> read_words entry
     reader: dict  # WordsReader.describe()
+    split: dict  # the set's split.json (spans, written lines)
     timings: dict[str, float]
     tmp: tempfile.TemporaryDirectory
 
@@ -211,7 +239,7 @@ def prepare(root: Path | None = None, shared: Path | None = None, weights: dict[
                                               *(t for v in topics.values() for t in v)]])
     timings["encode_queries_s"] = time.perf_counter() - t0
     return WordsBench(root, model, memo, calibrator.confidence(), indexes, ids, halves, near,
-                      topics, read, reader.describe(), timings, tmp)
+                      topics, read, reader.describe(), built.split, timings, tmp)
 
 
 # -------------------------------------------------------------------------------------------- measuring
@@ -316,7 +344,8 @@ def evaluate_words(root: Path | None = None, shared: Path | None = None,
     return {"set": str(bench.root), "seed": seed, "videos": len(bench.ids),
             "queries": {h: len(bench.halves[h].queries) for h in HALVES},
             "model": bench.model.describe() if hasattr(bench.model, "describe") else {},
-            "reader": bench.reader, "segments": segments, "skipped": skipped, "timings": bench.timings,
+            "reader": bench.reader, "segments": segments,
+            "written_found": found_written(bench.split, bench.words), "skipped": skipped, "timings": bench.timings,
             "command": COMMAND, **got["table"]}
 
 
@@ -337,6 +366,8 @@ def format_words_report(report: dict) -> str:
              f"{report['queries']['tune']}, check {report['queries']['check']} (95 % bootstrap intervals "
              "over videos; off-topic over queries)",
              f"words read: {report['segments']} segments by source; reader {json.dumps(report['reader'])}",
+             "written lines found: " + ", ".join(f"{s} {d['found']}/{d['lines']}"
+                                                 for s, d in report["written_found"].items()),
              f"{'gallery / half':18s}" + "".join(f"{c[0]:>22s}" for c in cols)]
     for variant in VARIANTS:
         for half in HALVES:

@@ -138,6 +138,22 @@ def load_recipe(path: Path = RECIPE_PATH) -> dict:
     return recipe
 
 
+def written(entry: dict) -> dict[str, dict]:
+    """The text a composite carries, by key: ``{"source": "screen" | "subtitles", "lines": [...]}`` for each
+    slide, overlay and subtitle line (what a words reader should find in its span)."""
+    out = {}
+    for item in entry["items"]:
+        if "slide" in item:
+            out[item["slide"]["key"]] = {"source": "screen", "lines": [item["slide"]["title"],
+                                                                       *item["slide"]["lines"]]}
+        for overlay in item.get("overlays", ()):
+            out[overlay["key"]] = {"source": "screen", "lines": list(overlay["lines"])}
+        if entry.get("sidecar"):
+            for line in item.get("says", ()):
+                out[line["key"]] = {"source": "subtitles", "lines": [line["text"]]}
+    return out
+
+
 def composite_spans(entry: dict) -> tuple[dict[str, tuple[float, float]], float]:
     """Every keyed element's span in the composite (slides, overlays, lines: seconds) and its duration."""
     spans, t = {}, 0.0
@@ -390,7 +406,7 @@ def build(shared: Path = DEFAULT_SHARED, root: Path = DEFAULT_ROOT, seed: int = 
         _write_json(root / f"{half}.json", {"seed": seed, "half": half, "videos": entries, "near_miss": near})
     split = {"seed": seed, "recipe": str(recipe_path.name), "generator": GENERATOR_VERSION, "halves": halves,
              "videos": {vid: p.name for vid, p in videos.items()}, "durations": durations,
-             "spans": spans, "survey": SURVEY,
+             "spans": spans, "written": {e["id"]: written(e) for e in recipe["composites"]}, "survey": SURVEY,
              "gallery": "every video in this folder, for both halves (prvr.evaluate.annotated)"}
     _write_json(root / "split.json", split)
     return Built(root, videos, split)
