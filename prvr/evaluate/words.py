@@ -345,7 +345,8 @@ def evaluate_words(root: Path | None = None, shared: Path | None = None,
             "queries": {h: len(bench.halves[h].queries) for h in HALVES},
             "model": bench.model.describe() if hasattr(bench.model, "describe") else {},
             "reader": bench.reader, "segments": segments,
-            "written_found": found_written(bench.split, bench.words), "skipped": skipped, "timings": bench.timings,
+            "written_found": found_written(bench.split, bench.words), "skipped": skipped,
+            "timings": bench.timings,
             "command": COMMAND, **got["table"]}
 
 
