@@ -120,6 +120,32 @@ def test_undecodable_audio_is_one_line_naming_the_file(tmp_path: Path) -> None:
     assert part is not None and 2.0 < len(part) / RATE < 13.0
 
 
+@needs_shared
+def test_damaged_packets_stay_silent_the_rest_keeps_its_times(tmp_path: Path,
+                                                             caplog: pytest.LogCaptureFixture) -> None:
+    clean = decode_audio(CRITIC)
+    with av.open(str(CRITIC)) as c:
+        where = [(p.pos, p.size, float(p.pts * p.time_base)) for p in c.demux(c.streams.audio[0]) if p.size]
+    data = bytearray(CRITIC.read_bytes())
+    noise = np.random.default_rng(0).integers(0, 256, len(data), dtype=np.uint8).tobytes()
+    for pos, size, _ in where[20:60]:  # 40 packets of the dialogue overwritten with noise
+        data[pos : pos + size] = noise[pos : pos + size]
+    damaged = tmp_path / "critic_damaged.mp4"
+    damaged.write_bytes(bytes(data))
+    with caplog.at_level(logging.WARNING, logger="extract.words.audio"):
+        audio = decode_audio(damaged)
+    assert abs(len(audio) - len(clean)) < 0.01 * RATE
+    assert any("critic_damaged.mp4" in r.getMessage() and "damaged" in r.getMessage() for r in caplog.records)
+    hole = slice(int((where[22][2]) * RATE), int(where[57][2] * RATE))
+    assert np.all(audio[hole] == 0)
+    # after the hole the sound is where it was (within 2 ms: the resampler's own delay)
+    after = slice(3 * RATE, 5 * RATE)
+    shifts = range(-32, 33)
+    best = min(shifts, key=lambda k: np.abs(audio[after.start + k : after.stop + k] - clean[after]).mean())
+    assert np.abs(audio[after.start + best : after.stop + best] - clean[after]).mean() < 0.2 * np.abs(
+        clean[after]).mean()
+
+
 def test_not_media_and_missing_files_are_one_line(tmp_path: Path) -> None:
     fake = tmp_path / "notes.mp4"
     fake.write_text("these are not the bytes of a video\n" * 50)
