@@ -53,13 +53,18 @@ def ours(recognizer: Whisper, audio: np.ndarray) -> dict:
 
 
 @pytest.fixture(scope="module")
-def theirs(recognizer: Whisper, audio: np.ndarray) -> tuple[torch.Tensor, dict]:
-    """transformers' pipeline on the same model and audio: its generated token ids and its final output."""
+def pipe(recognizer: Whisper):  # transformers' AutomaticSpeechRecognitionPipeline
+    """transformers' own speech recognition pipeline on the same model, tokenizer and feature extractor."""
     from transformers import pipeline
 
-    pipe = pipeline("automatic-speech-recognition", model=recognizer.network,
+    return pipeline("automatic-speech-recognition", model=recognizer.network,
                     tokenizer=recognizer.processor.tokenizer,
                     feature_extractor=recognizer.processor.feature_extractor, device="cpu")
+
+
+@pytest.fixture(scope="module")
+def theirs(pipe, recognizer: Whisper, audio: np.ndarray) -> tuple[torch.Tensor, dict]:
+    """The pipeline on the same audio: its generated token ids and its final output."""
     (inputs,) = list(pipe.preprocess(audio.copy()))
     forwarded = pipe.forward(inputs, **recognizer.generate_kwargs)
     return forwarded["tokens"], pipe.postprocess([forwarded], return_timestamps=True)
@@ -84,6 +89,16 @@ def test_the_architecture_is_whisper_base(recognizer: Whisper) -> None:
     assert {k: getattr(config, k) for k in WHISPER_BASE} == WHISPER_BASE
     assert sum(p.numel() for p in recognizer.network.parameters()) > 70_000_000  # whisper-base: 72.6 M
     assert recognizer.name == "whisper" and recognizer.device == "cpu"
+
+
+def test_features_are_the_pipelines_short_and_long(pipe, recognizer: Whisper) -> None:
+    narration = decode_audio(NASA)
+    for audio in (narration[: 3 * RATE], np.tile(narration, 3)):  # 3 s; 39 s: transformers' long form
+        (expected,) = list(pipe.preprocess(audio.copy()))
+        got = recognizer.features(audio)
+        assert torch.equal(got["input_features"], expected["input_features"])
+        assert torch.equal(got["attention_mask"], expected["attention_mask"])
+    assert got["input_features"].shape[-1] == len(audio) // 160  # unpadded: sequential 30 s windows
 
 
 def test_token_ids_equal_the_pipelines(ours: dict, theirs: tuple[torch.Tensor, dict]) -> None:
