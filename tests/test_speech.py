@@ -8,13 +8,13 @@ The reference for the words is the NASA clip's own English ``mov_text`` track (t
 from __future__ import annotations
 
 import logging
-import re
 from pathlib import Path
 
 import av
 import numpy as np
 import pytest
 
+from benchmarks.speech_speed import mov_text_cues, word_error_rate, words_of
 from extract.weights import WeightsUnavailable
 from extract.words import speech
 from extract.words.audio import RATE, decode_audio
@@ -29,29 +29,6 @@ SILENT = SHARED / "videos" / "gradio__gradio_media_assets_videos_world.mp4"  # a
 NO_AUDIO = SHARED / "videos" / "mmaction2__demo_demo.mp4"  # no audio stream at all
 
 needs_shared = pytest.mark.skipif(not NASA.exists(), reason="needs ../shared (the real clips)")
-
-
-def words_of(text: str) -> list[str]:
-    """Lower-case words of ``text`` for comparison (the narrator's "NAR:" tag and punctuation dropped)."""
-    return re.sub(r"[^a-z0-9' ]", " ", text.lower().replace("’", "'").replace("nar:", "")).split()
-
-
-def word_error_rate(reference: list[str], heard: list[str]) -> float:
-    """(substitutions + deletions + insertions) / reference words: Levenshtein distance over words."""
-    row = list(range(len(heard) + 1))
-    for i, ref in enumerate(reference, 1):
-        diagonal, row[0] = row[0], i
-        for j, word in enumerate(heard, 1):
-            diagonal, row[j] = row[j], min(row[j] + 1, row[j - 1] + 1, diagonal + (ref != word))
-    return row[-1] / len(reference)
-
-
-def subtitle_cues(path: Path) -> list[tuple[float, float, str]]:
-    """(start, end, text) of the first mov_text track (each packet: a 2-byte length, then UTF-8 text)."""
-    with av.open(str(path)) as container:
-        stream = container.streams.subtitles[0]
-        return [(float(p.pts * stream.time_base), float((p.pts + p.duration) * stream.time_base),
-                 bytes(p)[2:].decode()) for p in container.demux(stream) if p.size > 2]
 
 
 @pytest.fixture(scope="module")
@@ -190,7 +167,7 @@ def test_lines_split_at_pauses_and_length() -> None:
 @needs_shared
 def test_pocketsphinx_hears_the_narration_with_its_times(nasa_audio: np.ndarray,
                                                          sphinx: PocketSphinx) -> None:
-    cues = subtitle_cues(NASA)[:2]  # 0.21-4.30 and 4.26-8.35 s of the narration
+    cues = mov_text_cues(NASA)[:2]  # 0.21-4.30 and 4.26-8.35 s of the narration
     end = cues[-1][1]
     seen: list[float] = []
     got = sphinx.transcribe(nasa_audio[: int(end * RATE)], progress=seen.append)
@@ -256,14 +233,14 @@ def test_default_falls_back_when_the_hub_load_fails(monkeypatch: pytest.MonkeyPa
     monkeypatch.setattr("extract.weights.hub_offline_reason", lambda timeout=3.0: None)  # the hub "answers"
     calls = []
 
-    def failing(source: str, device: str | None = None) -> None:
-        calls.append((source, device))
+    def failing(source: str, device: str | None = None, local_only: bool = False) -> None:
+        calls.append((source, device, local_only))
         raise OSError("We couldn't connect to 'https://huggingface.co' to load the files")
 
     monkeypatch.setattr(speech, "Whisper", failing)
     with caplog.at_level(logging.WARNING, logger="extract.words.speech"):
         recognizer = load_speech(None, device="cpu")
-    assert calls == [(speech.DEFAULT_WHISPER, "cpu")]
+    assert calls == [(speech.DEFAULT_WHISPER, "cpu", False)]
     assert recognizer.name == "pocketsphinx"
     assert any("couldn't connect" in r.getMessage() for r in caplog.records)
 
@@ -294,3 +271,10 @@ def test_command_says_no_audio_and_bad_audio_in_one_line(tmp_path: Path,
     assert speech.main([str(bad), "--weights", "pocketsphinx"]) == 1
     err = capsys.readouterr().err
     assert "bad.mp4" in err and "Traceback" not in err
+
+
+def test_word_error_rate_counts_edits_over_reference_words() -> None:
+    assert word_error_rate(["a", "b", "c", "d"], ["a", "x", "c", "d", "e"]) == 0.5  # one swap, one extra
+    assert word_error_rate(["a", "b"], []) == 1.0 and word_error_rate(["a"], ["a"]) == 0.0
+    assert words_of("NAR: This is NASA’s Goddard, in Greenbelt.") == ["this", "is", "nasa's", "goddard", "in",
+                                                                       "greenbelt"]

@@ -325,28 +325,24 @@ def whisper_source(weights: str) -> tuple[str, bool]:
 def load_speech(weights: str | None = None, device: str | None = None) -> SpeechRecognizer:
     """The speech recogniser for ``weights``: None -> Whisper's default hub model where it loads, else
     pocketsphinx (the reason logged); "pocketsphinx" -> pocketsphinx; a local folder or hub id -> that
-    Whisper (an error naming it when it cannot load); ``device``: where Whisper runs (cuda when there is one).
-    """
+    Whisper (WeightsUnavailable naming it when it cannot load); ``device``: where Whisper runs (cuda when
+    there is one). Where the hub cannot be reached, a hub id loads from the local Hugging Face cache only
+    (seconds, not the hub client's retries)."""
     from extract.weights import WeightsUnavailable, hub_offline_reason
 
     if weights == POCKETSPHINX:
         return PocketSphinx()
     source, hub = whisper_source(weights or DEFAULT_WHISPER)
+    offline = hub_offline_reason() if hub else None
+    try:
+        return Whisper(source, device, local_only=offline is not None)
+    except (OSError, ValueError) as err:  # hub, file and format errors
+        reason = f"{offline}; not in the local cache" if offline else one_line(err)[:300]
     if weights is None:
-        reason = hub_offline_reason()
-        if reason is None:
-            try:
-                return Whisper(source, device)
-            except (OSError, ValueError, WeightsUnavailable) as err:  # hub errors are OSErrors
-                reason = one_line(err)
         log.warning("speech: %s did not load (%s); using pocketsphinx", source, reason)
         return PocketSphinx()
-    try:
-        return Whisper(source, device)
-    except (OSError, ValueError) as err:
-        where = "the hub" if hub else "its folder"
-        raise WeightsUnavailable(f"speech weights {weights}: Whisper did not load from {where} "
-                                 f"({one_line(err)[:300]})") from None
+    where = "the hub" if hub else "its folder"
+    raise WeightsUnavailable(f"speech weights {weights}: Whisper did not load from {where} ({reason})")
 
 
 def main(argv: list[str] | None = None) -> int:
