@@ -143,3 +143,4 @@ def test_transcribe_is_features_then_the_model_call(recognizer: Whisper, audio: 
     # silence: the model is not called at all
     given.clear()
     assert recognizer.transcribe(np.zeros(5 * RATE, np.float32)) == [] and not given
+    assert recognizer.prepare(np.zeros(5 * RATE, np.float32)).features is None

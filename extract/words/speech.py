@@ -31,9 +31,10 @@ from extract.words.segment import WordSegment, WordsUnavailable
 
 log = logging.getLogger(__name__)
 
-# Whisper where hubs reach: whisper-base (74 M parameters, multilingual) transcribes a minute of speech in
-# seconds on a GPU slot and in well under real time on a Space's 2 CPU cores, where whisper-small (244 M)
-# would be about 3x slower for a few points of word error rate; both are published by OpenAI under MIT.
+# Whisper where hubs reach: whisper-base (74 M parameters, multilingual, MIT): about a third of
+# whisper-small's (244 M) compute per second of audio, the size a CPU Space's 2 cores can afford beside the
+# pictures (its encoder: 2.3 s of CPU per 30 s window here); where a GPU is always there, whisper-small
+# makes fewer errors (--weights speech=openai/whisper-small).
 DEFAULT_WHISPER = "openai/whisper-base"
 POCKETSPHINX = "pocketsphinx"
 
@@ -218,6 +219,15 @@ def _version(package: str) -> str:
 # --------------------------------------------------------------------------------------------------- Whisper
 
 
+@dataclass(frozen=True)
+class Prepared:
+    """Audio made ready for Whisper on the CPU: the stretches where speech is heard ([start, end) s) and the
+    model's input features (None when there is no speech)."""
+
+    stretches: tuple[tuple[float, float], ...]
+    features: dict | None
+
+
 class Whisper:
     """Whisper through transformers (``WhisperForConditionalGeneration`` + its processor), as transformers'
     own ``pipeline("automatic-speech-recognition", return_timestamps=True)`` runs it: the processor's log-mel
@@ -238,7 +248,6 @@ class Whisper:
         from transformers import WhisperForConditionalGeneration, WhisperProcessor
 
         self.device = device or ("cuda" if torch.cuda.is_available() else "cpu")
-        self.model_id = source
         self.model = f"whisper {source}"
         kw = {"local_files_only": local_only}
         self.processor = WhisperProcessor.from_pretrained(source, **kw)
@@ -290,15 +299,28 @@ class Whisper:
                                    min(max(score, 0.0), 1.0)))
         return out
 
+    def prepare(self, audio: np.ndarray, rate: int = RATE) -> Prepared:
+        """The CPU half: 16 kHz samples, where speech is heard, and the model's features (None: no speech,
+        nothing for the model to do)."""
+        samples = at_rate(audio, rate)
+        stretches = tuple(speech_stretches(samples))
+        return Prepared(stretches, self.features(samples) if stretches else None)
+
+    def finish(self, prepared: Prepared, output: dict | None) -> list[WordSegment]:
+        """The lines of ``generate``'s output that fall where speech was heard."""
+        found = self.segments(output) if output is not None else []
+        return [s for s in found if any(s.start < b and a < s.end for a, b in prepared.stretches)]
+
     def transcribe(self, audio: np.ndarray, rate: int = RATE,
                    progress: Progress | None = None) -> list[WordSegment]:
-        """Timed lines of the speech in ``audio``; none where the detector hears no speech."""
-        samples = at_rate(audio, rate)
-        stretches = speech_stretches(samples)
-        found = self.segments(self.generate(self.features(samples))) if stretches else []
+        """Timed lines of the speech in ``audio``; none where the detector hears no speech. The three steps
+        apart, for a caller that runs the model elsewhere (a ZeroGPU slot): ``prepare`` (CPU),
+        ``generate(prepared.features)`` (the model call), ``finish``."""
+        prepared = self.prepare(audio, rate)
+        output = self.generate(prepared.features) if prepared.features is not None else None
         if progress is not None:
             progress(1.0)
-        return [s for s in found if any(s.start < b and a < s.end for a, b in stretches)]
+        return self.finish(prepared, output)
 
 
 # --------------------------------------------------------------------------------------------------- choosing
