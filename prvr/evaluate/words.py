@@ -258,6 +258,7 @@ def run_queries(bench: WordsBench, half: str, variant: str) -> dict:
     aset = bench.halves[half]
     rows = {k: [] for k in ("rank", "iou", "from_words", "strong_right", "strong_all", "top_strong_right",
                             "possible_right", "possible_all", "clip", "kind", "source", "text")}
+    wrong: list[tuple[str, list[str]]] = []  # queries with a strong hit on a video that is not theirs
     for q in aset.queries:
         results = search_text([index], q.text, bench.encoder, k=n, confidence=bench.confidence).results
         rank = next(r for r, res in enumerate(results, 1) if res["video_id"] in q.moments)
@@ -271,6 +272,10 @@ def run_queries(bench: WordsBench, half: str, variant: str) -> dict:
         rows["strong_all"].append(sum(strong))
         rows["strong_right"].append(sum(s for s, r in zip(strong, results, strict=False)
                                         if r["video_id"] in q.moments))
+        others = [r["video_id"] for s, r in zip(strong, results, strict=False)
+                  if s and r["video_id"] not in q.moments]
+        if others:
+            wrong.append((q.text, others))
         rows["top_strong_right"].append(float(rank == 1 and strong[0]))
         possible = _strong(results, POSSIBLE)
         rows["possible_all"].append(sum(possible))
@@ -280,13 +285,19 @@ def run_queries(bench: WordsBench, half: str, variant: str) -> dict:
         rows["kind"].append(q.kind)
         rows["source"].append(q.source or "")
         rows["text"].append(q.text)
-    near = [any(_strong(search_text([index], m["text"], bench.encoder, k=TOP, confidence=bench.confidence)
-                        .results)) for m in bench.near_miss[half]]
-    off = [any(_strong(search_text([index], t, bench.encoder, k=TOP, confidence=bench.confidence).results))
-           for t in bench.off_topic[half]]
-    return {**{k: np.asarray(v) for k, v in rows.items()}, "near_strong": np.asarray(near, np.float64),
+    near = [_strong_ids(bench, index, m["text"]) for m in bench.near_miss[half]]
+    off = [_strong_ids(bench, index, t) for t in bench.off_topic[half]]
+    return {**{k: np.asarray(v) for k, v in rows.items()},
+            "near_strong": np.asarray([bool(s) for s in near], np.float64), "near_ids": near,
             "near_clip": [m["near"] for m in bench.near_miss[half]],
-            "off_strong": np.asarray(off, np.float64)}
+            "off_strong": np.asarray([bool(s) for s in off], np.float64), "off_ids": off,
+            "wrong_strong": wrong}
+
+
+def _strong_ids(bench: WordsBench, index, text: str) -> list[str]:
+    """The videos labelled a strong match among a query's top hits (no video is right for it)."""
+    results = search_text([index], text, bench.encoder, k=TOP, confidence=bench.confidence).results
+    return [r["video_id"] for r, s in zip(results, _strong(results), strict=False) if s]
 
 
 def summarise(per: dict) -> dict:
