@@ -40,6 +40,7 @@ from mcp.server.lowlevel import Server
 from mcp.shared.context import RequestContext
 from starlette.requests import Request
 
+from prvr.serve.clips import ClipRefused, clip_request
 from prvr.serve.predictor import Predictor
 from prvr.serve.routes import VIDEO_ROUTE
 
@@ -50,7 +51,7 @@ DATA_URL = re.compile(r"data:(?P<type>[\w.+-]+/[\w.+-]+)(?P<params>(?:;[\w.+-]+=
                       re.IGNORECASE)
 BASE64 = re.compile(r"[A-Za-z0-9+/]*={0,2}")
 SCHEME = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*:")  # a URL's scheme (a Windows drive letter is 1 letter)
-URL_FIELDS = ("video_url", "moment_url")
+URL_FIELDS = ("video_url", "moment_url", "clip_url")
 MCP_PATH = "/gradio_api/mcp"  # where Gradio serves MCP (streamable HTTP, and SSE under it)
 PROGRESS_EVERY_S = 0.5  # how often a call's state is looked at for progress notifications
 GRADIO_READ = "6.31.0"  # the Gradio release whose MCP server gradio_mcp_server was written against
@@ -321,7 +322,14 @@ def install(demo: object, predictor: Predictor) -> bool:
             jsonschema.validate(instance=arguments, schema=schemas[name])
         except jsonschema.ValidationError as problem:
             return error(f"Input validation error: {problem.message}")
-        if video is None:
+        if endpoint == "/clip":  # its clip's URL (the MP4 is made when it is fetched): JSON has no files
+            try:
+                data = (await asyncio.to_thread(clip_request, predictor, arguments.get("video_id"),
+                                                arguments.get("start"), arguments.get("end"))).to_dict()
+            except ClipRefused as refused:
+                log.warning("MCP clip refused: %s", refused)
+                return error(str(refused))
+        elif video is None:
             data = await app.call(endpoint, arguments, forwarded(context.request), progress_to(context))
         else:
             data = await add_video(*video, context)
