@@ -127,7 +127,7 @@ def _write_whole(src: Path, dst: Path, write: Callable[[Path], None]) -> None:
 @dataclass
 class _Streams:
     """An output file's streams, set up from an input's: H.264/yuv420p video at the input's average frame rate
-    (frames numbered 0, 1, 2, ... in its time base) and, where the input has audio, AAC stereo."""
+    (each frame's pts in ``frame_time_base``) and, where the input has audio, AAC stereo."""
 
     vin: av.video.stream.VideoStream
     ain: av.audio.stream.AudioStream | None
@@ -137,10 +137,10 @@ class _Streams:
     frame_time_base: Fraction
     rate: Fraction
 
-    def encode_video(self, out: av.container.OutputContainer, frame: av.VideoFrame, number: int) -> None:
-        """Encode ``frame`` as the output's frame ``number`` (its presentation order)."""
+    def encode_video(self, out: av.container.OutputContainer, frame: av.VideoFrame, pts: int) -> None:
+        """Encode ``frame`` to show at ``pts`` (in ``frame_time_base``; increasing from frame to frame)."""
         image = frame.reformat(width=self.vout.width, height=self.vout.height, format="yuv420p")
-        image.pts, image.time_base = number, self.frame_time_base
+        image.pts, image.time_base = pts, self.frame_time_base
         out.mux(self.vout.encode(image))
 
     def encode_audio(self, out: av.container.OutputContainer, frame: av.AudioFrame) -> None:
@@ -158,9 +158,10 @@ class _Streams:
             out.mux(self.aout.encode(None))
 
 
-def _streams(inp: av.container.InputContainer, out: av.container.OutputContainer,
-             settings: EncodeSettings) -> _Streams:
-    """The output's streams for ``inp`` (see ``_Streams``), sized by ``settings.max_height``."""
+def _streams(inp: av.container.InputContainer, out: av.container.OutputContainer, settings: EncodeSettings,
+             time_base: Fraction | None = None) -> _Streams:
+    """The output's streams for ``inp`` (see ``_Streams``), sized by ``settings.max_height``; frames' pts in
+    ``time_base`` (default: one tick a frame at the input's average rate)."""
     vin = inp.streams.video[0]
     ain = inp.streams.audio[0] if inp.streams.audio else None
     rate = vin.average_rate or vin.guessed_rate or Fraction(25)
@@ -173,7 +174,8 @@ def _streams(inp: av.container.InputContainer, out: av.container.OutputContainer
     # Constant frame rate, frames numbered in presentation order: AVI demuxers report decode-order
     # timestamps as pts (1, 2, 4, 3, ...), which the mp4 muxer rejects. Features are extracted from
     # this output, so index times always match what the player shows.
-    frame_time_base = vout.time_base = Fraction(1) / rate  # kept: the muxer rewrites vout.time_base
+    frame_time_base = vout.time_base = time_base or Fraction(1) / rate  # kept: the muxer rewrites it
+    vout.codec_context.time_base = frame_time_base  # the encoder's ticks: a frame's pts is not rounded
     aout = resampler = None
     if ain is not None:
         aout = out.add_stream("aac", rate=ain.codec_context.sample_rate or 44100)
@@ -210,13 +212,15 @@ def _encode(src: Path, dst: Path, settings: EncodeSettings, *, progress: Progres
 def _encode_span(src: Path, dst: Path, start: float, end: float, settings: EncodeSettings) -> None:
     """``cut``'s encoding: the video frames showing during ``[start, end)``, the audio samples of it."""
     with av.open(str(src)) as inp, av.open(str(dst), "w", format="mp4") as out:
-        streams = _streams(inp, out, settings)
+        # each frame shows from its own time on (seconds after start, in fine ticks): a clip whose span starts
+        # or ends inside a frame lasts the span, to within a frame, with its sound in step
+        streams = _streams(inp, out, settings, Fraction(1, _TICKS_PER_S))
         vin, ain = streams.vin, streams.ain
         vin.thread_type = "AUTO"
         if start > 0 and vin.time_base:  # to the keyframe before start: the frames up to it decode, unwritten
             inp.seek(int(start / vin.time_base), stream=vin, backward=True, any_frame=False)
         held: av.VideoFrame | None = None  # the newest frame at or before start, until a later one shows
-        n_frames, video_done = 0, False
+        n_frames, pts, video_done = 0, -1, False
         audio = _AudioSpan(start, end) if streams.aout is not None else None
         for frame in inp.decode(*[s for s in (vin, ain) if s is not None]):
             if isinstance(frame, av.VideoFrame):
@@ -229,7 +233,8 @@ def _encode_span(src: Path, dst: Path, start: float, end: float, settings: Encod
                     video_done = True
                 else:
                     for shown in ([held] if held is not None else []) + [frame]:
-                        streams.encode_video(out, shown, n_frames)
+                        pts = max(pts + 1, round(max(0.0, shown.time - start) * _TICKS_PER_S))
+                        streams.encode_video(out, shown, pts)
                         n_frames += 1
                     held = None
             elif audio is not None:
@@ -238,7 +243,7 @@ def _encode_span(src: Path, dst: Path, start: float, end: float, settings: Encod
             if video_done and (audio is None or audio.done):
                 break
         if held is not None:  # no frame after it before end (a span within one frame, or the video's tail)
-            streams.encode_video(out, held, n_frames)
+            streams.encode_video(out, held, pts + 1)
             n_frames += 1
         if not n_frames:
             raise TranscodeError(src, f"no video frame shows between {start:g} and {end:g} s.")
@@ -246,6 +251,7 @@ def _encode_span(src: Path, dst: Path, start: float, end: float, settings: Encod
 
 
 _SAME_TIME_S = 1e-6  # times this close are the same instant (seconds from rational time bases, as floats)
+_TICKS_PER_S = 90_000  # a clip's frame times: MPEG's clock, fine enough for any frame rate
 
 
 class _AudioSpan:

@@ -1,6 +1,6 @@
-"""Pages of results (issue #45, item 4): ``offset`` skips the best results, so ``offset=5, top_k=5`` is exactly
-results 6-10 of ``top_k=10`` (ranks, scores, labels, moments), over one gallery or several; the API checks
-``offset + top_k <= 100`` with a message (the page's "more" button: tests/test_clips_app.py)."""
+"""Pages of results (issue #45, item 4): ``offset`` skips the best results, so ``offset=5, top_k=5`` is
+exactly results 6-10 of ``top_k=10`` (ranks, scores, labels, moments), over one gallery or several; the API
+checks ``offset + top_k <= 100`` with a message; the page's "more" button asks for the next ones."""
 
 from __future__ import annotations
 
@@ -25,8 +25,9 @@ def videos(prefix: str, count: int, seed: int) -> list[GalleryVideo]:
     for i in range(count):
         rows = int(rng.integers(6, 60))
         t = np.arange(rows, dtype=np.float32) * 2.0
-        out.append(GalleryVideo(f"{prefix}{i}", rng.standard_normal((rows, 24)).astype(np.float32), t, t + 2.0,
-                                2.0 * rows, title=f"{prefix} {i}", path=f"/videos/{prefix}{i}.mp4"))
+        features = rng.standard_normal((rows, 24)).astype(np.float32)
+        out.append(GalleryVideo(f"{prefix}{i}", features, t, t + 2.0, 2.0 * rows, title=f"{prefix} {i}",
+                                path=f"/videos/{prefix}{i}.mp4"))
     return out
 
 
