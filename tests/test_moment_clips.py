@@ -1,7 +1,7 @@
-"""The moment, taken away (issue #45, item 3): ``/clip(video_id, start, end)`` in the API, the MCP tool ``clip``
-and the page's download links (``GET /prvr/clip/<id>?start=&end=``) give an MP4 of exactly that span: its first
-frame is the frame at ``start`` (no frozen head from a keyframe cut), its length the span's, the video's sound
-when it has some; bad input is refused in one line, and no work file is left behind."""
+"""The moment, taken away (issue #45, item 3): ``/clip(video_id, start, end)`` in the API, the MCP tool
+``clip`` and the page's download links (``GET /prvr/clip/<id>?start=&end=``) give an MP4 of exactly that span:
+its first frame is the frame at ``start`` (no frozen head from a keyframe cut), its length the span's, the
+video's sound when it has some; bad input is refused in one line, and no work file is left behind."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from tests.clips import marked, write_clip
 from tests.servers import call_mcp
 
 SHARED_VIDEOS = Path(__file__).resolve().parents[1] / ".." / "shared" / "videos"
-WITH_SOUND = SHARED_VIDEOS / "univtg_charades.mp4"  # 30.7 s, 480x270, 29.97 fps, AAC; keyframes at 0 and 16.7 s
+WITH_SOUND = SHARED_VIDEOS / "univtg_charades.mp4"  # 30.7 s, 480x270, 29.97 fps, AAC; keyframes: 0, 16.7 s
 
 
 def frames_of(path: Path) -> tuple[list[float], list[np.ndarray]]:
@@ -97,7 +97,8 @@ def test_a_real_video_is_cut_with_its_sound_in_step(tmp_path: Path) -> None:
     times, pictures = frames_of(WITH_SOUND)
     first = frames_of(clip)[1][0]
     with av.open(str(WITH_SOUND)) as container:  # the keyframe a cut without re-encoding would start on
-        keys = [float(p.pts * p.time_base) for p in container.demux(video=0) if p.is_keyframe and p.pts is not None]
+        keys = [float(p.pts * p.time_base) for p in container.demux(video=0)
+                if p.is_keyframe and p.pts is not None]
     keyframe = at(times, max(k for k in keys if k <= start))
     shown = at(times, start)
     exact = difference(first, pictures[shown])
@@ -183,11 +184,12 @@ def test_bad_spans_are_refused_in_one_line_everywhere(served: tuple, caplog: pyt
 
     url, predictor, _ = served
     video_id = predictor.index.ids[0]  # 2.0 s long
+    long = "'gradient' is 2.000 s long."
     cases = [((video_id, 1.0, 1.0), "The span 1-1 s is empty: end must be after start."),
              ((video_id, 1.5, 0.5), "The span 1.5-0.5 s is inverted: end must be after start."),
              ((video_id, -1.0, 1.0), "start must be 0 or more seconds, got -1."),
-             ((video_id, 1.0, 2.5), "The span 1-2.5 s ends after the video does: 'gradient' is 2.000 s long."),
-             ((video_id, 2.0, 3.0), "The span 2-3 s starts after the video ends: 'gradient' is 2.000 s long."),
+             ((video_id, 1.0, 2.5), f"The span 1-2.5 s ends after the video does: {long}"),
+             ((video_id, 2.0, 3.0), f"The span 2-3 s starts after the video ends: {long}"),
              ((video_id, 0.0, 900.0), "The span 0-900 s is 900 s long; a clip is at most 600 s"),
              (("upload:nothere", 0.0, 1.0), "No video has the id 'upload:nothere' here"),
              ((video_id, None, 1.0), "start must be a number of seconds, got None."),
@@ -251,8 +253,8 @@ def test_each_moment_on_a_card_has_its_download_link() -> None:
 
     moments = [{"start": 4.0, "end": 9.0, "play_from": 4.5, "score": 0.3, "contrast": 4.0},
                {"start": 20.0, "end": 31.0, "play_from": 20.5, "score": 0.2, "contrast": 1.0}]
-    result = {"rank": 1, "video_id": "upload:a b", "title": "t", "duration": 30.0, "score": 0.3, "clip_score": 0.3,
-              "frame_score": 0.3, "confidence": "low", "confidence_label": "unconfirmed",
+    result = {"rank": 1, "video_id": "upload:a b", "title": "t", "duration": 30.0, "score": 0.3,
+              "clip_score": 0.3, "frame_score": 0.3, "confidence": "low", "confidence_label": "unconfirmed",
               "key_moment": moments[0], "moments": moments,
               "heatmap": {"start": [0.0], "end": [30.0], "score": [0.1]}}
     page = card_html(result, 0.7, (0.0, 1.0), "https://example.org")
