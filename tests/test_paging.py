@@ -92,3 +92,57 @@ def test_the_api_takes_offset_plus_top_k_up_to_100() -> None:
                                              rf"most 100 \(results 1-100 can be asked for\), got offset "
                                              rf"{offset!r} with top_k {top_k}"):
             offset_value(offset, top_k)
+
+
+def fake_result(rank: int) -> dict:
+    """A result dict as the page's cards read it, ranked ``rank``."""
+    moment = {"start": 1.0, "end": 3.0, "play_from": 1.5, "score": 0.2, "contrast": 2.0}
+    return {"rank": rank, "video_id": f"v{rank}", "title": f"video {rank}", "duration": 10.0, "score": 0.5,
+            "clip_score": 0.5, "frame_score": 0.5, "confidence": "low", "confidence_label": "unconfirmed",
+            "key_moment": moment, "moments": [moment],
+            "heatmap": {"start": [0.0], "end": [10.0], "score": [0.1 * rank]}}
+
+
+class FakePredictor:
+    """Answers searches over ``videos`` ranked videos and records what was asked."""
+
+    def __init__(self, videos: int) -> None:
+        self.videos, self.asked = videos, []
+
+    def search(self, text: str, k: int, weight: float, session: object, offset: int = 0):
+        """Results ``offset + 1`` to ``offset + k`` (as far as there are videos)."""
+        from prvr.results.response import SearchResponse
+
+        self.asked.append((text, k, weight, offset))
+        results = [fake_result(r) for r in range(offset + 1, min(offset + k, self.videos) + 1)]
+        return SearchResponse(results, {"text": text}, True, (weight, 1 - weight), False,
+                              {"videos": self.videos})
+
+
+def test_more_adds_the_next_results_under_those_shown() -> None:
+    """The page's "more": the search on the page (its text and weight) asked for the results after the ones
+    shown, their cards added under the shown ones, which stay as they are; the button goes when the gallery
+    has no more, or 100 are shown."""
+    import app
+
+    predictor = FakePredictor(23)
+    first = predictor.search("a dog", 10, 0.6, None)
+    shown, state, button = app.more_after(first, "a dog", 0.6, "http://host")
+    assert shown == "" and state["shown"] == 10 and button["visible"] is True
+    kept = "<p>the cards shown so far</p>"
+    shown, state, button = app.show_more(predictor, state, kept, None)
+    assert predictor.asked[-1] == ("a dog", 10, 0.6, 10)
+    assert shown.startswith(kept) and [f"#{r}<" in shown for r in (11, 20)] == [True, True]
+    assert "#10<" not in shown and "#21<" not in shown and shown.count('class="more-card"') == 10
+    assert 'href="http://host/prvr/clip/v11?start=1.000&amp;end=3.000"' in shown
+    assert state["shown"] == 20 and button["visible"] is True
+    shown, state, button = app.show_more(predictor, state, shown, None)
+    assert predictor.asked[-1] == ("a dog", 10, 0.6, 20) and shown.count('class="more-card"') == 13
+    assert state["shown"] == 23 and button["visible"] is False  # the gallery's last video is shown
+    many = FakePredictor(500)
+    _, state, _ = app.more_after(many.search("a cat", 10, 0.7, None), "a cat", 0.7, "")
+    for _ in range(9):
+        _, state, button = app.show_more(many, state, "", None)
+    assert [a[3] for a in many.asked[1:]] == list(range(10, 100, 10)) and state["shown"] == 100
+    assert button["visible"] is False  # 100 at most
+    assert app.more_after(None) == ["", None, app.gr.update(visible=False)]
