@@ -5,6 +5,9 @@ names and docstrings); ``install`` answers their calls with the ``mcp`` package'
 as any API client runs the endpoint (gradio_client: the queue, its limits, a session per call). Results are
 JSON (the text is ``json.dumps`` of the API's dict, which is also ``structuredContent``) with absolute URLs;
 a call that waits sends progress notifications to a client that asks for them.
+The tool of /clip, ``clip``, answers the span's ``clip_url`` (``prvr.serve.clips``: the MP4 is made when
+that URL is fetched, and removed once sent) after the API's checks, without making the file (JSON carries no
+video).
 ``add_video`` declares exactly what it takes (``add_video_schema``, where Gradio's own declaration says "an
 http or https url"): ``video``, a base64 data URL, an http(s) URL on a public host, the app's own
 ``/prvr/video/<id>`` URL ("duplicate") or, only under ``--mcp-allow-paths DIR[,DIR]``, a server path inside
@@ -369,7 +372,8 @@ def install(demo: object, predictor: Predictor) -> bool:
             arguments = {"video": handle_file(str(path)), **({"name": name} if name is not None else {})}
             return await app.call("/add_video", arguments, forwarded(context.request), progress_to(context))
 
-    log.info("MCP tools at /gradio_api/mcp/: search, add_video, info (add_video reads server paths: %s)",
+    log.info("MCP tools at /gradio_api/mcp/: search, add_video, info, clip (add_video reads server paths: "
+             "%s)",
              ", ".join(map(str, roots)) if roots else "no")
     return True
 
