@@ -217,8 +217,13 @@ def _encode_span(src: Path, dst: Path, start: float, end: float, settings: Encod
         streams = _streams(inp, out, settings, Fraction(1, _TICKS_PER_S))
         vin, ain = streams.vin, streams.ain
         vin.thread_type = "AUTO"
-        if start > 0 and vin.time_base:  # to the keyframe before start: the frames up to it decode, unwritten
-            inp.seek(int(start / vin.time_base), stream=vin, backward=True, any_frame=False)
+        first = next(inp.decode(vin), None)  # the display matrix comes with decoded frames (a portrait)
+        turn = int(round(getattr(first, "rotation", 0) or 0)) if first is not None else 0
+        if turn:
+            streams.vout.set_display_rotation(turn)
+        # to the keyframe before start: the frames from it to start decode, unwritten
+        at = int(start / vin.time_base) if start > 0 and vin.time_base else 0
+        inp.seek(at, stream=vin, backward=True, any_frame=False)
         held: av.VideoFrame | None = None  # the newest frame at or before start, until a later one shows
         n_frames, pts, video_done = 0, -1, False
         audio = _AudioSpan(start, end) if streams.aout is not None else None

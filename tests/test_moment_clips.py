@@ -75,6 +75,18 @@ def test_a_cut_starts_on_the_frame_at_start_not_at_a_keyframe(tmp_path: Path) ->
         assert got_times[0] == 0.0
 
 
+def test_a_cut_keeps_the_display_rotation(tmp_path: Path) -> None:
+    """A phone's portrait video (a display matrix) stays upright in its clips."""
+    from extract.decode import probe
+    from extract.transcode import EncodeSettings, cut
+
+    source = write_clip(tmp_path / "portrait.mp4", frames=24, fps=12, size=(64, 48), rotation=90)
+    for start in (0.0, 1.1):
+        clip = cut_to(cut, source, tmp_path / f"clip{start}.mp4", start, 1.9, EncodeSettings())
+        assert probe(clip).rotation == probe(source).rotation == 90
+        assert probe(clip).display_size == (48, 64)
+
+
 def cut_to(cut, source: Path, clip: Path, start: float, end: float, settings) -> Path:
     """``cut`` into ``clip``; the clip."""
     cut(source, clip, start, end, settings)

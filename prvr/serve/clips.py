@@ -26,11 +26,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 from urllib.parse import quote
 
-from starlette.background import BackgroundTask
 from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
 from starlette.responses import FileResponse, PlainTextResponse, Response
 from starlette.routing import Route
+from starlette.types import Receive, Scope, Send
 
 from extract.decode import MediaError
 from extract.transcode import EncodeSettings, cut
@@ -164,7 +164,21 @@ def clip_route(predictor: Predictor, sessions: ClosedSessions) -> Route:
         except BaseException:
             work.close()
             raise
-        return FileResponse(path, media_type="video/mp4", filename=path.name,
-                            background=BackgroundTask(work.close))
+        return SentThenRemoved(work, path, media_type="video/mp4", filename=path.name)
 
     return Route(CLIP_ROUTE + "{video_id:path}", serve, methods=["GET"])
+
+
+class SentThenRemoved(FileResponse):
+    """A file response whose work folder is removed once it is sent, or once sending fails (the client went
+    away midway): a background task would not run then."""
+
+    def __init__(self, work: contextlib.ExitStack, path: Path, **options: object) -> None:
+        super().__init__(path, **options)
+        self.work = work
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self.work.close()
