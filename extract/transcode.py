@@ -136,6 +136,7 @@ class _Streams:
     resampler: av.AudioResampler | None
     frame_time_base: Fraction
     rate: Fraction
+    audio_samples: int = 0  # samples encoded so far (the next one's pts)
 
     def encode_video(self, out: av.container.OutputContainer, frame: av.VideoFrame, pts: int) -> None:
         """Encode ``frame`` to show at ``pts`` (in ``frame_time_base``; increasing from frame to frame)."""
@@ -144,18 +145,27 @@ class _Streams:
         out.mux(self.vout.encode(image))
 
     def encode_audio(self, out: av.container.OutputContainer, frame: av.AudioFrame) -> None:
-        """Encode ``frame``'s samples after the ones before it (the encoder numbers them continuously)."""
+        """Encode ``frame``'s samples after the ones before it (numbered continuously from 0)."""
         frame.pts = None
         for chunk in self.resampler.resample(frame):
-            out.mux(self.aout.encode(chunk))
+            self._encode_samples(out, chunk)
+
+    def _encode_samples(self, out: av.container.OutputContainer, chunk: av.AudioFrame | None) -> None:
+        """Encode resampled samples, each numbered (pts in samples from 0): given pts, the AAC encoder marks
+        its priming samples (the first packet at -1024) and the muxer's edit list skips them, so the sound
+        starts with the picture; unnumbered, a decoder plays the priming and the sound comes ~23 ms late."""
+        if chunk is not None:
+            chunk.pts, chunk.time_base = self.audio_samples, Fraction(1, chunk.sample_rate)
+            self.audio_samples += chunk.samples
+        out.mux(self.aout.encode(chunk))
 
     def flush(self, out: av.container.OutputContainer) -> None:
         """Write what the encoders still hold."""
         out.mux(self.vout.encode(None))
         if self.aout is not None:
             for chunk in self.resampler.resample(None):
-                out.mux(self.aout.encode(chunk))
-            out.mux(self.aout.encode(None))
+                self._encode_samples(out, chunk)
+            self._encode_samples(out, None)
 
 
 def _streams(inp: av.container.InputContainer, out: av.container.OutputContainer, settings: EncodeSettings,
