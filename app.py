@@ -47,9 +47,8 @@ from gradio import route_utils
 
 from extract.decode import MediaError
 from prvr.results.query import QueryError
-from prvr.serve import lifecycle
+from prvr.serve import clips, lifecycle
 from prvr.serve.bootstrap import start
-from prvr.serve.clips import ClipRefused, clip_request, make_clip
 from prvr.serve.mcp_tools import install as install_mcp
 from prvr.serve.owner import DataDirBusy
 from prvr.serve.page import (
@@ -322,13 +321,13 @@ def clip_endpoint(predictor: Predictor, session: gr.State) -> None:
             end: where it ends, in seconds (after start, within the video; at most 600 s after start).
         """
         try:
-            wanted = clip_request(predictor, video_id, start, end, [state] if state is not None else [])
-        except ClipRefused as refused:
+            wanted = clips.clip_request(predictor, video_id, start, end, [state] if state is not None else [])
+        except clips.ClipRefused as refused:
             log.warning("clip refused: %s", refused)
             raise gr.Error(str(refused), print_exception=False) from None
         with predictor.media.work() as folder:  # removed once Gradio has taken its copy and sent it
             try:
-                path = make_clip(wanted, folder)
+                path = clips.make_clip(wanted, folder)
             except MediaError as problem:
                 log.warning("clip failed: %s", problem)
                 raise gr.Error(f"The clip could not be made: {problem}", print_exception=False) from None

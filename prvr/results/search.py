@@ -51,22 +51,24 @@ def search(indexes: Sequence[Gallery], tokens: np.ndarray | torch.Tensor, k: int
            weights: Sequence[float] | None = None, approximate: bool = False,
            confidence: Confidence | None = None, query: dict | None = None,
            offset: int = 0) -> SearchResponse:
-    """Rank every index (all over one model) for the query's token features; the best k over all of them
-    after the first ``offset`` (a page: ``offset=5, k=5`` is results 6-10 of ``k=10``, ranked from 6).
+    """Rank every index (all over one model) for the query's token features; the best k over all of them.
 
     ``confidence`` defaults to ``CalibratedConfidence(UNCALIBRATED)`` (no model calibration: every hit "low");
     ``query``: what the response reports about the query (default: the token count).
     """
     if not indexes:
         raise ValueError("search needs at least one index")
-    k, offset = check_k(k), check_offset(offset, k)
+    # a page: the k results after the first ``offset`` (offset=5, k=5 is results 6-10 of k=10, ranked from 6);
+    # every gallery ranks the hits up to the page's last, ``page_of`` makes the page's dicts
+    offset = check_offset(offset, check_k(k))
+    k = offset + k
     model = indexes[0].model
     w = check_weights(weights, (model.cfg.clip_scale_w, model.cfg.frame_scale_w))
     t0 = time.perf_counter()
     q = encode_query(model, tokens)
     t1 = time.perf_counter()
-    evidence = Evidence.merge([ix.rank(q, offset + k, w, approximate) for ix in indexes if len(ix)] or
-                              [indexes[0].rank(q, offset + k, w, approximate)], offset + k)
+    evidence = Evidence.merge([ix.rank(q, k, w, approximate) for ix in indexes if len(ix)] or
+                              [indexes[0].rank(q, k, w, approximate)], k)
     t2 = time.perf_counter()
     judged = (confidence or CalibratedConfidence(UNCALIBRATED)).assess(q, evidence)
     results = page_of(evidence, judged.labels, q, offset)

@@ -162,18 +162,20 @@ def card_html(result: dict, clip_weight: float, score_range: tuple[float, float]
     scores = (f'<div class="scores">score <b>{result["score"]:.3f}</b> = {clip_weight:.2f} × clip '
               f'{result["clip_score"]:.3f} + {1 - clip_weight:.2f} × frame {result["frame_score"]:.3f}</div>')
     text = (f'{head}{scores}{heatmap_svg(result, score_range)}<div class="chips">{chips}</div>'
-            f'{clip_links(result, root)}<div class="hint">{hint}</div>')
+            f'<div class="hint">{hint}</div>')
     return (f'<div class="card-body" data-search="{search_id}"><div class="card-text">{text}</div>'
             f'{player_html(result, root)}</div>')
 
 
 def player_html(result: dict, root: str) -> str:
     """The result's player: its video from this app's video route under ``root`` (the page's URL), as API
-    clients fetch it (no server path), starting at ``start_position`` (a media fragment)."""
+    clients fetch it (no server path), starting at ``start_position`` (a media fragment); under it, each
+    moment's download link (``clip_links``)."""
     start = f"{start_position(result):.2f}"
     src = f"{root}{video_url(result['video_id'])}#t={start}"
-    return (f'<video class="player" controls preload="auto" playsinline src="{html.escape(src)}" '
-            f'data-start="{start}" aria-label="{html.escape(result["title"])}"></video>')
+    return (f'<div class="card-media"><video class="player" controls preload="auto" playsinline '
+            f'src="{html.escape(src)}" data-start="{start}" aria-label="{html.escape(result["title"])}">'
+            f'</video>{clip_links(result, root)}</div>')
 
 
 def start_position(result: dict) -> float:
