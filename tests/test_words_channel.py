@@ -246,7 +246,8 @@ def test_the_strong_match_rule(tmp_path: Path, model, bank) -> None:
     vs = videos(4, seed=8)
     g.add([with_words(vs[0], WordSegment("subtitles", 1, 2, "the reactor is overheating now")),
            with_words(vs[1], WordSegment("speech", 1, 2, "the reactor is overheating now", 0.9)),
-           with_words(vs[2], WordSegment("screen", 0, 1, "reactor status"))] + vs[3:], text_encoder=encode_text)
+           with_words(vs[2], WordSegment("screen", 0, 1, "reactor status")), *vs[3:]],
+          text_encoder=encode_text)
     assert STRONG_WORDS == 1.0
     for cfg in (None, ConfidenceConfig(medium_quantile=0.8, high_quantile=1.0, high_margin=9.0)):
         confidence = CalibratedConfidence(cfg) if cfg is not None else None

@@ -30,7 +30,7 @@ from prvr.index.move import move as move_gallery
 from prvr.index.qdrant import QdrantConfig, QdrantIndex
 from prvr.index.qdrant_store import QdrantConnectionError, QdrantTarget
 from prvr.index.query import MAX_K, QueryError, Weights, check_k, check_weights
-from prvr.index.schema import FIXED, RAGGED, RECORD, SCHEMA_VERSION
+from prvr.index.schema import FIXED, RAGGED, RECORD, SCHEMA_VERSION, WORDS
 from prvr.index.scoring import VideoArrays, query_vector
 from prvr.index.storage import DataFolder, GalleryStore
 from prvr.index.store import IndexStoreError
@@ -42,7 +42,7 @@ __all__ = ["FIXED", "MAX_K", "RAGGED", "RECORD", "SCHEMA_VERSION", "DataFolder",
            "GalleryError", "GalleryStore", "GalleryVideo", "IndexConfig", "IndexMismatchError",
            "IndexStoreError", "QdrantConfig", "QdrantConnectionError", "QdrantIndex", "QdrantTarget",
            "QueryError", "QueryTerms", "ReferenceQueries", "VideoArrays", "VideoEvidence", "VideoIndex",
-           "WORDS_MATCH", "Weights", "WordMatch",
+           "WORDS", "WORDS_MATCH", "Weights", "WordMatch",
            "bank_vectors", "check_k", "check_weights", "frame_factors", "gallery_dir", "half_up",
            "localisation_arrays", "move_gallery", "open_gallery", "private_gallery", "query_vector",
            "stored_media_paths"]
