@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 
 from extract.words.segment import WordSegment
-from prvr.index import Gallery, GalleryError, ReferenceQueries, VideoIndex
+from prvr.index import Gallery, GalleryError, QdrantIndex, ReferenceQueries, VideoIndex, move_gallery
 from prvr.index.backends import gallery_dir, open_gallery
 from prvr.results.confidence import STRONG_WORDS, CalibratedConfidence, ConfidenceConfig
 from prvr.results.search import search, search_text
@@ -111,6 +111,20 @@ def test_words_are_stored_and_read_back_after_reopening(backend: str, tmp_path: 
     text = LINES[3][0].text
     assert all(h.id != vs[3].id and not h.words for h in g.rank(query(model, text), k=8, text=text).hits)
     g.close()
+
+
+def test_words_move_with_their_gallery(tmp_path: Path, model, bank) -> None:
+    """``python -m prvr.index move``: a built-in gallery's words arrive in Qdrant and match there alike."""
+    g = open_place("builtin", tmp_path, model, bank)
+    vs = worded()
+    g.add(vs, text_encoder=encode_text)
+    assert move_gallery(str(g.root), f"qdrant+local://{tmp_path / 'moved'}") == len(vs)
+    moved = QdrantIndex.open(f"qdrant+local://{tmp_path / 'moved'}", model, references=bank)
+    text = LINES[3][0].text
+    a, b = g.rank(query(model, text), k=3, text=text), moved.rank(query(model, text), k=3, text=text)
+    assert [h.id for h in a.hits] == [h.id for h in b.hits] and b.hits[0].words == a.hits[0].words
+    assert b.hits[0].id == vs[3].id
+    moved.close()
 
 
 # ------------------------------------------------------------------ ranking

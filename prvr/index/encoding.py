@@ -67,10 +67,11 @@ class GalleryVideo:
     words: tuple[WordSegment, ...] = field(default=())  # timed text it says or shows (needs a text encoder)
 
     @classmethod
-    def from_features(cls, video_id: str, vf, title: str = "", path: str = "") -> GalleryVideo:
-        """From an ``extract.features.VideoFeatures``."""
+    def from_features(cls, video_id: str, vf, title: str = "", path: str = "",
+                      words: Sequence[WordSegment] = ()) -> GalleryVideo:
+        """From an ``extract.features.VideoFeatures`` (and the video's words, if any)."""
         return cls(video_id, vf.features, vf.start, vf.end, float(vf.duration), title or vf.source,
-                   path, vf.sha256)
+                   path, vf.sha256, tuple(words))
 
     def record(self) -> dict:
         """The record a gallery stores and returns (``schema.RECORD``)."""
