@@ -136,6 +136,9 @@ def speech_stretches(samples: np.ndarray, vad_mode: int = 3) -> list[tuple[float
     return out
 
 
+CHUNK_BYTES = 2 * RATE // 50  # 20 ms of 16-bit samples: one process_raw call
+
+
 def pcm16(samples: np.ndarray) -> bytes:
     """Float samples in [-1, 1] as little-endian 16-bit PCM (what pocketsphinx reads)."""
     return (np.clip(samples, -1.0, 1.0) * 32767).astype("<i2").tobytes()
@@ -175,7 +178,12 @@ class PocketSphinx:
         with self._lock:
             decoder = self._decoder
             decoder.start_utt()
-            decoder.process_raw(pcm16(samples), full_utt=True)
+            pcm = pcm16(samples)
+            # pocketsphinx holds the GIL for as long as one call runs: fed 20 ms at a time, the other threads
+            # (on-screen text, frame extraction, the web server) keep about half their speed beside it
+            # instead of stopping until the whole stretch is decoded
+            for at in range(0, len(pcm), CHUNK_BYTES):
+                decoder.process_raw(pcm[at:at + CHUNK_BYTES], full_utt=False)
             decoder.end_utt()
             found = [(s.word, s.start_frame, s.end_frame, s.prob) for s in decoder.seg()]
         return [Word(_ALTERNATE.sub("", token), offset + first * self._frame_s,
