@@ -70,6 +70,17 @@ def defaults() -> dict[str, float]:
             "STRONG_WORDS": confidence_module.STRONG_WORDS}
 
 
+def meets_strong_rule(precision: float | None, false_strong: dict[str, int]) -> bool:
+    """Rule 2 for one threshold: strong precision at least ``STRONG_PRECISION`` and no near-miss or off-topic
+    query given a strong match by words."""
+    return precision is not None and precision >= STRONG_PRECISION and not any(false_strong.values())
+
+
+def choose_strong(rows: list[tuple[float, bool]]) -> float:
+    """Rule 2: the smallest threshold that meets it (``(value, meets)`` rows); none: 1.0 (every term)."""
+    return min((value for value, ok in rows if ok), default=1.0)
+
+
 def _brief(numbers: dict) -> dict:
     """The numbers a decision reads, from ``summarise``."""
     def value(d: dict | None) -> float | None:
@@ -136,20 +147,18 @@ def main(argv: list[str] | None = None) -> dict:
             if decides(diff, "R@1") == 1:
                 decided = trial
         # 2. the strong-match threshold for exact text, on the decided match rule
-        chosen = None
         for value in STRONG_GRID:
             with patched(**{**decided, "STRONG_WORDS": value}):
                 per = run_queries(bench, "tune", "words")
             numbers = summarise(per)
             precision = numbers["strong_precision"]["value"]
             false = _false_strong(per, pictures["tune"])
-            ok = precision is not None and precision >= STRONG_PRECISION and not any(false.values())
+            ok = meets_strong_rule(precision, false)
             report["strong"].append({"STRONG_WORDS": value, **_brief(numbers),
                                      "false_strong_from_words": false, "wrong_strong": per["wrong_strong"],
                                      "meets_rule": ok})
-            if ok and chosen is None:
-                chosen = value
-        decided["STRONG_WORDS"] = 1.0 if chosen is None else chosen
+        decided["STRONG_WORDS"] = choose_strong([(r["STRONG_WORDS"], r["meets_rule"])
+                                                 for r in report["strong"]])
         report["decided"] = decided
         report["confirm"] = {}
         for name, setting in (("decided", decided), ("defaults", base)):
