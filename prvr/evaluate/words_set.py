@@ -63,10 +63,10 @@ KINDS = ("exact", "paraphrase", "near_miss")
 SOURCES = ("subtitles", "speech", "screen")  # extract.words.segment.SOURCES (checked in the tests)
 HALVES = ("tune", "check")
 
-# What a PyAV and pocketsphinx survey of every shared clip found (session of issue #43; the command is in
-# benchmarks/RESULTS.md): audio streams, speech (pocketsphinx 5.1.1's transcript, judged by reading it: a
-# coherent English sentence is speech, fragments over music or noise are not), subtitle tracks, text in the
-# picture. Clips not listed have no audio stream and no subtitle track.
+# What a PyAV and pocketsphinx survey of every shared clip found (issue #43; how: benchmarks/RESULTS.md,
+# "Issue #43: the words dev set"): audio streams, speech (pocketsphinx 5.1.1's transcript, judged by reading
+# it: a coherent English sentence is speech, fragments over music or noise are not), subtitle tracks, text in
+# the picture. Clips not listed have no audio stream and no subtitle track.
 SURVEY = {
     "videos_dev/torchcodec__nasa_13013.mp4": "two AAC streams (8 and 16 kHz, eng): recorded narration "
     "('... the webb space telescope in one of the largest clean rooms ...'); two English mov_text tracks "
@@ -96,8 +96,20 @@ SURVEY = {
     "videos_dev/Video-LLaMA__dog_barking.mp4": "AAC: barking",
     "videos_dev/Video-LLaMA__skateboarding_dog.mp4": "AAC: a voice over noise; pocketsphinx fragments "
     "('... skateboarding dog ...'): not usable as ground truth",
-    "videos_dev/zamba__chimp.mp4": "no audio; a camera-trap date stamp on screen",
-    "videos_dev/facenet-pytorch__video.mp4": "AAC; a 'Royal Opera House' sign on screen",
+    "videos_dev/interactive-examples__friday.mp4": "AAC: old-film dialogue; pocketsphinx fragments only",
+    "videos_dev/dom-examples__video.mp4": "AAC: a voice or music; pocketsphinx fragments only",
+    "videos_dev/decord__flipping_a_pancake.mkv": "Opus: kitchen noise, no usable transcript",
+    "videos_dev/learning-area__crystal.mp4": "AAC: handling noise",
+    "videos_dev/learning-area__pig.mp4": "AAC: handling noise",
+    "videos_dev/learning-area__rabbit.mp4": "AAC: handling noise",
+    "videos_dev/interactive-examples__stream-of-water.mp4": "AAC: running water",
+    "videos_dev/interactive-examples__flower.mp4": "AAC: digital silence",
+    "videos_dev/packages__Butterfly-209.mp4": "AAC: quiet noise",
+    "videos_dev/sam-pt__bees.mp4": "AAC: digital silence",
+    "videos_dev/tensorflow_object_counting_api__cutl.mp4": "AAC: digital silence",
+    "videos_dev/tensorflow_object_counting_api__pedestrian_survaillance.mp4": "AAC: street noise",
+    "videos_dev/zamba__chimp.mp4": "no audio; a camera-trap date stamp on screen (too small to read)",
+    "videos_dev/facenet-pytorch__video.mp4": "AAC, quiet, no speech; a 'Royal Opera House' sign on screen",
 }
 
 
