@@ -9,8 +9,6 @@ import pytest
 
 from prvr.demo.compose import RenderConfig, encode_mp4
 
-pytest.importorskip("extract.words.reader", reason="the words reader (extract/words/reader.py) is not here")
-
 
 def _clip(path: Path, seconds: float, seed: int) -> None:
     """A 10 fps clip of slowly drifting noise (pictures that say nothing about the queries)."""
@@ -96,3 +94,24 @@ def test_the_table_and_the_cli(report, tmp_path, capsys) -> None:
     with pytest.raises(SystemExit) as stop:
         main(["--gallery", "words", "--shared", str(tmp_path / "nowhere"), "--root", str(tmp_path / "set")])
     assert stop.value.code == 1 and "clips not found" in capsys.readouterr().err
+
+
+def test_the_speech_weights_reach_the_reader_and_the_backbones_keep_theirs(monkeypatch, capsys) -> None:
+    import prvr.evaluate.words as words
+    from prvr.evaluate.__main__ import main
+
+    seen = {}
+
+    def fake(root, shared, weights, mode, device, profile):
+        seen.update(weights=weights, mode=mode, profile=profile)
+        return {"fake": True}
+
+    monkeypatch.setattr(words, "evaluate_words", fake)
+    main(["--gallery", "words", "--weights", "speech=/models/whisper-small", "--weights", "clip=/models/clip",
+          "--profile", "clip", "--words", "subtitles", "--json"])
+    assert seen == {"weights": {"clip": "/models/clip", "speech": "/models/whisper-small"},
+                    "mode": "subtitles", "profile": "clip"}
+    assert json.loads(capsys.readouterr().out) == {"fake": True}
+    with pytest.raises(SystemExit):
+        main(["--gallery", "words", "--weights", "speech=a", "--weights", "speech=b"])
+    assert "give one Whisper model" in capsys.readouterr().err
