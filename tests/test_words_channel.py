@@ -175,6 +175,22 @@ def test_names_and_numbers_must_match_exactly(tmp_path: Path, model, bank) -> No
     assert not any(m.coverage > 0 for h in ev.hits for m in h.words)
 
 
+def test_screen_text_read_without_its_spaces_still_matches(tmp_path: Path, model, bank) -> None:
+    """OCR often drops the spaces between words ("Quarterlyrevenuegrew12percent"): the query's words are
+    found inside such a screen line, names and numbers still exactly (a "2" is not inside "12"); short
+    words are not looked for inside (an "art" inside "quarterly" is no match)."""
+    g = open_place("builtin", tmp_path, model, bank)
+    vs = videos(4, seed=5)
+    glued = WordSegment("screen", 1.0, 3.0, "Quarterlyrevenuegrew12percent", 0.97)
+    g.add([with_words(vs[0], glued), *vs[1:]], text_encoder=encode_text)
+    for text, matched in (("quarterly revenue grew", True), ("revenue grew 12 percent", True),
+                          ("revenue grew 13 percent", False), ("revenue grew 2 percent", False),
+                          ("art", False)):
+        ev = g.rank(query(model, text), k=4, text=text)
+        assert any(h.id == vs[0].id and h.words for h in ev.hits) == matched, text
+    g.close()
+
+
 def test_without_words_nothing_changes(tmp_path: Path, model, bank) -> None:
     """A gallery without words ranks exactly as before, text or not (ids, totals, every evidence field),
     and pays nothing: its view has no words table; a gallery with words none of which matches ranks its

@@ -47,6 +47,10 @@ WORDS_MATCH = 0.5  # a segment scoring at least this matches the query (its vide
 DENSE_Z_FLOOR = 2.0  # the dense part is 0 up to this z-score among the reference bank's cosines...
 DENSE_Z_FULL = 6.0  # ... and 1 from this one (linear between)
 MAX_LINES = 5  # matched segments kept per video (best first)
+# text recognised on screen often comes back with its spaces dropped ("Quarterlyrevenuegrew12percent"); in a
+# screen line with a token this long, a query term of at least GLUED_TERM characters is also found inside it
+GLUED_TOKEN = 14
+GLUED_TERM = 4
 ENCODE_BATCH = 256  # segments encoded at once
 
 _TOKEN = re.compile(r"[^\W_]+(?:['\u2019][^\W_]+)*")
@@ -202,10 +206,29 @@ class WordsTable:
         self.texts = [data[a:b].decode("utf-8", "replace")
                       for a, b in zip([0, *ends[:-1]], ends, strict=True)]
         postings: dict[str, list[int]] = {}
+        screen = SOURCES.index("screen")
+        self.glued: dict[int, str] = {}  # screen rows read without spaces -> their letters, case-folded
         for row, text in enumerate(self.texts):
-            for term in set(terms(text)):
+            found = terms(text)
+            for term in set(found):
                 postings.setdefault(term, []).append(row)
+            if self.source[row] == screen and any(len(t) >= GLUED_TOKEN for t in found):
+                self.glued[row] = "".join(_TOKEN.findall(unicodedata.normalize("NFKC", text).casefold()))
         self.index = {t: np.array(rows, np.int64) for t, rows in postings.items()}
+
+    def rows_of(self, term: str) -> np.ndarray | None:
+        """The rows holding ``term``: as a word, or (a number, or a term of GLUED_TERM characters or more)
+        inside a screen line read without its spaces."""
+        rows = self.index.get(term)
+        number = any(c.isdigit() for c in term)
+        if not self.glued or not number and len(term) < GLUED_TERM:
+            return rows
+        # a number must not run into other digits there ("12" is not inside "2012")
+        pattern = re.compile(rf"(?<!\d){re.escape(term)}(?!\d)" if number else re.escape(term))
+        inside = [row for row, letters in self.glued.items() if pattern.search(letters)]
+        if not inside:
+            return rows
+        return np.union1d(rows if rows is not None else np.zeros(0, np.int64), np.array(inside, np.int64))
 
     def __len__(self) -> int:
         return len(self.video)
@@ -246,7 +269,8 @@ def match_words(words: Words, q: np.ndarray, text: str | None = None) -> dict[in
     if query is not None and query.terms:
         live = sum(int(alive.sum()) for _, _, alive in words.tables)
         for term in query.terms:
-            df = sum(int(alive[t.index[term]].sum()) for t, _, alive in words.tables if term in t.index)
+            df = sum(int(alive[rows].sum()) for t, _, alive in words.tables
+                     if (rows := t.rows_of(term)) is not None)
             weight[term] = math.log1p(live / (1 + df))
     total = sum(weight.values())
     found: dict[int, list[WordMatch]] = {}
@@ -255,7 +279,7 @@ def match_words(words: Words, q: np.ndarray, text: str | None = None) -> dict[in
         coverage, held = np.zeros(len(table)), np.zeros(len(table), np.int64)
         ok = alive.copy()
         for term, w in weight.items():
-            rows = table.index.get(term)
+            rows = table.rows_of(term)
             if rows is not None:
                 coverage[rows] += w / total
                 held[rows] += 1
