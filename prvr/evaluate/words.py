@@ -61,6 +61,7 @@ from prvr.results.search import search_text
 log = logging.getLogger(__name__)
 
 BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
+WORDS_CODE = Path(__file__).resolve().parents[2] / "extract" / "words"  # the readers' modules
 OFF_TOPIC = {"tune": BENCHMARKS / "offtopic_queries.txt", "check": BENCHMARKS / "offtopic_queries_check.txt"}
 TOP = 10  # the hits a person reads: label measures count these
 STRONG, POSSIBLE = "high", "medium"  # the machine values of "strong match", "possible match"
@@ -152,9 +153,11 @@ def found_written(split: dict, words: dict[str, dict]) -> dict[str, dict[str, in
 
 
 def words_cache_name(reader: WordsReader) -> str:
-    """The set's words cache for one reader configuration (its ``describe()``)."""
-    digest = hashlib.sha256(json.dumps(reader.describe(), sort_keys=True, default=str).encode()).hexdigest()
-    return f".prvr-words-{digest[:12]}.json"
+    """The set's words cache for one reader configuration (its ``describe()``: mode, models, versions) and
+    the words readers' code as it is (a change to how frames are sampled or lines merged reads again)."""
+    code = sorted((f.name, hashlib.sha256(f.read_bytes()).hexdigest()) for f in WORDS_CODE.glob("*.py"))
+    key = json.dumps([reader.describe(), code], sort_keys=True, default=str)
+    return f".prvr-words-{hashlib.sha256(key.encode()).hexdigest()[:12]}.json"
 
 
 # ------------------------------------------------------------------------------------------------ the bench
