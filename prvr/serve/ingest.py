@@ -527,6 +527,24 @@ class IngestService:
                                 "API: connect a new client).")
 
 
+def pair_sidecars(videos: Sequence[str], subtitles: Sequence[str]) -> tuple[dict[str, str], list[str]]:
+    """Subtitle files chosen with videos, matched by name: ({video name: subtitle file}, the subtitle files
+    no video takes). A subtitle file goes with the video of its stem ("talk.srt", "talk.en.vtt" with
+    "talk.mp4"); one video chosen with one subtitle file takes it whatever its name."""
+    if len(videos) == 1 and len(subtitles) == 1:
+        return {videos[0]: subtitles[0]}, []
+    paired: dict[str, str] = {}
+    for sub in subtitles:
+        stem = Path(sub).name.rsplit(".", 1)[0]
+        for video in videos:
+            own = Path(video).stem
+            if video not in paired and (stem == own or stem.startswith(own + ".")):
+                paired[video] = sub
+                break
+    taken = set(paired.values())
+    return paired, [s for s in subtitles if s not in taken]
+
+
 def unique_title(name: str, taken: Sequence[str] | set[str]) -> str:
     """A title for a file named ``name`` that no listed video has: its stem, else its name with the
     extension (``clip.flv`` beside ``clip``), else the name with a number (``clip.flv (2)``)."""

@@ -81,6 +81,8 @@ CSS = """
 """
 
 UPLOAD_TABLE_HEAD = ["| file | result | details |", "|---|---|---|"]
+SUBTITLES_LABEL = ("Subtitles (optional): .srt or .vtt files, each read with the video of the same name "
+                   "(with one video, any name)")
 
 
 def clock(seconds: float) -> str:
@@ -269,6 +271,12 @@ def upload_intro(settings: AppSettings, gpu_words: str) -> str:
 def upload_row(name: str, outcome: dict) -> str:
     """One file's row of the upload table (after ``UPLOAD_TABLE_HEAD``): its name, status and message."""
     return f"| {md_cell(name)} | {outcome['status']} | {md_cell(outcome['message'])} |"
+
+
+def unmatched_row(name: str) -> str:
+    """The upload table's row for a subtitle file that no chosen video takes."""
+    return (f"| {md_cell(name)} | not used | no video of this name was chosen with it: a subtitle file is "
+            "read with the video of the same name (talk.srt with talk.mp4) |")
 
 
 def md_cell(text: str) -> str:
