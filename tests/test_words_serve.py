@@ -3,10 +3,15 @@
 
 from __future__ import annotations
 
+import logging
 import re
+import threading
+import time
 from pathlib import Path
 
 import pytest
+
+from tests.clips import write_clip
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -83,3 +88,132 @@ def test_words_and_speech_weights_are_flags_and_variables(monkeypatch: pytest.Mo
     assert "invalid choice: 'everything'" in capsys.readouterr().err
     with pytest.raises(ValueError, match="words must be one of off, subtitles, all, got 'some'"):
         AppSettings(words="some")
+
+
+# ----------------------------------------------------------------------- item 2: every way in reads words
+class ScriptedReader:
+    """A words reader (``extract.words.reader.WordsReader``'s interface) that answers one line of words and
+    one skipped source for every video, records what it was asked and when, and reads for ``seconds``."""
+
+    def __init__(self, text: str = "a purple giraffe sings opera", seconds: float = 0.0,
+                 fail: bool = False) -> None:
+        self.text, self.seconds, self.fail = text, seconds, fail
+        self.calls: list[dict] = []
+
+    def describe(self) -> dict:
+        return {"mode": "all", "sources": ["subtitles"], "models": {}}
+
+    def read(self, video_path, sidecar=None, progress=None):
+        from extract.words.reader import WordsReport
+        from extract.words.segment import WordSegment
+
+        call = {"path": Path(video_path), "sidecar": sidecar, "thread": threading.current_thread().name,
+                "t0": time.monotonic()}
+        self.calls.append(call)
+        if progress is not None:
+            progress(0.4)
+        time.sleep(self.seconds)
+        call["t1"] = time.monotonic()
+        if self.fail:
+            raise RuntimeError("a bug in a words source")
+        return WordsReport(segments=(WordSegment("subtitles", 0.5, 1.5, self.text),),
+                           skipped=("speech: the file has no audio stream",), sources=("subtitles",))
+
+
+def timed_extractor(predictor) -> list[tuple[float, float]]:
+    """Record when each visual extraction of ``predictor``'s request extractor runs."""
+    spans: list[tuple[float, float]] = []
+    extract = predictor.ingest.extractor.extract
+
+    def timed(*args, **kwargs):
+        t0 = time.monotonic()
+        try:
+            return extract(*args, **kwargs)
+        finally:
+            spans.append((t0, time.monotonic()))
+
+    predictor.ingest.extractor.extract = timed
+    return spans
+
+
+def test_an_upload_reads_its_words_beside_its_pictures_and_is_found_by_them(tmp_path: Path,
+                                                                            make_predictor) -> None:
+    predictor = make_predictor(tmp_path / "data", uploads="shared")
+    try:
+        reader = predictor.ingest.words = ScriptedReader(seconds=1.5)
+        spans = timed_extractor(predictor)
+        srt = tmp_path / "talk.srt"
+        srt.write_text("1\n00:00:00,500 --> 00:00:01,500\na purple giraffe sings opera\n")
+        stages: list[str] = []
+        clip = write_clip(tmp_path / "inbox" / "talk.mp4", frames=36)
+        out = predictor.add_video(clip, progress=lambda _, stage: stages.append(stage), name="talk.mp4",
+                                  subtitles=srt)
+        assert out["status"] == "added", out
+        (call,) = reader.calls
+        assert call["path"] == clip and call["sidecar"] == srt  # the original file (its tracks), the sidecar
+        assert call["thread"] != threading.current_thread().name
+        (span,) = spans
+        assert call["t0"] < span[1] and span[0] < call["t1"]  # read while the pictures were extracted
+        assert any("words: 40 %" in s for s in stages), stages  # the upload says what it is doing
+        assert "with 1 line of words (subtitles)" in out["message"]
+        assert out["message"].count("Words skipped: ") == 1  # one line per skipped source, saying why
+        assert "Words skipped: speech: the file has no audio stream." in out["message"]
+        assert out["words"]["segments"] == 1 and out["words"]["skipped"] == ["speech: the file has no audio "
+                                                                             "stream"]
+        hit = predictor.search("purple giraffe sings opera", k=5).results[0]
+        assert hit["video_id"] == out["video_id"]
+        assert hit["words"][0]["text"] == "a purple giraffe sings opera"
+        assert hit["words"][0]["source"] == "subtitles"
+    finally:
+        predictor.close()
+
+
+def test_a_failing_reader_still_indexes_the_video_by_its_pictures(tmp_path: Path, make_predictor,
+                                                                  caplog: pytest.LogCaptureFixture) -> None:
+    predictor = make_predictor(tmp_path / "data", uploads="shared")
+    try:
+        predictor.ingest.words = ScriptedReader(fail=True)
+        with caplog.at_level(logging.INFO):
+            out = predictor.add_video(write_clip(tmp_path / "x.mp4", frames=30), name="x.mp4")
+        assert out["status"] == "added" and out["video_id"] in predictor.index.ids
+        assert re.search(r"Words skipped: words: unexpected server error \(error id \w{8}\); the video is "
+                         r"searched by its pictures only\.", out["message"]), out["message"]
+        assert "no words found" in out["message"] and out["words"]["segments"] == 0
+        errors = [r for r in caplog.records if r.levelno >= logging.ERROR]
+        assert len(errors) == 1 and "reading the words of x.mp4 failed" in errors[0].getMessage()
+    finally:
+        predictor.close()
+
+
+def test_the_folder_demo_and_bucket_ways_read_words_once(tmp_path: Path, make_predictor) -> None:
+    """--gallery reads a sidecar with the video's stem beside it; the demo's videos are read too; a video
+    restored from --persist keeps its words (stored with it) without reading them again."""
+    from types import SimpleNamespace
+
+    folder, bucket = tmp_path / "folder", tmp_path / "bucket"
+    first = make_predictor(tmp_path / "data", uploads="shared", persist=bucket)
+    try:
+        reader = first.ingest.words = ScriptedReader(text="the lighthouse keeper counts ships")
+        clip = write_clip(folder / "keeper.mp4", frames=30)
+        (folder / "keeper.srt").write_text("1\n00:00:00,500 --> 00:00:01,500\nthe lighthouse keeper\n")
+        write_clip(folder / "plain.mp4", frames=26, size=(80, 48))
+        demo = write_clip(tmp_path / "demo" / "demo99.mp4", frames=28, size=(96, 64))
+        with first.ingest.starting():
+            outcomes = first.ingest.sync_folder(folder)
+            first.ingest.add_demo([SimpleNamespace(id="demo99", path=demo, title="a demo")])
+        assert [o.status for o in outcomes] == ["added", "added"]
+        asked = {c["path"].name: c["sidecar"] for c in reader.calls}
+        assert asked == {"keeper.mp4": folder / "keeper.srt", "plain.mp4": None, "demo99.mp4": None}
+        assert clip.exists()
+    finally:
+        first.close()
+    again = make_predictor(tmp_path / "fresh", uploads="shared", persist=bucket)  # an empty data dir
+    try:
+        unused = again.ingest.words = ScriptedReader()
+        assert again.ingest.restore() == 2
+        assert unused.calls == []  # nothing read again
+        hit = again.search("the lighthouse keeper counts ships", k=5).results[0]
+        assert hit["video_id"] in ("folder:keeper.mp4", "folder:plain.mp4")
+        assert hit["words"] and hit["words"][0]["text"] == "the lighthouse keeper counts ships"
+    finally:
+        again.close()
