@@ -217,3 +217,78 @@ def test_the_folder_demo_and_bucket_ways_read_words_once(tmp_path: Path, make_pr
         assert hit["words"] and hit["words"][0]["text"] == "the lighthouse keeper counts ships"
     finally:
         again.close()
+
+
+# ---------------------------------------------------- end to end: the API and MCP with a sidecar, the page
+LINE = "the purple giraffe sings opera at midnight"
+SRT = f"1\n00:00:01,000 --> 00:00:02,500\n{LINE}\n\n2\n00:00:03,000 --> 00:00:04,000\nthank you\n"
+
+
+def test_the_api_takes_a_sidecar_and_a_query_naming_its_line_finds_the_video_first(served: tuple,
+                                                                                   tmp_path: Path) -> None:
+    from gradio_client import Client, handle_file
+
+    from prvr.serve.page import card_html
+
+    url = served[0]
+    clip = write_clip(tmp_path / "opera night.mp4", frames=60, size=(80, 48))
+    srt = tmp_path / "opera night.srt"
+    srt.write_text(SRT)
+    client = Client(url, verbose=False)
+    added = client.predict(handle_file(str(clip)), "", handle_file(str(srt)), api_name="/add_video")
+    assert added["status"] == "added", added
+    assert "subtitles" in added["words"]["sources"] and added["words"]["segments"] >= 2, added
+    hits = client.predict("purple giraffe sings opera", 5, 0.7, api_name="/search")["results"]
+    assert hits[0]["video_id"] == added["video_id"]
+    line = hits[0]["words"][0]
+    assert line["text"] == LINE and line["source"] == "subtitles"
+    assert (line["start"], line["end"]) == (1.0, 2.5)
+    card = card_html(hits[0], 0.7, (0.0, 1.0))  # the page draws the API's dict
+    assert f"“{LINE}”" in card and 'data-t="1.00"' in card
+    info = client.predict(api_name="/info")
+    assert info["words"]["mode"] == "all" and "subtitles" in info["words"]["sources"]
+
+
+def test_a_bad_subtitle_file_is_one_skipped_line_and_the_video_is_added(served: tuple, tmp_path: Path,
+                                                                        capfd: pytest.CaptureFixture) -> None:
+    from gradio_client import Client, handle_file
+
+    clip = write_clip(tmp_path / "broken subs.mp4", frames=40, size=(64, 64))
+    bad = tmp_path / "broken subs.srt"
+    bad.write_bytes(b"\xff\xfe\x00garbage \x00\x01 not subtitles at all" * 10)
+    added = Client(served[0], verbose=False).predict(handle_file(str(clip)), "", handle_file(str(bad)),
+                                                     api_name="/add_video")
+    assert added["status"] == "added", added
+    assert any(s.startswith("subtitles") for s in added["words"]["skipped"]), added["words"]
+    assert "Words skipped: subtitles" in added["message"]
+    assert "Traceback" not in capfd.readouterr().err
+
+
+def test_mcp_add_video_takes_a_sidecar_in_the_videos_forms(served: tuple, tmp_path: Path) -> None:
+    import base64
+    import json
+
+    from tests.servers import call_mcp
+
+    url, predictor, _ = served
+    clip = write_clip(tmp_path / "sent.mp4", frames=44, size=(96, 48))
+    video = "data:video/mp4;base64," + base64.b64encode(clip.read_bytes()).decode()
+    sidecar = "data:text/plain;name=sent.srt;base64," + base64.b64encode(SRT.encode()).decode()
+    outside = tmp_path / "secret.srt"
+    outside.write_text(SRT)
+    added, refused = call_mcp(url, ("add_video", {"video": video, "subtitles": sidecar}),
+                              ("add_video", {"video": video, "subtitles": str(outside)}))
+    assert not added.isError, added.content[0].text
+    out = json.loads(added.content[0].text)  # a session upload (each MCP call is a session of its own)
+    assert out["status"] == "added" and out["words"]["segments"] >= 2, out
+    assert refused.isError and "outside the allowed dirs" in refused.content[0].text  # the one path check
+    # an allowed server path joins the shared gallery, with its sidecar: any later call finds it by its line
+    allowed = Path(predictor.settings.mcp_allow_paths)
+    shared = write_clip(allowed / "operator opera.mp4", frames=50, size=(72, 72))
+    (allowed / "operator opera.vtt").write_text(f"WEBVTT\n\n00:00:01.000 --> 00:00:02.500\n{LINE}\n")
+    added, found = call_mcp(url, ("add_video", {"video": str(shared), "subtitles": str(allowed /
+                                                                                    "operator opera.vtt")}),
+                            ("search", {"query": "purple giraffe sings opera", "top_k": 3}))
+    assert added.structuredContent["status"] == "added", added.content[0].text
+    first = found.structuredContent["results"][0]
+    assert first["video_id"] == added.structuredContent["video_id"] and first["words"][0]["text"] == LINE
