@@ -144,7 +144,9 @@ def test_add_video_declares_exactly_what_it_takes(served) -> None:
     add = listed["add_video"]
     allowed = str(Path(served[1].settings.mcp_allow_paths).resolve())
     assert add.inputSchema["required"] == ["video"] and add.inputSchema["additionalProperties"] is False
-    assert set(add.inputSchema["properties"]) == {"video", "name"}
+    assert set(add.inputSchema["properties"]) == {"video", "name", "subtitles"}  # subtitles: issue #43
+    assert f"a path on the server under {allowed}" in add.inputSchema["properties"]["subtitles"][
+        "description"]
     video, name = add.inputSchema["properties"]["video"], add.inputSchema["properties"]["name"]
     assert video == {"type": "string", "description": video["description"]}  # no required/format/title
     assert name == {"type": "string", "description": name["description"]}
