@@ -420,9 +420,11 @@ class IngestService:
         plan = extractor.cost(info)
         notes = ""
         if plan is not None:  # ZeroGPU: the visitor is told the GPU seconds before any is asked for
-            notes = f" It asked ZeroGPU for {plan.words()}."
+            # the words are read in this process on the CPU (bootstrap.words_reader): no GPU seconds
+            cpu = "; its words are read on the CPU, which asks for none" if self.words is not None else ""
+            notes = f" It asked ZeroGPU for {plan.words()}{cpu}."
             report(0.02, f"checking the file: {info.duration / 60:.1f} minutes of video will ask ZeroGPU for "
-                         f"{plan.words()}")
+                         f"{plan.words()}{cpu}")
         sha = arrival.sha256 or sha256_file(path)
         if way.by_content:
             duplicate = self._find_sha(sha, session)
