@@ -113,6 +113,10 @@ class _Ready:
     words: dict | None = None  # its words' ``WordsRun.summary``
 
 
+class WordsAbandoned(Exception):
+    """Raised into a words reader's progress to stop it: the video it reads for was not added."""
+
+
 class WordsRun:
     """One video's words, read by ``WordsReader.read`` in a thread beside its visual extraction (a reader
     of None reads nothing). The reader never raises for bad words input; should it raise all the same (a
@@ -146,7 +150,10 @@ class WordsRun:
             self.seconds = time.perf_counter() - t0
 
     def _progress(self, fraction: float) -> None:
-        """The reader's progress (any thread): kept for the next report of the upload's own thread."""
+        """The reader's progress (any thread): kept for the next report of the upload's own thread. Once
+        the video failed it raises, which stops the reader at its next step (it frees the cores)."""
+        if self.abandoned:
+            raise WordsAbandoned(f"{self.shown} was not added: its words are not needed")
         self.fraction = min(max(float(fraction), 0.0), 1.0)
 
     def words(self) -> str:
