@@ -74,8 +74,10 @@ def test_subtitle_files_chosen_on_the_page_go_with_the_video_of_their_name() -> 
 # ------------------------------------------------------------------------------------ item 1: the settings
 def test_words_and_speech_weights_are_flags_and_variables(monkeypatch: pytest.MonkeyPatch,
                                                          capsys: pytest.CaptureFixture) -> None:
-    from prvr.serve.settings import AppSettings
+    from extract.words.reader import MODES
+    from prvr.serve.settings import WORDS_MODES, AppSettings
 
+    assert WORDS_MODES == MODES  # the flag's choices are the reader's modes (settings imports no torch)
     assert AppSettings().words == "all" and AppSettings().speech_weights is None
     given = AppSettings.from_args(["--words", "subtitles", "--speech-weights", "/models/whisper-small"])
     assert (given.words, given.speech_weights) == ("subtitles", "/models/whisper-small")
