@@ -25,6 +25,7 @@ video keeps the words --persist stored with it (nothing is read again).
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import dataclasses
 import logging
 import threading
@@ -129,6 +130,13 @@ class WordsRun:
         self.failed: str | None = None  # the line for an unexpected failure of the reader
         self.abandoned = False  # the video failed meanwhile: the words are not wanted
         self.seconds = 0.0
+        # the upload's progress while the pictures are extracted (``beside``): its latest stage, told again
+        # with the words' share as the reader moves, in the upload's context (Gradio finds its bar there)
+        self.sink: Progress | None = None
+        self.latest: tuple[float, str] | None = None
+        self.told = -1
+        self.context = contextvars.copy_context()
+        self.lock = threading.Lock()
         self.thread: threading.Thread | None = None
         if reader is not None:
             self.thread = threading.Thread(target=self._read, args=(path, sidecar), daemon=True,
@@ -150,32 +158,42 @@ class WordsRun:
             self.seconds = time.perf_counter() - t0
 
     def _progress(self, fraction: float) -> None:
-        """The reader's progress (any thread): kept for the next report of the upload's own thread. Once
-        the video failed it raises, which stops the reader at its next step (it frees the cores)."""
+        """The reader's progress (its thread): the upload's latest stage is told again with the words' new
+        percentage. Once the video failed it raises, which stops the reader at its next step (it frees the
+        cores)."""
         if self.abandoned:
             raise WordsAbandoned(f"{self.shown} was not added: its words are not needed")
-        self.fraction = min(max(float(fraction), 0.0), 1.0)
+        with self.lock:
+            self.fraction = min(max(float(fraction), 0.0), 1.0)
+            percent, sink, latest = round(100 * self.fraction), self.sink, self.latest
+            if sink is None or latest is None or percent == self.told:
+                return
+            self.told = percent
+            self.context.copy().run(sink, latest[0], f"{latest[1]}; {self.words()}")
 
     def words(self) -> str:
         """The reading's progress in words: "words: 40 %"."""
         return f"words: {100 * self.fraction:.0f} %"
 
     def beside(self, report: Progress) -> Progress:
-        """``report`` with the words' progress after each stage while they are being read."""
+        """``report`` (the upload's progress) with the words' share after each stage while they are read;
+        the reader's own steps tell the latest stage again with theirs."""
         def both(fraction: float, stage: str) -> None:
-            reading = self.thread is not None and self.thread.is_alive()
-            report(fraction, f"{stage}; {self.words()}" if reading else stage)
+            with self.lock:
+                self.sink, self.latest = report, (fraction, stage)
+                reading = self.thread is not None and self.thread.is_alive()
+                report(fraction, f"{stage}; {self.words()}" if reading else stage)
 
         return both
 
     def wait(self, report: Progress) -> WordsRun:
-        """Wait for the words (telling ``report`` every quarter second); logs each skipped source once."""
+        """Wait for the words once the pictures are done, telling ``report`` every quarter second."""
+        with self.lock:
+            self.sink = None  # from here on only this thread tells the upload
         while self.thread is not None and self.thread.is_alive():
             self.thread.join(0.25)
             if self.thread.is_alive():
                 report(0.9, f"{self.words()} (the pictures are done)")
-        for line in self.skipped:
-            log.info("%s: words skipped: %s", self.shown, line)
         return self
 
     def abandon(self) -> None:
@@ -442,11 +460,12 @@ class IngestService:
         # the words from the original file (a re-encoded copy keeps no subtitle track), beside the pictures
         words = WordsRun(self.words, path, arrival.sidecar, shown)
         try:
-            report(0.3, seconds_words(0, info.duration))
+            both = words.beside(report)
+            both(0.3, seconds_words(0, info.duration))
             with self.media.work() as work:
                 # the copy has the probed bytes unless it was re-encoded (then it is probed again)
                 features = extractor.extract(playable, None if reencoded else info, sha, work,
-                                             Throttled(words.beside(report)))
+                                             Throttled(both))
             found = words.wait(report)
         except BaseException:
             words.abandon()
