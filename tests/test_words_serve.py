@@ -287,10 +287,11 @@ def test_mcp_add_video_takes_a_sidecar_in_the_videos_forms(served: tuple, tmp_pa
     # an allowed server path joins the shared gallery, with its sidecar: any later call finds it by its line
     allowed = Path(predictor.settings.mcp_allow_paths)
     shared = write_clip(allowed / "operator opera.mp4", frames=50, size=(72, 72))
-    (allowed / "operator opera.vtt").write_text(f"WEBVTT\n\n00:00:01.000 --> 00:00:02.500\n{LINE}\n")
+    keeper = "the lighthouse keeper counts seven ships"
+    (allowed / "operator opera.vtt").write_text(f"WEBVTT\n\n00:00:01.000 --> 00:00:02.500\n{keeper}\n")
     added, found = call_mcp(url, ("add_video", {"video": str(shared), "subtitles": str(allowed /
                                                                                     "operator opera.vtt")}),
-                            ("search", {"query": "purple giraffe sings opera", "top_k": 3}))
+                            ("search", {"query": "lighthouse keeper counts seven ships", "top_k": 3}))
     assert added.structuredContent["status"] == "added", added.content[0].text
     first = found.structuredContent["results"][0]
-    assert first["video_id"] == added.structuredContent["video_id"] and first["words"][0]["text"] == LINE
+    assert first["video_id"] == added.structuredContent["video_id"] and first["words"][0]["text"] == keeper
