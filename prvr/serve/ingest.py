@@ -456,11 +456,16 @@ class IngestService:
             if duplicate is not None:
                 return Outcome("duplicate", duplicate["id"],
                                f"{shown}: already in the gallery as “{duplicate['title']}”.")
-        copy, playable, reencoded = self._playable(path, sha, way, session, report)
-        # the words from the original file (a re-encoded copy keeps no subtitle track), beside the pictures
+        # the words from the original file (a re-encoded copy keeps no subtitle track), beside the copy and
+        # the pictures
         words = WordsRun(self.words, path, arrival.sidecar, shown)
+        both = words.beside(report)
         try:
-            both = words.beside(report)
+            copy, playable, reencoded = self._playable(path, sha, way, session, both)
+        except BaseException:
+            words.abandon()
+            raise
+        try:
             both(0.3, seconds_words(0, info.duration))
             with self.media.work() as work:
                 # the copy has the probed bytes unless it was re-encoded (then it is probed again)
