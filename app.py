@@ -264,8 +264,10 @@ def api_endpoints(predictor: Predictor, session: gr.State, sessions: ClosedSessi
             raise gr.Error(str(problem), print_exception=False) from None
         return api_response(response)
 
-    def add_video(video: str | None, name: str | None, subtitles: str | None, state: SessionGallery | None,
-                  request: gr.Request, progress: gr.Progress = gr.Progress()  # noqa: B008
+    # subtitles defaults to None: an API client may leave it out (Gradio reads the default from here)
+    def add_video(video: str | None, name: str | None, subtitles: str | None = None,
+                  state: SessionGallery | None = None, request: gr.Request = None,
+                  progress: gr.Progress = gr.Progress()  # noqa: B008
                   ) -> tuple[dict, SessionGallery | None]:
         """Add a video to the searchable gallery (validated, made playable, indexed).
 
