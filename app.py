@@ -23,7 +23,7 @@ import logging
 import os
 import sys
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -45,8 +45,9 @@ os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
 import gradio as gr
 from gradio import route_utils
 
+from extract.decode import MediaError
 from prvr.results.query import QueryError
-from prvr.serve import lifecycle
+from prvr.serve import clips, lifecycle
 from prvr.serve.bootstrap import start
 from prvr.serve.ingest import pair_sidecars
 from prvr.serve.mcp_tools import install as install_mcp
@@ -54,11 +55,13 @@ from prvr.serve.owner import DataDirBusy
 from prvr.serve.page import (
     CSS,
     HEADER,
+    MORE_STEP,
     SEEK_JS,
     SUBTITLES_LABEL,
     UPLOAD_TABLE_HEAD,
     card_html,
     info_markdown,
+    more_cards_html,
     refusal_html,
     score_range,
     summary_html,
@@ -67,7 +70,7 @@ from prvr.serve.page import (
     upload_row,
 )
 from prvr.serve.predictor import Predictor
-from prvr.serve.routes import api_response, routes, top_k_value
+from prvr.serve.routes import MAX_TOP_K, api_response, offset_value, routes, top_k_value
 from prvr.serve.sessions import SessionGallery
 from prvr.serve.settings import AppSettings
 from prvr.serve.startup import LOG_FORMAT, PortBusy, stop_heartbeat
@@ -129,12 +132,13 @@ def build_ui(predictor: Predictor, sessions: ClosedSessions | None = None) -> gr
                                    "describe what happens in the moment, in a few words")
                 search_btn = gr.Button("Search", variant="primary", scale=1, min_width=120)
             with gr.Row():
-                top_k = gr.Slider(1, MAX_CARDS, value=5, step=1, label="Videos to show (top-k)")
+                top_k = gr.Slider(1, MAX_CARDS, value=MAX_CARDS, step=1, label="Videos to show (top-k)")
                 clip_weight = gr.Slider(0.0, 1.0, value=predictor.default_clip_weight, step=0.05,
                                         label="Clip-scale weight (the frame-scale branch gets the rest)")
             examples = gr.Examples(examples, inputs=[query], label="Try a demo caption", examples_per_page=8)
             summary = gr.HTML()
             slots = [result_card() for _ in range(MAX_CARDS)]
+            more = more_slot()
         with gr.Tab("Add videos"):
             added = add_videos_tab(predictor, session, sessions)
         with gr.Tab("About this model"):
@@ -147,10 +151,12 @@ def build_ui(predictor: Predictor, sessions: ClosedSessions | None = None) -> gr
                 response = predictor.search(text, top_k_value(k, MAX_CARDS), w, state)
             except QueryError as problem:
                 log.warning("search refused: %s", problem)
-                return [refusal_html(problem)] + card_updates([], w, "")
-            return [summary_html(text, response)] + card_updates(response.results, w, page_root(request))
+                return [refusal_html(problem)] + card_updates([], w, "") + more_after(None)
+            root = page_root(request)
+            return [summary_html(text, response)] + card_updates(response.results, w, root) + \
+                more_after(response, text, w, root)
 
-        outputs = [summary] + [c for s in slots for c in (s.group, s.info)]
+        outputs = [summary] + [c for s in slots for c in (s.group, s.info)] + more.outputs
         inputs = [query, top_k, clip_weight, session]
         search_events = dict(fn=run_search, inputs=inputs, outputs=outputs, api_visibility="private",
                              concurrency_id="search", concurrency_limit=8)
@@ -168,6 +174,10 @@ def build_ui(predictor: Predictor, sessions: ClosedSessions | None = None) -> gr
         demo.load(refresh_info, [session], [info], api_visibility="private")
         added.then(refresh_info, [session], [info], api_visibility="private")
         api_endpoints(predictor, session, sessions)
+        clip_endpoint(predictor, session)
+        more.button.click(lambda *args: show_more(predictor, *args), [more.state, more.html, session],
+                          more.outputs, api_visibility="private", concurrency_id="search",
+                          concurrency_limit=8)
         demo.unload(sessions.close_later)
     return demo
 
@@ -238,9 +248,11 @@ def api_endpoints(predictor: Predictor, session: gr.State, sessions: ClosedSessi
         subtitles_in = gr.File(label="subtitles")
         results_out, status_out = gr.JSON(label="results"), gr.JSON(label="status")
         info_out = gr.JSON(label="info")
+        offset_in = gr.Number(value=0, precision=0, label="offset")
         search_trigger, add_trigger, info_trigger = gr.Button(), gr.Button(), gr.Button()
 
-    def search(query: str, top_k: float, clip_weight: float, state: SessionGallery | None) -> dict:
+    def search(query: str, top_k: float, clip_weight: float, offset: float,
+               state: SessionGallery | None) -> dict:
         """Find the videos of the gallery that contain a moment matching a sentence, best first.
 
         Each result has the video id, title, duration, total score and its clip-scale and frame-scale
@@ -256,9 +268,12 @@ def api_endpoints(predictor: Predictor, session: gr.State, sessions: ClosedSessi
             query: what happens in the moment, e.g. "a clear glass flower figurine seen up close".
             top_k: how many videos to return (1-100).
             clip_weight: share of the clip-scale branch in the score, 0 to 1 (the model's default: 0.7).
+            offset: how many of the best results to skip, for a further page (default 0; offset + top_k is
+                at most 100): offset 5, top_k 5 gives results 6-10, ranked 6-10.
         """
         try:
-            response = predictor.search(query, top_k_value(top_k), float(clip_weight), state)
+            k = top_k_value(top_k)
+            response = predictor.search(query, k, float(clip_weight), state, offset_value(offset, k))
         except QueryError as problem:
             log.warning("search refused: %s", problem)
             raise gr.Error(str(problem), print_exception=False) from None
@@ -300,11 +315,104 @@ def api_endpoints(predictor: Predictor, session: gr.State, sessions: ClosedSessi
         """Describe the model, its feature profile, the number of videos (shared and yours) and the index."""
         return predictor.describe(state)
 
-    search_trigger.click(search, [query_in, top_k_in, weight_in, session], results_out, api_name="search",
-                         concurrency_id="search", concurrency_limit=8)
+    search_trigger.click(search, [query_in, top_k_in, weight_in, offset_in, session], results_out,
+                         api_name="search", concurrency_id="search", concurrency_limit=8)
     add_trigger.click(add_video, [upload_in, name_in, subtitles_in, session], [status_out, session],
                       api_name="add_video", concurrency_id="heavy", concurrency_limit=1)
     info_trigger.click(info, [session], info_out, api_name="info", concurrency_limit=None)
+
+
+def clip_endpoint(predictor: Predictor, session: gr.State) -> None:
+    """The named endpoint /clip: an MP4 of one span of a video (prvr.serve.clips; the MCP tool ``clip``
+    answers the same request with the clip's URL instead)."""
+    with gr.Row(visible=False):
+        video_in, start_in = gr.Textbox(label="video_id"), gr.Number(label="start")
+        end_in = gr.Number(label="end")
+        clip_out, clip_trigger = gr.File(label="clip"), gr.Button()
+
+    def clip(video_id: str, start: float, end: float, state: SessionGallery | None) -> Iterator[str]:
+        """An MP4 of one moment of a video, e.g. a search result's key_moment: exactly the span from start to
+        end (seconds), its first frame the frame at start, with the video's sound when it has some.
+
+        Through MCP the answer is JSON: video_id, title, start, end, duration and clip_url, a URL that
+        downloads the MP4. A session's uploads are clipped only in that session.
+
+        Args:
+            video_id: the video's id (a search result's video_id).
+            start: where the clip starts, in seconds from the video's start (0 or more).
+            end: where it ends, in seconds (after start, within the video; at most 600 s after start).
+        """
+        try:
+            wanted = clips.clip_request(predictor, video_id, start, end, [state] if state is not None else [])
+        except clips.ClipRefused as refused:
+            log.warning("clip refused: %s", refused)
+            raise gr.Error(str(refused), print_exception=False) from None
+        with predictor.media.work() as folder:  # removed once Gradio has taken its copy and sent it
+            try:
+                path = clips.make_clip(wanted, folder)
+            except MediaError as problem:
+                log.warning("clip failed: %s", problem)
+                raise gr.Error(f"The clip could not be made: {problem}", print_exception=False) from None
+            yield str(path)
+
+    clip_trigger.click(clip, [video_in, start_in, end_in, session], clip_out, api_name="clip",
+                       concurrency_id="clip", concurrency_limit=2)
+
+
+@dataclass
+class MoreSlot:
+    """Further results under the first cards: their cards in one HTML block, the button that adds the next
+    ``MORE_STEP``, and what the search was (``more_after``)."""
+
+    html: gr.HTML
+    button: gr.Button
+    state: gr.State  # {"text", "weight", "shown", "span", "root"} of the search on the page, or None
+
+    @property
+    def outputs(self) -> list:
+        """What a search and the button update, in ``more_after``'s order."""
+        return [self.html, self.state, self.button]
+
+
+def more_slot() -> MoreSlot:
+    """The empty block of further results and its hidden button."""
+    html = gr.HTML(js_on_load=SEEK_JS, padding=False)
+    button = gr.Button(f"More results (the next {MORE_STEP})", visible=False, elem_id="more-results")
+    return MoreSlot(html, button, gr.State(None))
+
+
+def more_after(response: object, text: str = "", weight: float = 0.0, root: str = "",
+               span: list[float] | None = None, shown: str = "") -> list:
+    """Updates of the further-results block after a search (``response``; None: none was made) or after
+    more results (``shown``: the block's cards so far; ``span``: the first cards' colour scale): the button
+    offered while the gallery has videos past those shown and fewer than ``MAX_TOP_K`` are."""
+    if response is None:
+        return ["", None, gr.update(visible=False)]
+    count = response.results[-1]["rank"] if response.results else 0
+    state = {"text": text, "weight": weight, "shown": count, "root": root,
+             "span": span or list(score_range(response.results))}
+    left = response.stats.get("videos", 0) > count and count < MAX_TOP_K
+    return [shown, state, gr.update(visible=left)]
+
+
+def show_more(predictor: Predictor, state: dict | None, shown: str, session: SessionGallery | None) -> list:
+    """The next ``MORE_STEP`` results (up to ``MAX_TOP_K``) added under those shown: the search asks for
+    them after the ones shown (``offset``), which stay on the page as they are."""
+    if not state:
+        return more_after(None)
+    step = min(MORE_STEP, MAX_TOP_K - state["shown"])
+    try:
+        response = predictor.search(state["text"], step, state["weight"], session, offset=state["shown"])
+    except QueryError as problem:  # the search on the page was accepted: only a change of the gallery's
+        log.warning("more results refused: %s", problem)
+        return [shown + refusal_html(problem), state, gr.update(visible=False)]
+    if not response.results:
+        return [shown, state, gr.update(visible=False)]
+    cards = more_cards_html(response.results, state["weight"], tuple(state["span"]), state["root"],
+                            uuid.uuid4().hex[:12])
+    # one colour scale for every card of the search: the first cards'
+    return more_after(response, state["text"], state["weight"], state["root"], state["span"],
+                      (shown or "") + cards)
 
 
 def main(argv: list[str] | None = None) -> int:

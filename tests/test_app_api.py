@@ -307,5 +307,5 @@ def test_the_api_reads_no_server_file_outside_the_allowed_folders(served: tuple,
         got = httpx.get(url + "prvr/video/" + video_id, timeout=30)
         assert got.status_code == 404 and got.text == "no video with this id", (video_id, got.text)
     after = (len(predictor.index), {g.root: len(g.index) for g in sessions.galleries()})
-    assert after[0] == before[0] and all(after[1].get(root, 0) == n for root, n in before[1].items())
-    assert not any(n for root, n in after[1].items() if root not in before[1])  # no session got a video
+    # no session got a video (an earlier test's session may have been closed meanwhile: it is just gone)
+    assert after[0] == before[0] and all(n == before[1].get(root, 0) for root, n in after[1].items())

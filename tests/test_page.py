@@ -22,8 +22,9 @@ def test_the_page_module_loads_no_gradio() -> None:
 def test_a_player_plays_from_the_apps_own_route_at_the_key_moment() -> None:
     from prvr.serve.page import player_html
 
-    result = {"video_id": "up/a b.mp4", "title": 'a "quoted" <title>',
-              "key_moment": {"start": 4.0, "end": 9.0, "play_from": 4.5}}
+    key = {"start": 4.0, "end": 9.0, "play_from": 4.5}
+    result = {"video_id": "up/a b.mp4", "title": 'a "quoted" <title>', "duration": 20.0, "key_moment": key,
+              "moments": [key]}
     html = player_html(result, "https://example.org")
     assert 'src="https://example.org/prvr/video/up/a%20b.mp4#t=4.50"' in html, html
     assert 'data-start="4.50"' in html and "&quot;quoted&quot; &lt;title&gt;" in html

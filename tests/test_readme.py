@@ -61,6 +61,9 @@ def test_the_api_example_runs_as_written(app_url: str, my_clip: Path) -> None:
     top3 = {title for line in results[:3] for title in titles_of(query) if f" {title} " in line}
     assert top3, (query, results)  # a video that shows it is among the first three
     assert (my_clip / "top.mp4").stat().st_size > 10_000
+    assert "more: [6, 7, 8]" in out, out  # the next page of the 8 demo videos
+    clip = Path(next(line for line in out if line.startswith("clip: "))[len("clip: "):])
+    assert clip.suffix == ".mp4" and clip.stat().st_size > 1_000  # the key moment, downloaded
 
 
 def mcp_example_output(app_url: str, folder: Path, python: str) -> list[str]:

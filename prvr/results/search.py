@@ -13,19 +13,20 @@ merged by exact total; results and confidence are built once, for all hits alike
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Callable, Sequence
 
 import numpy as np
 import torch
 
-from prvr.index import Evidence, Gallery, QueryError, check_k, check_weights
+from prvr.index import MAX_K, Evidence, Gallery, QueryError, check_k, check_weights
 from prvr.models.branches import EncodedQueries
 from prvr.results.confidence import UNCALIBRATED, CalibratedConfidence
 from prvr.results.query import clean_query
 from prvr.results.response import Confidence, SearchResponse, result_dicts
 
-__all__ = ["encode_query", "search", "search_text"]
+__all__ = ["check_offset", "encode_query", "search", "search_text"]
 
 TextEncoder = Callable[[list[str]], list[np.ndarray]]  # texts -> token features (L, Dq) each (extract's)
 
@@ -48,7 +49,8 @@ def encode_query(model, tokens: np.ndarray | torch.Tensor) -> np.ndarray | Encod
 
 def search(indexes: Sequence[Gallery], tokens: np.ndarray | torch.Tensor, k: int = 10,
            weights: Sequence[float] | None = None, approximate: bool = False,
-           confidence: Confidence | None = None, query: dict | None = None) -> SearchResponse:
+           confidence: Confidence | None = None, query: dict | None = None,
+           offset: int = 0) -> SearchResponse:
     """Rank every index (all over one model) for the query's token features; the best k over all of them.
 
     ``confidence`` defaults to ``CalibratedConfidence(UNCALIBRATED)`` (no model calibration: every hit "low");
@@ -56,7 +58,10 @@ def search(indexes: Sequence[Gallery], tokens: np.ndarray | torch.Tensor, k: int
     """
     if not indexes:
         raise ValueError("search needs at least one index")
-    k = check_k(k)
+    # a page: the k results after the first ``offset`` (offset=5, k=5 is results 6-10 of k=10, ranked from 6);
+    # every gallery ranks the hits up to the page's last, ``page_of`` makes the page's dicts
+    offset = check_offset(offset, check_k(k))
+    k = offset + k
     model = indexes[0].model
     w = check_weights(weights, (model.cfg.clip_scale_w, model.cfg.frame_scale_w))
     t0 = time.perf_counter()
@@ -66,7 +71,7 @@ def search(indexes: Sequence[Gallery], tokens: np.ndarray | torch.Tensor, k: int
                               [indexes[0].rank(q, k, w, approximate)], k)
     t2 = time.perf_counter()
     judged = (confidence or CalibratedConfidence(UNCALIBRATED)).assess(q, evidence)
-    results = result_dicts(evidence, judged.labels, q)
+    results = page_of(evidence, judged.labels, q, offset)
     t3 = time.perf_counter()
     stats = {"videos": evidence.searched, "scored_exactly": evidence.scored_exactly,
              "encode_ms": 1e3 * (t1 - t0), "rank_ms": 1e3 * (t2 - t1), "results_ms": 1e3 * (t3 - t2),
@@ -77,8 +82,24 @@ def search(indexes: Sequence[Gallery], tokens: np.ndarray | torch.Tensor, k: int
 
 def search_text(indexes: Sequence[Gallery], text: str | bytes, text_encoder: TextEncoder, k: int = 10,
                 weights: Sequence[float] | None = None, approximate: bool = False,
-                confidence: Confidence | None = None) -> SearchResponse:
+                confidence: Confidence | None = None, offset: int = 0) -> SearchResponse:
     """``search`` for a text: validated and cleaned (``clean_query``), then encoded by ``text_encoder``."""
     cleaned = clean_query(text)
     tokens = text_encoder([cleaned.text])[0]
-    return search(indexes, tokens, k, weights, approximate, confidence, cleaned.to_dict())
+    return search(indexes, tokens, k, weights, approximate, confidence, cleaned.to_dict(), offset)
+
+
+def check_offset(offset: object, k: int) -> int:
+    """``offset`` (results skipped before a page of ``k``) as a whole number from 0 with ``offset + k`` at
+    most ``MAX_K``, else a QueryError naming what was given."""
+    if not isinstance(offset, int | np.integer) or isinstance(offset, bool) or not 0 <= offset <= MAX_K - k:
+        raise QueryError(f"offset must be a whole number from 0 to {MAX_K - k} (offset + k at most {MAX_K}), "
+                         f"got {offset!r}")
+    return int(offset)
+
+
+def page_of(evidence: Evidence, labels: Sequence[str], q: object, offset: int) -> list[dict]:
+    """The result dicts of the hits after the first ``offset``, ranked from ``offset + 1``: the same dicts,
+    scores and labels as those ranks of one longer list (only the page's are made)."""
+    page = dataclasses.replace(evidence, hits=evidence.hits[offset:])
+    return [dict(r, rank=offset + r["rank"]) for r in result_dicts(page, labels[offset:], q)]

@@ -5,6 +5,9 @@ names and docstrings); ``install`` answers their calls with the ``mcp`` package'
 as any API client runs the endpoint (gradio_client: the queue, its limits, a session per call). Results are
 JSON (the text is ``json.dumps`` of the API's dict, which is also ``structuredContent``) with absolute URLs;
 a call that waits sends progress notifications to a client that asks for them.
+The tool of /clip, ``clip``, answers the span's ``clip_url`` (``prvr.serve.clips``: the MP4 is made when
+that URL is fetched, and removed once sent) after the API's checks, without making the file (JSON carries no
+video).
 ``add_video`` declares exactly what it takes (``add_video_schema``, where Gradio's own declaration says "an
 http or https url"): ``video``, a base64 data URL, an http(s) URL on a public host, the app's own
 ``/prvr/video/<id>`` URL ("duplicate") or, only under ``--mcp-allow-paths DIR[,DIR]``, a server path inside
@@ -41,6 +44,7 @@ from mcp.server.lowlevel import Server
 from mcp.shared.context import RequestContext
 from starlette.requests import Request
 
+from prvr.serve.clips import ClipRefused, clip_request
 from prvr.serve.predictor import Predictor
 from prvr.serve.routes import VIDEO_ROUTE
 
@@ -51,7 +55,7 @@ DATA_URL = re.compile(r"data:(?P<type>[\w.+-]+/[\w.+-]+)(?P<params>(?:;[\w.+-]+=
                       re.IGNORECASE)
 BASE64 = re.compile(r"[A-Za-z0-9+/]*={0,2}")
 SCHEME = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*:")  # a URL's scheme (a Windows drive letter is 1 letter)
-URL_FIELDS = ("video_url", "moment_url")
+URL_FIELDS = ("video_url", "moment_url", "clip_url")
 MCP_PATH = "/gradio_api/mcp"  # where Gradio serves MCP (streamable HTTP, and SSE under it)
 PROGRESS_EVERY_S = 0.5  # how often a call's state is looked at for progress notifications
 GRADIO_READ = "6.31.0"  # the Gradio release whose MCP server gradio_mcp_server was written against
@@ -370,7 +374,14 @@ def install(demo: object, predictor: Predictor) -> bool:
             jsonschema.validate(instance=arguments, schema=schemas[name])
         except jsonschema.ValidationError as problem:
             return error(f"Input validation error: {problem.message}")
-        if video is None:
+        if endpoint == "/clip":  # its clip's URL (the MP4 is made when it is fetched): JSON has no files
+            try:
+                data = (await asyncio.to_thread(clip_request, predictor, arguments.get("video_id"),
+                                                arguments.get("start"), arguments.get("end"))).to_dict()
+            except ClipRefused as refused:
+                log.warning("MCP clip refused: %s", refused)
+                return error(str(refused))
+        elif video is None:
             data = await app.call(endpoint, arguments, forwarded(context.request), progress_to(context))
         else:
             try:
@@ -429,7 +440,8 @@ def install(demo: object, predictor: Predictor) -> bool:
                          **({"subtitles": handle_file(str(sub))} if sub is not None else {})}
             return await app.call("/add_video", arguments, forwarded(context.request), progress_to(context))
 
-    log.info("MCP tools at /gradio_api/mcp/: search, add_video, info (add_video reads server paths: %s)",
+    log.info("MCP tools at /gradio_api/mcp/: search, add_video, info, clip (add_video reads server paths: "
+             "%s)",
              ", ".join(map(str, roots)) if roots else "no")
     return True
 

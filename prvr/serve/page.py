@@ -13,6 +13,7 @@ from prvr.plural import counted
 from prvr.results.confidence import summary_words
 from prvr.results.moments import play_from
 from prvr.results.response import SearchResponse
+from prvr.serve.clips import clip_url
 from prvr.serve.routes import video_url
 from prvr.serve.settings import AppSettings
 
@@ -33,8 +34,8 @@ HEADER = ('<div class="prvr-header"><h1>Find the moment in long videos</h1><p>Pa
 # position it was left at; a new element starts at its src's media fragment (#t=) by itself.
 SEEK_JS = """
 element.addEventListener('click', (event) => {
-  const target = event.target.closest('[data-t]');
-  const player = element.querySelector('video.player');
+  const target = event.target.closest('[data-t]');  // the player of the card clicked (one HTML may hold more)
+  const player = target && (target.closest('.card-body') || element).querySelector('video.player');
   if (target && player) player.currentTime = parseFloat(target.dataset.t);
 });
 new MutationObserver(() => element.querySelectorAll('video.player').forEach((player) => {
@@ -202,11 +203,13 @@ def words_html(result: dict) -> str:
 
 def player_html(result: dict, root: str) -> str:
     """The result's player: its video from this app's video route under ``root`` (the page's URL), as API
-    clients fetch it (no server path), starting at ``start_position`` (a media fragment)."""
+    clients fetch it (no server path), starting at ``start_position`` (a media fragment); under it, each
+    moment's download link (``clip_links``)."""
     start = f"{start_position(result):.2f}"
     src = f"{root}{video_url(result['video_id'])}#t={start}"
-    return (f'<video class="player" controls preload="auto" playsinline src="{html.escape(src)}" '
-            f'data-start="{start}" aria-label="{html.escape(result["title"])}"></video>')
+    return (f'<div class="card-media"><video class="player" controls preload="auto" playsinline '
+            f'src="{html.escape(src)}" data-start="{start}" aria-label="{html.escape(result["title"])}">'
+            f'</video>{clip_links(result, root)}</div>')
 
 
 def start_position(result: dict) -> float:
@@ -327,3 +330,38 @@ def unmatched_row(name: str) -> str:
 def md_cell(text: str) -> str:
     """Text safe inside a Markdown table cell."""
     return html.escape(text).replace("|", "\\|").replace("\n", " ")
+
+
+MORE_STEP = 10  # results the page's "more" button adds (after those shown, up to routes.MAX_TOP_K)
+
+
+def clip_links(result: dict, root: str = "") -> str:
+    """Each moment's download action: a link to its clip on this app's clip route (an MP4 of the moment,
+    cut where it starts; ``prvr.serve.clips``)."""
+    links = []
+    for i, moment in enumerate(moments_of(result)):
+        start, end = max(0.0, moment["start"]), min(moment["end"], result["duration"])
+        if end <= start:
+            continue
+        name = "★ key moment" if i == 0 else f"moment {i + 1}"
+        href = html.escape(root + clip_url(result["video_id"], start, end))
+        links.append(f'<a class="clip-link" href="{href}" download title="Download {name} ({clock(start)}-'
+                     f'{clock(end)}) as an MP4 clip">⬇ {name} · {clock(start)}-{clock(end)}</a>')
+    return f'<div class="clip-links">Download: {" ".join(links)}</div>' if links else ""
+
+
+def more_cards_html(results: list[dict], clip_weight: float, score_range: tuple[float, float], root: str = "",
+                    search_id: str = "") -> str:
+    """Cards of further results (the "more" button's), each as a result card of its own in one HTML block:
+    the same card as the first ones', on the same colour scale."""
+    return "".join(f'<div class="more-card">{card_html(r, clip_weight, score_range, root, search_id)}</div>'
+                   for r in results)
+
+
+CSS += """
+.clip-links {margin-top: 6px; font-size: 0.82em; display: flex; flex-wrap: wrap; gap: 4px 10px;
+  align-items: baseline}
+.clip-link {text-decoration: none; border-bottom: 1px dotted currentColor}
+.more-card {padding: 10px 12px; border-radius: 12px; margin-top: 10px;
+  border: 1px solid var(--border-color-primary); background: var(--block-background-fill)}
+"""

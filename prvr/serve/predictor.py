@@ -4,7 +4,7 @@
 claimed, the model and extractor chosen, the shared gallery opened, restored, the demo gallery and an optional
 folder indexed); this module knows nothing of how. Then:
 
-    predictor.search(query, k, clip_weight, session) -> SearchResponse    # a list of Contract 4 dicts
+    predictor.search(query, k, clip_weight, session, offset) -> SearchResponse   # Contract 4 dicts
     predictor.add_video(path, session, progress)     -> {status, video_id, message}   (prvr.serve.ingest)
     predictor.ensure_session(session)                -> the session's private gallery (session uploads)
     predictor.describe(session)                      -> model, profile, video counts, gallery
@@ -101,8 +101,9 @@ class Predictor:
         return cfg.clip_scale_w / (cfg.clip_scale_w + cfg.frame_scale_w)
 
     def search(self, query: str, k: int = 5, clip_weight: float | None = None,
-               session: SessionGallery | None = None) -> SearchResponse:
-        """Top-k videos (Contract 4 dicts) over the shared gallery and the session's uploads."""
+               session: SessionGallery | None = None, offset: int = 0) -> SearchResponse:
+        """Top-k videos (Contract 4 dicts) over the shared gallery and the session's uploads, after the first
+        ``offset`` (a further page: ranks from ``offset + 1``)."""
         weight = self.default_clip_weight if clip_weight is None else float(clip_weight)
         if not 0.0 <= weight <= 1.0:
             raise QueryError(f"clip_weight must be between 0 and 1, got {weight}")
@@ -110,7 +111,7 @@ class Predictor:
         # cleaned and encoded once by the profile's text backbone, ranked in every gallery; one confidence
         # rule for all hits: each video's own cuts from its reference scores at these weights
         response = search_text(galleries, query, self.text.encode, k, Weights(weight, complement(weight)),
-                               confidence=self.confidence)
+                               confidence=self.confidence, offset=offset)
         private = session.index.position if len(galleries) > 1 else {}
         located = [dict(r, path=str(self.media.locate(r["path"])),
                         **({"source": "session"} if r["video_id"] in private else {}))
@@ -157,10 +158,16 @@ class Predictor:
 
     def video_file(self, video_id: str, sessions: Sequence[SessionGallery] = ()) -> Path | None:
         """The playable file of a live video of the shared gallery or of one of ``sessions``, or None."""
+        record = self.video_record(video_id, sessions)
+        return self.media.locate(record["path"]) if record is not None else None
+
+    def video_record(self, video_id: str, sessions: Sequence[SessionGallery] = ()) -> dict | None:
+        """The stored record (id, title, path, duration) of a live video with a file, of the shared gallery
+        or of one of ``sessions``, or None."""
         for gallery in [self.index] + [s.index for s in sessions]:
             record = gallery.record(video_id)
             if record is not None and record.get("path"):
-                return self.media.locate(record["path"])
+                return record
         return None
 
     # ------------------------------------------------------------------ describing

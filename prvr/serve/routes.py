@@ -2,6 +2,7 @@
 
     GET /prvr/video/<video id>   a gallery video (or a live session upload) by id, with HTTP ranges
     GET /info                    ``Predictor.describe()`` of the shared gallery, as JSON
+    GET /prvr/clip/<video id>    an MP4 of one span, ?start=&end= in seconds (``prvr.serve.clips``)
 
 A result leaves the app (API, MCP, the page's players) with no server path: ``api_result`` gives it a
 ``video_url`` on the video route and a ``moment_url`` that starts at its key moment.
@@ -20,6 +21,7 @@ from prvr.index import check_k
 from prvr.results.moments import play_from
 from prvr.results.query import QueryError
 from prvr.results.response import SearchResponse
+from prvr.serve.clips import clip_route
 from prvr.serve.predictor import Predictor
 
 if TYPE_CHECKING:  # only a type here: the page's HTML (prvr.serve.page) reads video_url without Gradio
@@ -31,8 +33,8 @@ MAX_TOP_K = 100  # the API's top_k range is 1-100 (the UI shows at most app.MAX_
 
 
 def routes(predictor: Predictor, sessions: ClosedSessions) -> list[Route]:
-    """The app's own HTTP routes beside Gradio's: the videos by id and ``GET /info``."""
-    return [video_route(predictor, sessions), info_route(predictor)]
+    """The app's own HTTP routes beside Gradio's: the videos by id, ``GET /info`` and the clips."""
+    return [video_route(predictor, sessions), info_route(predictor), clip_route(predictor, sessions)]
 
 
 def info_route(predictor: Predictor) -> Route:
@@ -90,3 +92,16 @@ def top_k_value(top_k: object, limit: int = MAX_TOP_K) -> int:
         return check_k(k, limit)
     except QueryError:
         raise QueryError(f"top_k must be a whole number from 1 to {limit}, got {top_k!r}") from None
+
+
+def offset_value(offset: object, top_k: int, limit: int = MAX_TOP_K) -> int:
+    """``offset`` (results skipped, for a further page) as a whole number from 0 with ``offset + top_k`` at
+    most ``limit``, else a QueryError saying the range."""
+    try:
+        value = float(offset)
+    except (TypeError, ValueError):
+        value = None
+    if value is None or not value.is_integer() or not 0 <= value <= limit - top_k:
+        raise QueryError(f"offset must be a whole number from 0 with offset + top_k at most {limit} (results "
+                         f"1-{limit} can be asked for), got offset {offset!r} with top_k {top_k}")
+    return int(value)
