@@ -49,6 +49,7 @@ import torch
 import prvr  # noqa: F401  - applies the torchvision CPU fix before anything else
 from prvr.index import (
     RAGGED,
+    WORDS,
     IndexConfig,
     IndexStoreError,
     ReferenceQueries,
@@ -227,7 +228,7 @@ def results_arrays(fixed: dict[str, np.ndarray], frames: np.ndarray, g: np.rando
     statistics, random reference scores."""
     t = np.arange(ROWS, dtype=np.float32)
     step = ROWS // L
-    ragged: dict[str, list] = {k: [] for k in RAGGED if k not in ("zbasis", "zcoef")}
+    ragged: dict[str, list] = {k: [] for k in RAGGED if k not in ("zbasis", "zcoef", *WORDS)}  # (no words)
     for f in frames:
         fine = f / np.maximum(np.linalg.norm(f, axis=1, keepdims=True), 1e-12)
         video = {"frames": f, "row_start": t, "row_end": t + 1,

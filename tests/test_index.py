@@ -753,24 +753,27 @@ def test_exact_with_the_training_free_bridge(tmp_path: Path) -> None:
     assert_matches_model(VideoIndex.open(tmp_path / "ix", model), model, videos, queries(4, seed=12))
 
 
-def write_schema_9(index: VideoIndex, root: Path) -> None:
-    """The live videos of ``index`` written as the previous release wrote an index (schema 9: the
-    frame-scale features whole, ``zhat``; the sketch left out, which an upgrade does not read)."""
-    from prvr.index.schema import FIXED, RAGGED
+def write_schema_9(index: VideoIndex, root: Path, schema: int = 9) -> None:
+    """The live videos of ``index`` written as an earlier release wrote an index (schema 10: no words;
+    schema 9: nor the frame-scale features factored, but whole, ``zhat``); the sketch left out, which an
+    upgrade does not read."""
+    from prvr.index.schema import FIXED, RAGGED, WORDS
 
     snap, live = index.snapshot, index.snapshot.live
     fixed = {k: snap.gather(k, live) for k in FIXED}
-    fixed["zhat"] = np.stack([unfactor(snap.ragged("zbasis", p), snap.ragged("zcoef", p)).astype(np.float32)
-                              for p in live])
-    ragged = {k: [snap.ragged(k, p) for p in live] for k in RAGGED if k not in ("zbasis", "zcoef")}
+    skip = WORDS if schema == 10 else (*WORDS, "zbasis", "zcoef")
+    if schema == 9:
+        fixed["zhat"] = np.stack([unfactor(snap.ragged("zbasis", p), snap.ragged("zcoef", p)).astype(
+            np.float32) for p in live])
+    ragged = {k: [snap.ragged(k, p) for p in live] for k in RAGGED if k not in skip}
     arrays = dict(fixed)
     for key, count in RAGGED.items():
-        if key not in ("zbasis", "zcoef"):
+        if key not in skip:
             arrays[key] = np.concatenate(ragged[key])
             arrays[count] = np.array([len(x) for x in ragged[key]], dtype=np.int64)
     root.mkdir(parents=True)
     manifest = {**{k: v for k, v in index.manifest.items() if k not in ("segments", "retired")},
-                "schema_version": 9, "generation": 1,
+                "schema_version": schema, "generation": 1,
                 "segments": [store.write_segment(root, arrays, [snap.videos[p] for p in live])]}
     store.commit_manifest(root, manifest)
 

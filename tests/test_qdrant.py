@@ -328,7 +328,7 @@ def test_the_layout_is_declared_once_for_the_engine_and_a_server() -> None:
     assert video.id == video.payload["seq"] == 5 and (video.payload["id"], video.payload["path"]) == ("v1",
                                                                                                       "p.mp4")
     groups = array_points(5, arrays)
-    assert [p.id for p in groups] == [15, 16, 17]  # 3 seq + group
+    assert [p.id for p in groups] == [20, 21, 22, 23]  # 4 seq + group
     names = [n for p in groups for n, _, _ in p.payload["layout"]]  # all, pidx in the sketch and the exact
     assert sorted(names) == sorted((*ENCODED, *SKETCH, "pidx"))
     assert {n: a.tolist() for p in groups for n, a in unpack(p.payload).items()} == {
@@ -357,7 +357,7 @@ def test_the_server_path_requests_through_qdrant_client(tmp_path: Path) -> None:
     server.remove([videos[3].id])
     builtin.remove([videos[3].id])
     assert server.ids == builtin.ids and stores.videos.count() == len(videos)  # 79 and the metadata point
-    assert stores.arrays.count() == 3 * (len(videos) - 1)  # three points of arrays per video
+    assert stores.arrays.count() == 4 * (len(videos) - 1)  # four points of arrays per video
     for tokens in queries(3, seed=6):
         q = encode_query(model, tokens)
         for w in (None, (0.2, 0.8)):

@@ -20,7 +20,7 @@ from prvr.results.search import search, search_text
 
 CONTRACT_KEYS = {"rank", "video_id", "title", "path", "duration", "score", "clip_score", "frame_score",
                  "confidence", "confidence_label", "key_moment", "moments", "heatmap", "key_clip",
-                 "attention"}
+                 "attention", "words"}
 
 
 def fake_text_encoder(texts: list[str]) -> list[np.ndarray]:
@@ -307,5 +307,6 @@ def test_a_hit_without_fine_rows_falls_back_to_the_key_clip(index: VideoIndex) -
                             if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING})
     full, old = result_dict(1, hit, "low", q), result_dict(1, bare, "low", q)
     assert set(old) == CONTRACT_KEYS and old["key_clip"] == full["key_clip"]
-    assert old["key_moment"] == old["key_clip"] and old["moments"] == [old["key_clip"]]
+    key = {**old["key_clip"], "from": "pictures"}
+    assert old["key_moment"] == key and old["moments"] == [key] and old["words"] == []
     assert len(old["heatmap"]["score"]) == 32 and old["attention"] == full["attention"]

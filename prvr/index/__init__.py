@@ -9,8 +9,9 @@ schema's built-in index brought over), ``move`` (a gallery from one store to ano
 version, record fields and per-video arrays, declared once), ``encoding`` (input videos, their checks and
 their encoding by the model), ``query`` (a query's checks: ``k``, weights, ``QueryError``), ``sketch`` (8-bit
 sketch, bound data), ``kernels`` (numba passes), ``rank`` (``top_k``, the bounds and exact kernels' drivers),
-``approximate`` (faiss candidates), ``scoring`` (exact scores and evidence, read through ``VideoArrays``) and
-``evidence`` (what rank returns).
+``approximate`` (faiss candidates), ``scoring`` (exact scores and evidence, read through ``VideoArrays``),
+``words`` (the words channel: a video's timed text stored, matched dense and lexically) and ``evidence`` (what
+rank returns).
 """
 
 from prvr.index.backends import gallery_dir, open_gallery, private_gallery
@@ -29,17 +30,19 @@ from prvr.index.move import move as move_gallery
 from prvr.index.qdrant import QdrantConfig, QdrantIndex
 from prvr.index.qdrant_store import QdrantConnectionError, QdrantTarget
 from prvr.index.query import MAX_K, QueryError, Weights, check_k, check_weights
-from prvr.index.schema import FIXED, RAGGED, RECORD, SCHEMA_VERSION
+from prvr.index.schema import FIXED, RAGGED, RECORD, SCHEMA_VERSION, WORDS
 from prvr.index.scoring import VideoArrays, query_vector
 from prvr.index.storage import DataFolder, GalleryStore
 from prvr.index.store import IndexStoreError
 from prvr.index.store import media_paths as stored_media_paths
 from prvr.index.video_index import IndexConfig, VideoIndex
+from prvr.index.words import WORDS_MATCH, QueryTerms, WordMatch
 
 __all__ = ["FIXED", "MAX_K", "RAGGED", "RECORD", "SCHEMA_VERSION", "DataFolder", "Evidence", "Gallery",
            "GalleryError", "GalleryStore", "GalleryVideo", "IndexConfig", "IndexMismatchError",
            "IndexStoreError", "QdrantConfig", "QdrantConnectionError", "QdrantIndex", "QdrantTarget",
-           "QueryError", "ReferenceQueries", "VideoArrays", "VideoEvidence", "VideoIndex", "Weights",
+           "QueryError", "QueryTerms", "ReferenceQueries", "VideoArrays", "VideoEvidence", "VideoIndex",
+           "WORDS", "WORDS_MATCH", "Weights", "WordMatch",
            "bank_vectors", "check_k", "check_weights", "frame_factors", "gallery_dir", "half_up",
            "localisation_arrays", "move_gallery", "open_gallery", "private_gallery", "query_vector",
            "stored_media_paths"]

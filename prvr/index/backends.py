@@ -32,10 +32,12 @@ def open_gallery(model, references: ReferenceQueries | None, *, url: str | None 
     if data_dir is None:
         raise ValueError("open_gallery needs a Qdrant url or a data directory")
     root, cfg = gallery_dir(data_dir, profile, model), IndexConfig()
-    if not (root / store.MANIFEST).exists():  # the previous release's index of this model: brought over
+    if not (root / store.MANIFEST).exists():  # a previous release's index of this model: brought over
         identity = gallery_identity(model, references, cfg.mode)
-        upgraded_into(gallery_dir(data_dir, profile, model, PREVIOUS), root,
-                      lambda aside: VideoIndex.create(aside, model, cfg, references), identity)
+        for schema in PREVIOUS:  # the newest first
+            if upgraded_into(gallery_dir(data_dir, profile, model, schema), root,
+                             lambda aside: VideoIndex.create(aside, model, cfg, references), identity):
+                break
     return VideoIndex.open_or_create(root, model, cfg, references)
 
 

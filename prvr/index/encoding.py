@@ -15,6 +15,10 @@ from them at search time; and with them the reference bank's statistics of every
 (``prvr.temporal.hubness.bank_stats``: mean and std of the row's cosine with the reference captions' vectors),
 which localisation normalises its similarities by.
 
+With ``text_encoder``, each video's words (``GalleryVideo.words``: timed segments of subtitles, speech, text
+on screen) are stored too (``prvr.index.words.encode_words``: embedded as queries are, with their times,
+source, score and text); a video without words stores none (``words.no_words``).
+
 Layout: ``FIXED`` arrays have one row per video; each ``RAGGED`` array is a list of per-video
 arrays whose lengths the index stores under the named count.
 """
@@ -23,13 +27,15 @@ from __future__ import annotations
 
 import math
 from collections.abc import Container, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 
-from prvr.index.schema import FINE, FIXED, RAGGED, RECORD
+from extract.words.segment import WordSegment
+from prvr.index.schema import FINE, FIXED, RAGGED, RECORD, WORDS
+from prvr.index.words import TextEncoder, encode_words, no_words
 from prvr.models.clustering import length_aware_kmedoids
 from prvr.temporal.hubness import bank_stats
 from prvr.temporal.propagation import BETA, propagate_finest
@@ -58,12 +64,14 @@ class GalleryVideo:
     title: str = ""
     path: str = ""
     sha256: str = ""
+    words: tuple[WordSegment, ...] = field(default=())  # timed text it says or shows (needs a text encoder)
 
     @classmethod
-    def from_features(cls, video_id: str, vf, title: str = "", path: str = "") -> GalleryVideo:
-        """From an ``extract.features.VideoFeatures``."""
+    def from_features(cls, video_id: str, vf, title: str = "", path: str = "",
+                      words: Sequence[WordSegment] = ()) -> GalleryVideo:
+        """From an ``extract.features.VideoFeatures`` (and the video's words, if any)."""
         return cls(video_id, vf.features, vf.start, vf.end, float(vf.duration), title or vf.source,
-                   path, vf.sha256)
+                   path, vf.sha256, tuple(words))
 
     def record(self) -> dict:
         """The record a gallery stores and returns (``schema.RECORD``)."""
@@ -101,6 +109,21 @@ def check_videos(videos: Sequence[GalleryVideo], existing: Container[str]) -> No
             raise GalleryError(f"video {v.id!r}: row times must be finite with end >= start")
         if not math.isfinite(float(v.duration)) or v.duration < 0:
             raise GalleryError(f"video {v.id!r}: duration {v.duration} is not a non-negative number")
+        check_words(v)
+
+
+def check_words(video: GalleryVideo) -> None:
+    """GalleryError unless the video's words are ``WordSegment``s, each with some text."""
+    words = video.words
+    if not isinstance(words, Sequence) or isinstance(words, str | bytes):
+        raise GalleryError(f"video {video.id!r}: words must be a sequence of WordSegment, got "
+                           f"{type(words).__name__}")
+    for i, segment in enumerate(words):
+        if not isinstance(segment, WordSegment):
+            raise GalleryError(f"video {video.id!r}: words[{i}] is a {type(segment).__name__}, not a "
+                               "WordSegment")
+        if not segment.text.strip():
+            raise GalleryError(f"video {video.id!r}: words[{i}] at {segment.start:g} s has no text")
 
 
 @dataclass(frozen=True)
@@ -197,10 +220,11 @@ def unfactor(zbasis: np.ndarray, zcoef: np.ndarray) -> np.ndarray:
 
 
 def encode_for_index(model, videos: Sequence[GalleryVideo], mode: str, batch: int,
-                     references: ReferenceQueries | None = None) -> tuple[dict[str, np.ndarray],
-                                                                           dict[str, list[np.ndarray]]]:
+                     references: ReferenceQueries | None = None, text_encoder: TextEncoder | None = None
+                     ) -> tuple[dict[str, np.ndarray], dict[str, list[np.ndarray]]]:
     """Run the model over raw rows: the ``FIXED`` arrays (one row per video) and the ``RAGGED`` ones (a
-    list of one array per video); without references the reference scores are (V, 0)."""
+    list of one array per video); without references the reference scores are (V, 0). The videos' words
+    are embedded with ``text_encoder`` (needed when any video has words)."""
     fixed: dict[str, list] = {k: [] for k in FIXED}
     ragged: dict[str, list] = {k: [] for k in RAGGED}
     bank = bank_vectors(references)
@@ -240,6 +264,12 @@ def encode_for_index(model, videos: Sequence[GalleryVideo], mode: str, batch: in
         ragged["row_end"].extend(np.asarray(v.end, np.float32) for v in part)
         for key in FINE:
             ragged[key].extend(f[key] for f in fine)
+        width = int(enc.clip_units.shape[-1])
+        for v in part:
+            words = (encode_words(model, v.words, text_encoder, width, bank) if v.words
+                     else no_words(width))
+            for key in WORDS:
+                ragged[key].append(words[key])
     return {k: np.concatenate(v) for k, v in fixed.items()}, ragged
 
 
@@ -255,7 +285,11 @@ def segment_arrays(fixed: dict[str, np.ndarray],
 
 
 def check_encoded(fixed: dict[str, np.ndarray], ragged: dict[str, list[np.ndarray]], n: int) -> None:
-    """GalleryError unless every FIXED array has n rows and every RAGGED array n entries."""
+    """GalleryError unless every FIXED array has n rows and every RAGGED array n entries; the words arrays
+    of a producer that has none (``schema.WORDS``: benchmarks, an upgrade) are added here, empty."""
+    if "units" in fixed and not any(k in ragged for k in WORDS):
+        empty = no_words(int(np.shape(fixed["units"])[-1]))
+        ragged.update({k: [empty[k]] * n for k in WORDS})
     missing = [k for k in FIXED if k not in fixed] + [k for k in RAGGED if k not in ragged]
     if missing:
         raise GalleryError(f"encoded videos lack the arrays {missing}")

@@ -12,16 +12,23 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from prvr.index.words import WordMatch
+
 
 def _none(*shape: int, dtype: type = np.float32):
     """A default for an array field an older producer does not fill: an empty array."""
     return field(default_factory=lambda: np.zeros(shape, dtype))
 
 
-def best_first(totals: np.ndarray, order: np.ndarray, k: int) -> np.ndarray:
-    """Indices of the k best by total, equal totals by ``order`` (storage or insertion order, or which
-    gallery came first): the one order of hits in every backend and every merge."""
-    return np.lexsort((order, -np.asarray(totals, dtype=np.float64)))[:k]
+def best_first(totals: np.ndarray, order: np.ndarray, k: int, words: np.ndarray | None = None) -> np.ndarray:
+    """Indices of the k best: those with a words score (``words`` > 0: a line matched the query,
+    ``prvr.index.words``) first, by it, then by total, equal totals by ``order`` (storage or insertion order,
+    or which gallery came first): the one order of hits in every backend and every merge. Without words
+    scores (or all 0) the order is by total alone."""
+    keys = (order, -np.asarray(totals, dtype=np.float64))
+    if words is not None and np.any(np.asarray(words) > 0):
+        keys = (*keys, -np.asarray(words, dtype=np.float64))
+    return np.lexsort(keys)[:k]
 
 
 @dataclass(frozen=True)
@@ -70,6 +77,10 @@ class VideoEvidence:
     context_bank: np.ndarray = _none(0, 2)
     ref_clip: np.ndarray = _none(0, dtype=np.float16)  # (R,) clip scores of the reference queries
     ref_frame: np.ndarray = _none(0, dtype=np.float16)  # (R,) frame scores of the reference queries
+    # the words channel (prvr.index.words): the video's segments that matched the query, best first, and its
+    # words score (the best one's; 0: none matched, the video ranks by its pictures)
+    words: tuple[WordMatch, ...] = ()
+    words_score: float = 0.0
 
     @property
     def id(self) -> str:
@@ -115,7 +126,8 @@ class Evidence:
             if (p.weights, p.map_size, p.max_ctx_l) != (first.weights, first.map_size, first.max_ctx_l):
                 raise ValueError("merged evidence must come from the same model and weights")
         every = [h for p in parts for h in p.hits]
-        hits = [every[i] for i in best_first(np.array([h.total for h in every]), np.arange(len(every)), k)]
+        hits = [every[i] for i in best_first(np.array([h.total for h in every]), np.arange(len(every)), k,
+                                             np.array([h.words_score for h in every]))]
         return cls(tuple(hits), first.weights, sum(p.scored_exactly for p in parts),
                    sum(p.searched for p in parts), first.map_size, first.max_ctx_l,
                    any(p.approximate for p in parts))

@@ -15,14 +15,16 @@ gallery = open_gallery(model, references, url=url, data_dir=data_dir, profile=pr
 # url: "qdrant://HOST:PORT/NAME" or "qdrant+local://DIR"; without one, the built-in index in data_dir
 gallery = private_gallery(model, references, directory)    # a new built-in one of its own (sessions, warm-up)
 len(gallery); gallery.ids; gallery.record(video_id); gallery.find_sha256(sha)
-gallery.add([GalleryVideo(...)]); gallery.remove([video_id])
-evidence = gallery.rank(q, k=10, weights=None)    # exact, best first (the same bits over both stores)
+gallery.add([GalleryVideo(..., words=segments)], text_encoder=encode); gallery.remove([video_id])
+evidence = gallery.rank(q, k=10, weights=None, text=None)   # exact, best first (the same bits over both
+                                                  # stores); text: the query's, for the words' lexical match
 gallery.describe(); gallery.data_folder(data_dir); gallery.media_paths(); gallery.close()
 ```
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import Sequence
 from pathlib import Path
@@ -40,7 +42,7 @@ from prvr.index.encoding import (
     check_videos,
     encode_for_index,
 )
-from prvr.index.evidence import Evidence, VideoEvidence
+from prvr.index.evidence import Evidence, VideoEvidence, best_first
 from prvr.index.query import Weights, check_k, check_weights
 from prvr.index.rank import BOUND_EPS, Exact, top_k
 from prvr.index.schema import EVIDENCE, EXACT, SCHEMA_VERSION
@@ -48,6 +50,7 @@ from prvr.index.scoring import evidence_of, exact_of, is_csa, query_vector, refi
 from prvr.index.sketch import SKETCH, BoundQuery
 from prvr.index.storage import Catalog, DataFolder, Fixed, GalleryStore, Ragged, StoreView
 from prvr.index.store import IndexStoreError
+from prvr.index.words import TextEncoder, match_words
 from prvr.models.branches import EncodedQueries
 from prvr.plural import counted
 
@@ -201,18 +204,24 @@ class Gallery:
         self.storage.close()
 
     # ------------------------------------------------------------------ writing
-    def add(self, videos: Sequence[GalleryVideo]) -> None:
-        """Encode and add videos in one update; a GalleryError (bad input, duplicate id) changes nothing."""
+    def add(self, videos: Sequence[GalleryVideo], text_encoder: TextEncoder | None = None) -> None:
+        """Encode and add videos in one update; a GalleryError (bad input, duplicate id) changes nothing.
+        ``text_encoder`` (the profile's: texts -> token features each) embeds the videos' words; a video
+        with words and no text encoder is refused."""
         videos = list(videos)
         if not videos:
             return
         check_videos(videos, set(self.position))  # before encoding: bad input costs nothing
+        worded = [v.id for v in videos if v.words]
+        if worded and text_encoder is None:
+            raise GalleryError(f"video {worded[0]!r} has words but no text_encoder was given to embed them "
+                               "(Gallery.add(videos, text_encoder=...))")
         if self.identity.get("references") != bank_identity(self.references):
             raise GalleryError(f"{self.storage.where} stores reference scores of bank "
                                f"{bank_words(self.identity.get('references'))}; open it with that bank "
                                "(references=...) to add videos")
         fixed, ragged = encode_for_index(self.model, videos, self.storage.mode, self.storage.encode_batch,
-                                         self.references)
+                                         self.references, text_encoder)
         ids = [v.id for v in videos]
         # again, under the store's writer lock: another writer may have added them meanwhile
         self.storage.append([v.record() for v in videos], fixed, ragged,
@@ -249,24 +258,55 @@ class Gallery:
         return check_weights(weights, (self.model.cfg.clip_scale_w, self.model.cfg.frame_scale_w))
 
     def rank(self, q: np.ndarray | torch.Tensor | EncodedQueries, k: int = 10,
-             weights: Sequence[float] | None = None, approximate: bool = False) -> Evidence:
+             weights: Sequence[float] | None = None, approximate: bool = False,
+             text: str | None = None) -> Evidence:
         """The k best live videos for the model's encoded query ``q`` (an (H,) vector; for a CSA model the
-        model's ``EncodedQueries`` of one query), with exact scores and what results need; best first."""
+        model's ``EncodedQueries`` of one query), with exact scores and what results need; best first.
+        ``text``: the query's (cleaned) text, which the videos' words are also matched with lexically
+        (None: their dense match only); videos whose words match rank first (``prvr.index.words``)."""
         k, w = check_k(k), self.weights(weights)
         if isinstance(q, torch.Tensor):
             q = q.detach().cpu().numpy()
         view = self.storage.view()
-        hits, scored = self._top(view, q, k, w, approximate)
+        hits, ids, scored = self._top(view, q, k, w, approximate)
+        words = view.words() if view.live else None
+        if words is not None:
+            hits, scored = self._by_words(view, words, q, k, w, text, hits, ids, scored)
         cfg = self.model.cfg
         return Evidence(tuple(hits), w, scored, view.live, int(cfg.map_size), int(cfg.max_ctx_l), approximate)
 
+    def _by_words(self, view: StoreView, words, q: np.ndarray | EncodedQueries, k: int, w: Weights,
+                  text: str | None, hits: list[VideoEvidence], ids: np.ndarray,
+                  scored: int) -> tuple[list[VideoEvidence], int]:
+        """The pictures' k best (``hits`` at view ``ids``) with the videos whose words match the query: the
+        best k of those not among them scored exactly (the same exact path), each hit given its matched
+        segments, all in ``best_first`` order (words first); and how many were scored exactly."""
+        found = match_words(words, query_vector(q), text)
+        if not found:
+            return hits, scored
+        have = {int(i) for i in ids}
+        best = sorted(found, key=lambda v: (-found[v].score, v))
+        extra = np.array([v for v in best if v not in have][:k], dtype=np.int64)
+        if len(extra):
+            reads = (*EXACT, *EVIDENCE)
+            view.prefetch(reads, np.sort(extra))
+            arrays, rows = view.arrays(extra, reads)
+            hits = hits + list(evidence_of(self.model, arrays, rows, q, w))
+            view.release(reads, np.sort(extra))
+            ids = np.concatenate([np.asarray(ids, np.int64), extra])
+        hits = [dataclasses.replace(h, words=found[int(i)].lines, words_score=found[int(i)].score)
+                if int(i) in found else h for h, i in zip(hits, ids, strict=True)]
+        order = best_first(np.array([h.total for h in hits]), ids, k, np.array([h.words_score for h in hits]))
+        return [hits[i] for i in order], scored + len(extra)
+
     def _top(self, view: StoreView, q: np.ndarray | EncodedQueries, k: int, w: Weights,
-             approximate: bool) -> tuple[list[VideoEvidence], int]:
-        """The k best live videos' evidence (best first) from one view, and how many were scored exactly:
+             approximate: bool) -> tuple[list[VideoEvidence], np.ndarray, int]:
+        """The k best live videos' evidence (best first) from one view, their view ids, and how many were
+        scored exactly:
         ``rank.top_k`` over the store's pages, refined by the sketch, scored exactly; the winners' exact
         scores are reused for their evidence."""
         if not view.live:
-            return [], 0
+            return [], np.zeros(0, np.int64), 0
         bq, threads = BoundQuery.of(query_vector(q)), torch.get_num_threads()
 
         def refine(ids: np.ndarray, tau: float) -> np.ndarray:
@@ -285,7 +325,7 @@ class Gallery:
         pages = view.pages(bq, k, w, approximate, refine, not self._csa)
         ids, _, n = top_k(pages, k, score, refine, BOUND_EPS * (1 + w.clip + w.frame), view.shortlist(k))
         if not scored:
-            return [], n
+            return [], np.zeros(0, np.int64), n
         every = np.concatenate([p for p, _ in scored])  # distinct ids
         order = np.argsort(every)
         exact = Exact.concat([ex for _, ex in scored]).take(order[np.searchsorted(every, ids, sorter=order)])
@@ -297,4 +337,4 @@ class Gallery:
         # page cache keeps them; the hits' arrays read them again if used)
         view.release(EVIDENCE, winners)
         view.release(SCORED, every[order])
-        return list(hits), n
+        return list(hits), np.asarray(ids, np.int64), n

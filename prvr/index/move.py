@@ -66,7 +66,7 @@ def _qdrant(target: QdrantTarget, batch: int) -> tuple[dict, int, Iterator[Batch
         for a in range(0, len(records), batch):
             part = records[a:a + batch]
             arrays = [{} for _ in part]
-            for group in ("exact", "evidence"):
+            for group in ("exact", "evidence", "words"):
                 ids = [array_id(p["seq"], group) for p in part]
                 got = source.arrays.retrieve(ids, list(ARRAYS))
                 for x, i in zip(arrays, ids, strict=True):

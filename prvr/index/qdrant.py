@@ -64,10 +64,11 @@ from prvr.index.qdrant_store import (
 )
 from prvr.index.query import Weights
 from prvr.index.rank import FIRST_CHUNK, Page, Stored
-from prvr.index.schema import FIXED, RAGGED, RECORD, SCHEMA_VERSION
+from prvr.index.schema import FIXED, RAGGED, RECORD, SCHEMA_VERSION, WORDS
 from prvr.index.sketch import BoundQuery, frame_balls, quantize, window_factors
 from prvr.index.storage import Catalog, DataFolder, Fixed, Ragged, Refine
 from prvr.index.store import IndexStoreError
+from prvr.index.words import Words, WordsTable
 from prvr.models.preprocess import window_table
 
 FORMAT = "prvr-qdrant"
@@ -147,6 +148,10 @@ class QdrantStore:
         self._read: dict | None = None
         self.meta: dict = {}
         self._listing: tuple[Catalog, list[int]] = (Catalog.of([]), [])  # the catalogue, insertion numbers
+        self._worded: set[int] = set()  # insertion numbers of the videos with words
+        self._word_arrays: dict[int, dict[str, np.ndarray]] = {}  # their words arrays, read on first use
+        self._words: Words | None = None  # the table of them all (rebuilt after a change)
+        self._wording = threading.Lock()  # guards the three above (not the writer's lock: an add is long)
 
     @property
     def mode(self) -> str:
@@ -207,10 +212,36 @@ class QdrantStore:
         """Every video's record and insertion number, read from the videos' points (no vectors, no
         arrays)."""
         with self._reading:
-            found = [p for i, p in self.videos.scroll([*RECORD, "seq"]) if i != META_ID]
+            found = [p for i, p in self.videos.scroll([*RECORD, "seq", "words"]) if i != META_ID]
         found.sort(key=lambda p: p["seq"])
+        self._set_worded({int(p["seq"]) for p in found if p.get("words")})
         records = [{k: p[k] for k in RECORD if k in p} for p in found]
         return Catalog.of(records), [int(p["seq"]) for p in found]
+
+    def _set_worded(self, worded: set[int]) -> None:
+        """The videos with words are now these (their arrays already read are kept)."""
+        with self._wording:
+            if worded == self._worded:
+                return
+            self._worded = worded
+            self._word_arrays = {s: a for s, a in self._word_arrays.items() if s in worded}
+            self._words = None
+
+    def words(self) -> Words | None:
+        """The live videos' word segments as one table (ids: insertion numbers), None when none has words;
+        their words arrays are read on first use and kept (a gallery's words are matched in memory)."""
+        with self._wording:
+            if not self._worded:
+                return None
+            if self._words is None:
+                missing = sorted(self._worded - set(self._word_arrays))
+                for a in range(0, len(missing), 256):
+                    self._word_arrays.update(self.fetch(missing[a:a + 256], "words"))
+                seqs = sorted(self._worded)
+                arrays = {k: np.concatenate([self._word_arrays[s][k] for s in seqs]) for k in WORDS}
+                table = WordsTable.of_videos(arrays, [len(self._word_arrays[s]["words_start"]) for s in seqs])
+                self._words = Words(((table, np.array(seqs, np.int64), np.ones(len(table), bool)),))
+            return self._words
 
     def refresh(self) -> None:
         """Re-read the list of videos (another process may have changed the collection)."""
@@ -270,7 +301,8 @@ class QdrantStore:
                 video = {**{k: fixed[k][a + i] for k in FIXED}, **{k: ragged[k][a + i] for k in RAGGED},
                          **{k: sketch[k][i] for k in SKETCH}}
                 seq = seq0 + a + i
-                yield video_point(records[a + i], seq, bounds[i], scenes[i]), array_points(seq, video)
+                yield (video_point(records[a + i], seq, bounds[i], scenes[i], len(video["words_start"])),
+                       array_points(seq, video))
 
     def _upload(self, records: list[dict], fixed: Fixed, ragged: Ragged) -> None:
         """Upsert points in requests of at most ``upsert_bytes``, then advance the insertion counter; on any
@@ -306,6 +338,11 @@ class QdrantStore:
             raise
         added = [{k: r[k] for k in RECORD} for r in records]
         catalog, seqs = self._listing
+        worded = {seq0 + i: {k: ragged[k][i] for k in WORDS} for i in range(len(records))
+                  if len(ragged["words_start"][i])}
+        with self._wording:
+            self._word_arrays.update(worded)  # (what was just written: not read back)
+        self._set_worded(self._worded | set(worded))
         self._listing = Catalog.of(catalog.videos + added), seqs + list(range(seq0, seq0 + len(records)))
 
     def _write(self, part: list[tuple[PointData, list[PointData]]], written: list[int]) -> None:
@@ -342,6 +379,7 @@ class QdrantStore:
             gone = set(ids)
             keep = [i for i, v in enumerate(catalog.videos) if v["id"] not in gone]
             self._listing = Catalog.of([catalog.videos[i] for i in keep]), [seqs[i] for i in keep]
+            self._set_worded(self._worded & {seqs[i] for i in keep})
 
     def fetch(self, seqs: Sequence[int], group: str) -> dict[int, dict[str, np.ndarray]]:
         """One group of arrays (``qdrant_store.GROUPS``) of videos by insertion number."""
@@ -416,6 +454,16 @@ class QdrantView:
 
     def release(self, names: Sequence[str], ids: np.ndarray) -> None:
         """Fetched points go with the view."""
+
+    def words(self) -> Words | None:
+        """The gallery's word segments (``QdrantStore.words``) of this view's videos (an add since may have
+        brought more)."""
+        words = self.source.words()
+        if words is None:
+            return None
+        table, ids, _ = words.tables[0]
+        listed = np.isin(ids, np.fromiter(self.record, np.int64, len(self.record)))
+        return Words(((table, ids, listed[table.video]),))
 
 
 class QdrantIndex(Gallery):

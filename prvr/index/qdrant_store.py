@@ -11,8 +11,8 @@ stores = target.connect(timeout=5.0)                          # QdrantConnection
 The layout, the same on both (``collection_spec``, ``video_point``, ``array_points``), in two collections:
 
 ``NAME`` (the engine: ``DIR/shard``): a point per video, its id the video's insertion number ``seq`` (which
-breaks equal totals, as the built-in index's position does), its payload the record (``schema.RECORD``) and
-``seq``, and two named multivectors, neither in full precision:
+breaks equal totals, as the built-in index's position does), its payload the record (``schema.RECORD``),
+``seq`` and ``words`` (how many word segments it has), and two named multivectors, neither in full precision:
 
 - ``bounds`` (float16, DOT + MAX_SIM, no HNSW graph: read by exhaustive scans): ``WINDOW_BALLS`` rows
   [c, r, 1, 0] of balls covering the directions of the video's proposals and ``frame_balls`` rows
@@ -27,13 +27,14 @@ breaks equal totals, as the built-in index's position does), its payload the rec
 
 One more point of ``NAME``, with no vectors, holds the gallery's metadata (``META_ID``).
 
-``NAME-arrays`` (the engine: ``DIR/arrays``): the per-video arrays, no vectors, three points per video by
-what reads them (``GROUPS``; id ``3 seq + group``): the sketch (the full 8-bit codes, window factors and
-frame balls: what ``refine`` reads of a candidate), the exact-score arrays (of a candidate the sketch leaves)
-and the evidence arrays (of a hit), as one string: the arrays' raw little-endian bytes one after another,
-base64 (``data``), with each one's name, dtype and shape (``layout``). A query reads of each video only what
-its step needs, and listing the gallery reads no array at all. The collections are made with the first videos
-(their vector width is theirs).
+``NAME-arrays`` (the engine: ``DIR/arrays``): the per-video arrays, no vectors, four points per video by
+what reads them (``GROUPS``; id ``4 seq + group``): the sketch (the full 8-bit codes, window factors and
+frame balls: what ``refine`` reads of a candidate), the exact-score arrays (of a candidate the sketch leaves),
+the evidence arrays (of a hit) and the words (``schema.WORDS``: read once per process for the videos whose
+point says they have words, its payload's ``words`` count, and matched in memory: ``prvr.index.words``), as
+one string: the arrays' raw little-endian bytes one after another, base64 (``data``), with each one's name,
+dtype and shape (``layout``). A query reads of each video only what its step needs, and listing the gallery
+reads no array at all. The collections are made with the first videos (their vector width is theirs).
 """
 
 from __future__ import annotations
@@ -53,7 +54,7 @@ from typing import NamedTuple, Protocol, TypeVar
 
 import numpy as np
 
-from prvr.index.schema import ENCODED, RECORD, SCHEMA_VERSION
+from prvr.index.schema import ENCODED, RECORD, SCHEMA_VERSION, WORDS
 from prvr.index.sketch import BALLS, CLIP, NORM_EPS, frame_balls
 from prvr.index.store import IndexStoreError
 
@@ -159,9 +160,11 @@ def engine_eps(weights: tuple[float, float]) -> float:
 
 
 SKETCH = (*CLIP, "pinv", "pinv_scale", *BALLS)  # the sketch of a video (what ``refine`` reads)
-GROUPS = {"sketch": (*SKETCH, "pidx"),  # the arrays' points of a video, by what reads them (id 3 seq + group)
+GROUPS = {"sketch": (*SKETCH, "pidx"),  # the arrays' points of a video, by what reads them (id 4 seq + group)
           "exact": ("units", "pnorm", "pidx", "zbasis", "zcoef"),
-          "evidence": tuple(n for n in ENCODED if n not in ("units", "pnorm", "pidx", "zbasis", "zcoef"))}
+          "evidence": tuple(n for n in ENCODED
+                            if n not in ("units", "pnorm", "pidx", "zbasis", "zcoef", *WORDS)),
+          "words": WORDS}  # (read once per process for the videos with words: ``QdrantStore.words``)
 
 
 def pack(arrays: Mapping[str, np.ndarray]) -> dict:
@@ -197,16 +200,19 @@ class PointData(NamedTuple):
     payload: dict
 
 
-def video_point(record: Mapping, seq: int, bounds: np.ndarray, scenes: np.ndarray) -> PointData:
-    """The point of one video in ``NAME`` (see the module docstring)."""
+def video_point(record: Mapping, seq: int, bounds: np.ndarray, scenes: np.ndarray,
+                words: int = 0) -> PointData:
+    """The point of one video in ``NAME`` (see the module docstring); ``words``: how many word segments its
+    arrays hold (the videos whose words group is read)."""
     vectors = {BOUNDS: np.asarray(bounds, np.float32).tolist(),
                SCENES: np.asarray(scenes, np.float32).tolist()}
-    return PointData(int(seq), vectors, {**{k: record[k] for k in RECORD}, "seq": int(seq)})
+    payload = {**{k: record[k] for k in RECORD}, "seq": int(seq), "words": int(words)}
+    return PointData(int(seq), vectors, payload)
 
 
 def array_id(seq: int, group: str) -> int:
     """The id of a video's point of one group of arrays in ``NAME-arrays``."""
-    return 3 * int(seq) + list(GROUPS).index(group)
+    return len(GROUPS) * int(seq) + list(GROUPS).index(group)
 
 
 def array_points(seq: int, arrays: Mapping[str, np.ndarray]) -> list[PointData]:

@@ -17,11 +17,12 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
+# 11: the words channel (a video's timed text: its segments' vectors, times, sources, scores, UTF-8 text);
 # 10: the frame-scale features factored (zbasis, zcoef) instead of stored whole (zhat); the first pass on a
 # per-segment head basis; one version for both backends; 9: the moments context's beta recorded; 8: the
 # reference bank's statistics of the fine and context rows; 7: the moments' propagated context; 6: fine rows,
 # packed segments and reference scores per video; 1-5: the sketch's history
-SCHEMA_VERSION = 10
+SCHEMA_VERSION = 11
 RECORD = ("id", "title", "path", "duration", "sha256")  # a video's record: what a gallery lists and returns
 
 
@@ -53,10 +54,21 @@ ARRAYS = (
     Array("context", "n_context"),  # (F, H) float32 the fine rows propagated over the segments
     Array("fine_bank", "n_fine_bank"),  # (n', 2) float32 reference-bank statistics of the fine rows
     Array("context_bank", "n_context_bank"),  # (F, 2) float32 reference-bank statistics of the context rows
+    # the words channel: W timed word segments (extract.words.WordSegment) per video, W = 0 without words
+    Array("words_vec", "n_words"),  # (W, H) float16 unit vectors: model.encode_queries of each segment's text
+    Array("words_bank", "n_words"),  # (W, 2) float32 bank_stats of those vectors (zeros without a bank)
+    Array("words_start", "n_words"),  # (W,) float32 seconds
+    Array("words_end", "n_words"),  # (W,) float32 seconds
+    Array("words_score", "n_words"),  # (W,) float32 the recogniser's confidence (1 for subtitles)
+    Array("words_source", "n_words"),  # (W,) int8 index into extract.words.SOURCES
+    Array("words_len", "n_words"),  # (W,) int32 bytes of each segment's text in words_text
+    Array("words_text", "n_word_bytes"),  # (B,) uint8 the segments' texts, UTF-8, one after another
 )
 FIXED = tuple(a.name for a in ARRAYS if a.count is None)
 RAGGED = {a.name: a.count for a in ARRAYS if a.count is not None}
 ENCODED = tuple(a.name for a in ARRAYS)  # what encode_for_index returns for each video
 EXACT = ("units", "pnorm", "pidx", "zbasis", "zcoef", "frames")  # what exact scores read (frames: CSA only)
 FINE = ("fine", "fine_start", "fine_end", "segments", "context", "fine_bank", "context_bank")  # localisation
+WORDS = ("words_vec", "words_bank", "words_start", "words_end", "words_score", "words_source", "words_len",
+         "words_text")  # the words channel: read whole by a gallery's words table, never per hit
 EVIDENCE = ("frames", "ref_clip", "ref_frame", "row_start", "row_end", *FINE)  # a hit's, besides EXACT

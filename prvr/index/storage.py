@@ -20,6 +20,7 @@ from prvr.index.query import Weights
 from prvr.index.rank import Page
 from prvr.index.scoring import VideoArrays
 from prvr.index.sketch import BoundQuery
+from prvr.index.words import Words
 
 Fixed = dict[str, np.ndarray]  # schema.FIXED arrays, one row per video
 Ragged = dict[str, list[np.ndarray]]  # schema.RAGGED arrays, one array per video
@@ -75,6 +76,10 @@ class StoreView(Protocol):
 
     def release(self, names: Sequence[str], ids: np.ndarray) -> None:
         """Done with these arrays of these videos (sorted ids) for this query."""
+
+    def words(self) -> Words | None:
+        """The live videos' word segments (``schema.WORDS``) as tables ready to match, keyed by the view's
+        ids; None when no live video has words (then a rank costs what it did without the channel)."""
 
 
 class GalleryStore(Protocol):

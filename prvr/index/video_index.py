@@ -44,6 +44,7 @@ from prvr.index.scoring import VideoArrays, exact_of
 from prvr.index.sketch import BoundQuery, head_basis, sketch
 from prvr.index.snapshot import BASIS, Snapshot
 from prvr.index.storage import Catalog, DataFolder, Fixed, Ragged, Refine
+from prvr.index.words import Words
 from prvr.models.branches import EncodedQueries
 from prvr.models.preprocess import window_table
 
@@ -276,6 +277,10 @@ class BuiltinView:
     def release(self, names: Sequence[str], ids: np.ndarray) -> None:
         """Let the pages go (``Snapshot.release``)."""
         self.snap.release(names, ids)
+
+    def words(self) -> Words | None:
+        """The snapshot's word segments (``Snapshot.words``)."""
+        return self.snap.words()
 
 
 class VideoIndex(Gallery):

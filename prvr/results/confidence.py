@@ -2,7 +2,11 @@
 same video, with cuts calibrated per model.
 
 Labels (one vocabulary, ``LABEL_WORDS``; every result carries ``confidence`` and ``confidence_label``):
-``high`` "strong match", ``medium`` "possible match", ``low`` "unconfirmed", ``none`` "no match". A raw
+``high`` "strong match", ``medium`` "possible match", ``low`` "unconfirmed", ``none`` "no match". Words
+(``words_label``) can raise a hit's label: a line exactly in the video (source ``EXACT_SOURCES``: a subtitle,
+a sidecar line, text on screen) holding the query's content (coverage >= ``STRONG_WORDS``: every content
+term by default; ``prvr.index.words``) is a strong match, evidence a user can check; any other matched line
+(speech is recognised, inexact; a partial or a dense-only match) at most a possible match. A raw
 score is not comparable across queries or videos, and a z-score against the rest of the gallery changes
 whenever the gallery does; so a (query, video) label depends only on that pair's total, on the scores of
 the reference captions (``assets/reference_captions.txt``, everyday captions written for this) that the
@@ -33,7 +37,7 @@ from pathlib import Path
 
 import numpy as np
 
-from prvr.index import Evidence, ReferenceQueries
+from prvr.index import Evidence, ReferenceQueries, VideoEvidence
 from prvr.results.response import LABEL_WORDS, Assessment
 
 log = logging.getLogger(__name__)
@@ -41,6 +45,12 @@ log = logging.getLogger(__name__)
 REFERENCE_CAPTIONS = Path(__file__).resolve().parents[2] / "assets" / "reference_captions.txt"
 SHIPPED_CALIBRATIONS = Path(__file__).resolve().parents[2] / "assets" / "calibrations"
 LABELS = tuple(LABEL_WORDS)  # "high", "medium", "low", "none"
+# THE strong-match rule of the words channel (the dev set's tuning half decides it, its checking half
+# confirms it):
+# the lexical coverage (prvr.index.words: IDF-weighted share of the query's content terms, names and numbers
+# required) that a line exactly in the video must reach to make its hit "high"
+STRONG_WORDS = 1.0
+EXACT_SOURCES = ("subtitles", "screen")  # text that is exactly in the video (speech is recognised: inexact)
 CALIBRATION_FORMAT = "prvr-calibration"
 
 
@@ -207,6 +217,21 @@ class Calibrator:
         return "high" not in labels
 
 
+def words_label(hit: VideoEvidence) -> str | None:
+    """What a hit's matched words say: "high" for a line exactly in the video covering the query
+    (``STRONG_WORDS``), "medium" for any other matched line, None when no line matched."""
+    if not hit.words:
+        return None
+    exact = any(m.source in EXACT_SOURCES and m.coverage >= STRONG_WORDS for m in hit.words)
+    return "high" if exact else "medium"
+
+
+def with_words(label: str, hit: VideoEvidence) -> str:
+    """The better of a hit's label from its pictures and from its words (``words_label``)."""
+    said = words_label(hit)
+    return label if said is None or LABELS.index(label) <= LABELS.index(said) else said
+
+
 def labels(scores: Sequence[float], nulls: Sequence[VideoNull | None]) -> list[str]:
     """One label per hit: ``scores[i]`` is the query's total on the video with cuts ``nulls[i]``."""
     if len(scores) != len(nulls):
@@ -217,7 +242,9 @@ def labels(scores: Sequence[float], nulls: Sequence[VideoNull | None]) -> list[s
 @dataclass(frozen=True)
 class CalibratedConfidence:
     """The ``prvr.results.response.Confidence`` of this module: each hit's total against its video's cuts at
-    the response's weights (from the reference scores in its evidence); strong when some hit is high."""
+    the response's weights (from the reference scores in its evidence), raised by its matched words
+    (``with_words``, also for a model without calibration: the words rule needs none); strong when some hit
+    is high."""
 
     cfg: ConfidenceConfig = ConfidenceConfig()
 
@@ -225,9 +252,11 @@ class CalibratedConfidence:
         """Labels of every hit of one response (q is unused: the totals are in the evidence)."""
         hits = evidence.hits
         if not self.cfg.calibrated:
-            return Assessment(("low",) * len(hits), False, calibrated=False)
+            got = tuple(with_words("low", h) for h in hits)
+            return Assessment(got, not Calibrator.no_strong_match(got), calibrated=False)
         nulls = cuts_of([h.ref_clip for h in hits], [h.ref_frame for h in hits], evidence.weights, self.cfg)
-        got = tuple(labels([h.total for h in hits], nulls))
+        got = tuple(with_words(label, h) for label, h in zip(labels([h.total for h in hits], nulls), hits,
+                                                              strict=True))
         return Assessment(got, not Calibrator.no_strong_match(got))
 
 
@@ -339,7 +368,7 @@ def describe_calibration(calibration: Calibration | None, model) -> dict:
 def summary_words(labels: Sequence[str], calibrated: bool) -> tuple[str, str]:
     """(kind, sentence) of the line above the results: kind "strong", "none" (every hit "no match"),
     "unconfirmed" (no strong match) or "uncalibrated"; the app renders them."""
-    if not calibrated:
+    if not calibrated and "high" not in labels:  # (a strong match by words needs no calibration)
         return ("uncalibrated", "these are the closest videos, best first. The model in use has no label "
                 "calibration, so nothing is called a strong match or no match; play their key moments to "
                 "check.")

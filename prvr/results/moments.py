@@ -103,18 +103,21 @@ def _refine(sim: np.ndarray, spans: np.ndarray, first: int, stop: int, level: fl
 
 @numba.njit(cache=True)
 def _choose(sim: np.ndarray, context_sim: np.ndarray, spans: np.ndarray, level: float,
-            n_moments: int, blank: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+            n_moments: int, blank: np.ndarray,
+            taken: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Steps 3-6: the chosen moments' (m, 2) [first, stop) rows, the candidate each was refined from, and
-    every candidate's t statistic (``blank``: (n,) bool, rows a moment may not start or end on)."""
+    every candidate's t statistic (``blank``: (n,) bool, rows a moment may not start or end on; ``taken``:
+    (n,) bool, rows already given to a moment, overlapped by none of these)."""
     n = len(sim)
     t = np.empty(len(spans))
     _contrast(context_sim, 0, n, spans, t)
-    taken = np.zeros(n, np.bool_)
     chosen = np.zeros((n_moments, 2), np.int64)
     which = np.zeros(n_moments, np.int64)
     m = 0
+    if n_moments == 0:
+        return chosen[:0], which[:0], t
     for k in np.argsort(-t, kind="mergesort"):
-        if m and t[k] <= 0:
+        if (m or taken.any()) and t[k] <= 0:
             break
         first, stop = _refine(sim, spans, spans[k, 0], spans[k, 1], level)
         while first < stop and blank[first]:
@@ -184,16 +187,29 @@ def play_from(moment: dict) -> float:
     return float(moment.get("play_from", moment["start"]))
 
 
+def anchor_rows(start: np.ndarray, end: np.ndarray, span: tuple[float, float]) -> tuple[int, int]:
+    """[first, stop) of the rows overlapping ``span`` (seconds); the row nearest it when none does."""
+    start, end = np.asarray(start, np.float64), np.asarray(end, np.float64)
+    over = np.flatnonzero((end > span[0]) & (start < max(span[1], span[0] + 1e-6)))
+    if len(over):
+        return int(over[0]), int(over[-1]) + 1
+    near = int(np.argmin(np.abs((start + end) / 2 - (span[0] + span[1]) / 2)))
+    return near, near + 1
+
+
 def find_moments(q: np.ndarray, vectors: np.ndarray, start: np.ndarray, end: np.ndarray,
                  segments: np.ndarray, cfg: MomentConfig | None = None,
                  context: np.ndarray | None = None, row_bank: np.ndarray | None = None,
-                 context_bank: np.ndarray | None = None) -> dict:
+                 context_bank: np.ndarray | None = None, anchor: tuple[float, float] | None = None) -> dict:
     """{"key_moment", "moments", "heatmap"} of one video for query q (see the module docstring).
 
     ``vectors`` (n, H) unit rows with ``start``/``end`` (n,) seconds; ``segments`` (S, 3) ``[scale, first,
     end)`` over these n rows; ``context``: ``propagate_finest(vectors, segments, cfg.propagation_beta)``
     if an index stored it (it depends on the video only), else computed here. A moment: {"start", "end"
-    (seconds), "score", "contrast", "rows": [first, end), "play_from" (seconds)}.
+    (seconds), "score", "contrast", "rows": [first, end), "play_from" (seconds)}. ``anchor``: the key
+    moment's span is given (seconds: the words that matched, ``prvr.results.response``): it is the key
+    moment, over the rows it overlaps (their mean cosine and t statistic), played from its start; the other
+    moments are chosen from the pictures as always, overlapping none of its rows.
     """
     cfg = cfg or MomentConfig()
     unit = _unit_query(q, vectors, start, end)
@@ -211,11 +227,21 @@ def find_moments(q: np.ndarray, vectors: np.ndarray, start: np.ndarray, end: np.
             context = propagate_finest(np.asarray(vectors, np.float32), seg, cfg.propagation_beta)
         per_part = _normalised(_cosines(context, unit), context_bank, cfg)
         context_sim = np.repeat(per_part, parts[:, 1] - parts[:, 0])
+    taken, key = np.zeros(len(sim), np.bool_), []
+    if anchor is not None:
+        first, stop = anchor_rows(start, end, anchor)
+        taken[first:stop] = True
+        t = np.zeros(1)
+        _contrast(np.ascontiguousarray(context_sim, np.float64), 0, len(sim), np.array([[first, stop]]), t)
+        key = [{"start": round(float(anchor[0]), 3), "end": round(float(anchor[1]), 3),
+                "score": round(float(cos[first:stop].mean()), 6), "contrast": round(float(t[0]), 4),
+                "rows": [first, stop], "play_from": round(float(anchor[0]), 3)}]
     chosen, which, t = _choose(np.ascontiguousarray(sim, np.float64),
                                np.ascontiguousarray(context_sim, np.float64), spans, float(cfg.descend_t),
-                               cfg.n_moments, blank_rows(vectors, cfg.blank_cos))
-    moments = [{"start": round(float(start[first]), 3), "end": round(float(end[stop - 1]), 3),
-                "score": round(float(cos[first:stop].mean()), 6), "contrast": round(float(t[k]), 4),
-                "rows": [int(first), int(stop)], "play_from": round(float(start[first] + end[first]) / 2, 3)}
-               for (first, stop), k in zip(chosen.tolist(), which.tolist(), strict=True)]
+                               cfg.n_moments - len(key), blank_rows(vectors, cfg.blank_cos), taken)
+    moments = key + [{"start": round(float(start[first]), 3), "end": round(float(end[stop - 1]), 3),
+                      "score": round(float(cos[first:stop].mean()), 6), "contrast": round(float(t[k]), 4),
+                      "rows": [int(first), int(stop)],
+                      "play_from": round(float(start[first] + end[first]) / 2, 3)}
+                     for (first, stop), k in zip(chosen.tolist(), which.tolist(), strict=True)]
     return {"key_moment": moments[0], "moments": moments, "heatmap": heatmap(cos, start, end, cfg.max_cells)}

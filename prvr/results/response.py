@@ -3,6 +3,12 @@
 - ``result_dict``: one hit -> its Contract 4 dict. Where the query matches inside the video (key moment, up
   to 2 more moments, heatmap) comes from ``prvr.results.moments.find_moments`` on the hit's fine rows and
   segments (seconds, independent of the video's length); MS-SL's own key clip stays beside it as ``key_clip``.
+  The lines of the video's words that matched the query are listed under ``words`` (best first). The key
+  moment says where it came from (``"from"``): a hit ranked by its words (a line matched:
+  ``prvr.index.words``, its words score > 0) has the best matched line as its key moment ("words": the words
+  are what put it there, and the line's times say exactly where it is said or shown), the other moments
+  still from the pictures; any other hit's key moment is the pictures' ("pictures"). The heatmap is always
+  the pictures'.
 - ``unit_spans`` / ``frame_times``: clip units and attended frames -> seconds, through the official binning.
 - ``Confidence``: what labels each hit high / medium / low / none and says whether there is a strong match;
   one object judges all hits of a response (shared and session alike):
@@ -83,20 +89,27 @@ def result_dict(rank: int, hit: VideoEvidence, confidence: str, q: np.ndarray, m
     key_start, key_end = hit.key_units
     key_clip = {"start": round(float(spans[key_start, 0]), 3), "end": round(float(spans[key_end - 1, 1]), 3),
                 "proposal": int(hit.key_window), "score": round(float(hit.proposal_cos[hit.key]), 6)}
+    line = hit.words[0] if hit.words_score > 0 and hit.words else None  # the key moment's, when words rank it
+    anchor = (line.start, line.end) if line is not None else None
     if len(hit.fine):
         where = find_moments(q, hit.fine, hit.fine_start, hit.fine_end, hit.segments,
                              context=hit.context if len(hit.context) else None,
-                             row_bank=hit.fine_bank, context_bank=hit.context_bank)
+                             row_bank=hit.fine_bank, context_bank=hit.context_bank, anchor=anchor)
     else:  # a producer without fine rows: MS-SL's key clip and clip units are all there is
-        where = {"key_moment": key_clip, "moments": [key_clip],
+        key = key_clip if line is None else {"start": round(line.start, 3), "end": round(line.end, 3),
+                                             "score": round(line.score, 6), "play_from": round(line.start, 3)}
+        where = {"key_moment": key, "moments": [key] + ([key_clip] if line is not None else []),
                  "heatmap": {"start": _floats(spans[:, 0]), "end": _floats(spans[:, 1]),
                              "score": _floats(hit.unit_cos)}}
+    key = {**where["key_moment"], "from": "pictures" if line is None else "words"}
+    where["key_moment"], where["moments"] = key, [key, *where["moments"][1:]]
     times = frame_times(hit.row_start, hit.row_end, max_ctx_l)
     return {
         "rank": rank, "video_id": hit.video["id"], "title": hit.video.get("title", ""),
         "path": hit.video.get("path", ""), "duration": round(float(hit.video.get("duration", 0.0)), 3),
         "score": round(hit.total, 6), "clip_score": round(hit.clip, 6), "frame_score": round(hit.frame, 6),
-        "confidence": confidence, "confidence_label": LABEL_WORDS[confidence], **where, "key_clip": key_clip,
+        "confidence": confidence, "confidence_label": LABEL_WORDS[confidence], **where,
+        "words": [m.to_dict() for m in hit.words], "key_clip": key_clip,
         "attention": {"time": _floats(times[: len(hit.attention)]), "weight": _floats(hit.attention)},
     }
 

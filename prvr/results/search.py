@@ -50,11 +50,13 @@ def encode_query(model, tokens: np.ndarray | torch.Tensor) -> np.ndarray | Encod
 def search(indexes: Sequence[Gallery], tokens: np.ndarray | torch.Tensor, k: int = 10,
            weights: Sequence[float] | None = None, approximate: bool = False,
            confidence: Confidence | None = None, query: dict | None = None,
-           offset: int = 0) -> SearchResponse:
+           text: str | None = None, offset: int = 0) -> SearchResponse:
     """Rank every index (all over one model) for the query's token features; the best k over all of them.
 
     ``confidence`` defaults to ``CalibratedConfidence(UNCALIBRATED)`` (no model calibration: every hit "low");
-    ``query``: what the response reports about the query (default: the token count).
+    ``query``: what the response reports about the query (default: the token count); ``text``: the query's
+    text, which galleries match their videos' words with lexically (None, raw token features: the words'
+    dense match only).
     """
     if not indexes:
         raise ValueError("search needs at least one index")
@@ -67,8 +69,8 @@ def search(indexes: Sequence[Gallery], tokens: np.ndarray | torch.Tensor, k: int
     t0 = time.perf_counter()
     q = encode_query(model, tokens)
     t1 = time.perf_counter()
-    evidence = Evidence.merge([ix.rank(q, k, w, approximate) for ix in indexes if len(ix)] or
-                              [indexes[0].rank(q, k, w, approximate)], k)
+    evidence = Evidence.merge([ix.rank(q, k, w, approximate, text) for ix in indexes if len(ix)] or
+                              [indexes[0].rank(q, k, w, approximate, text)], k)
     t2 = time.perf_counter()
     judged = (confidence or CalibratedConfidence(UNCALIBRATED)).assess(q, evidence)
     results = page_of(evidence, judged.labels, q, offset)
@@ -83,10 +85,12 @@ def search(indexes: Sequence[Gallery], tokens: np.ndarray | torch.Tensor, k: int
 def search_text(indexes: Sequence[Gallery], text: str | bytes, text_encoder: TextEncoder, k: int = 10,
                 weights: Sequence[float] | None = None, approximate: bool = False,
                 confidence: Confidence | None = None, offset: int = 0) -> SearchResponse:
-    """``search`` for a text: validated and cleaned (``clean_query``), then encoded by ``text_encoder``."""
+    """``search`` for a text: validated and cleaned (``clean_query``), then encoded by ``text_encoder``; the
+    cleaned text goes to every gallery's rank too (the words' lexical match)."""
     cleaned = clean_query(text)
     tokens = text_encoder([cleaned.text])[0]
-    return search(indexes, tokens, k, weights, approximate, confidence, cleaned.to_dict(), offset)
+    return search(indexes, tokens, k, weights, approximate, confidence, cleaned.to_dict(), cleaned.text,
+                  offset)
 
 
 def check_offset(offset: object, k: int) -> int:
