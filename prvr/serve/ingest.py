@@ -144,6 +144,7 @@ class WordsRun:
             self.thread.start()
 
     def _read(self, path: Path, sidecar: Path | None) -> None:
+        """The thread: ``WordsReader.read``, its report kept (or the one line of an unexpected failure)."""
         t0 = time.perf_counter()
         try:
             self.report = self.reader.read(path, sidecar, progress=self._progress)
