@@ -375,9 +375,13 @@ class IngestService:
             path = self.media.locate(record["path"])
             try:
                 words = WordsRun(self.words, path, None, record["id"])
-                with self.media.work() as work:  # at start: the start-up models where ``starting`` lasts
-                    features = (self._start or self.extractor).extract(path, None, record.get("sha256", ""),
-                                                                       work, _quiet)
+                try:
+                    with self.media.work() as work:  # at start: the start-up models while ``starting`` lasts
+                        extractor = self._start or self.extractor
+                        features = extractor.extract(path, None, record.get("sha256", ""), work, _quiet)
+                except BaseException:
+                    words.abandon()
+                    raise
                 video = GalleryVideo.from_features(record["id"], features, record.get("title", ""),
                                                    record["path"])
                 video = dataclasses.replace(video, words=words.wait(_quiet).segments)
