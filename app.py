@@ -49,6 +49,7 @@ from extract.decode import MediaError
 from prvr.results.query import QueryError
 from prvr.serve import clips, lifecycle
 from prvr.serve.bootstrap import start
+from prvr.serve.ingest import pair_sidecars
 from prvr.serve.mcp_tools import install as install_mcp
 from prvr.serve.owner import DataDirBusy
 from prvr.serve.page import (
@@ -56,6 +57,7 @@ from prvr.serve.page import (
     HEADER,
     MORE_STEP,
     SEEK_JS,
+    SUBTITLES_LABEL,
     UPLOAD_TABLE_HEAD,
     card_html,
     info_markdown,
@@ -63,6 +65,7 @@ from prvr.serve.page import (
     refusal_html,
     score_range,
     summary_html,
+    unmatched_row,
     upload_intro,
     upload_row,
 )
@@ -191,28 +194,38 @@ def add_videos_tab(predictor: Predictor, session: gr.State, sessions: ClosedSess
     # on ZeroGPU: what an upload asks of the visitor's GPU quota
     gr.Markdown(upload_intro(predictor.settings, predictor.gpu_words()))
     files = gr.File(file_count="multiple", file_types=["video"], label="Videos", elem_id="upload-files")
+    subtitles = gr.File(file_count="multiple", file_types=[".srt", ".vtt"], elem_id="upload-subtitles",
+                        label=SUBTITLES_LABEL)
     add_btn = gr.Button("Add to gallery", variant="primary")
     status = gr.Markdown("One row per file will appear here.", min_height=90,  # room for the progress bar
                          elem_id="upload-status")
 
-    def add_files(paths: list[str] | None, state: SessionGallery | None, request: gr.Request,
-                  progress: gr.Progress = gr.Progress()) -> tuple[str, SessionGallery | None, None]:  # noqa: B008
-        """Add every file, one after the other, and report per file; the file list is emptied (the
-        server's copies are deleted once handled, so a second click could not read them)."""
+    def add_files(paths: list[str] | None, subtitle_paths: list[str] | None, state: SessionGallery | None,
+                  request: gr.Request, progress: gr.Progress = gr.Progress()  # noqa: B008
+                  ) -> tuple[str, SessionGallery | None, None, None]:
+        """Add every file (with its subtitle file, matched by name), one after the other, and report per
+        file; the file lists are emptied (the server's copies are deleted once handled, so a second click
+        could not read them)."""
         if not paths:
-            return "Choose one or more video files first.", state, None
+            return "Choose one or more video files first.", state, None, subtitle_paths
         rows = list(UPLOAD_TABLE_HEAD)
+        # Gradio keeps the user's file names on its copies
+        sidecars, unmatched = pair_sidecars([os.path.basename(p) for p in paths], subtitle_paths or [])
         for i, path in enumerate(paths):
             state = sessions.track(request, predictor.ensure_session(state))
-            name = os.path.basename(path)  # Gradio keeps the user's file name on its copy
+            name = os.path.basename(path)
             report = file_progress(progress, i, len(paths), name)
-            outcome = predictor.add_video(path, state, progress=report, name=name)
+            outcome = predictor.add_video(path, state, progress=report, name=name,
+                                          subtitles=sidecars.get(name))
             discard_upload_copy(path)
             rows.append(upload_row(name, outcome))
-        return "\n".join(rows), state, None
+        rows += [unmatched_row(os.path.basename(p)) for p in unmatched]
+        for path in subtitle_paths or []:
+            discard_upload_copy(path)
+        return "\n".join(rows), state, None, None
 
-    return add_btn.click(add_files, [files, session], [status, session, files], api_visibility="private",
-                         concurrency_id="heavy", concurrency_limit=1)
+    return add_btn.click(add_files, [files, subtitles, session], [status, session, files, subtitles],
+                         api_visibility="private", concurrency_id="heavy", concurrency_limit=1)
 
 
 def file_progress(progress: gr.Progress, index: int, total: int, name: str) -> Callable[[float, str], None]:
@@ -232,6 +245,7 @@ def api_endpoints(predictor: Predictor, session: gr.State, sessions: ClosedSessi
         query_in, top_k_in = gr.Textbox(label="query"), gr.Number(value=5, precision=0, label="top_k")
         weight_in = gr.Number(value=predictor.default_clip_weight, label="clip_weight")
         upload_in, name_in = gr.File(label="video"), gr.Textbox(value="", label="name")
+        subtitles_in = gr.File(label="subtitles")
         results_out, status_out = gr.JSON(label="results"), gr.JSON(label="status")
         info_out = gr.JSON(label="info")
         offset_in = gr.Number(value=0, precision=0, label="offset")
@@ -265,8 +279,11 @@ def api_endpoints(predictor: Predictor, session: gr.State, sessions: ClosedSessi
             raise gr.Error(str(problem), print_exception=False) from None
         return api_response(response)
 
-    def add_video(video: str | None, name: str | None, state: SessionGallery | None, request: gr.Request,
-                  progress: gr.Progress = gr.Progress()) -> tuple[dict, SessionGallery | None]:  # noqa: B008
+    # subtitles defaults to None: an API client may leave it out (Gradio reads the default from here)
+    def add_video(video: str | None, name: str | None, subtitles: str | None = None,
+                  state: SessionGallery | None = None, request: gr.Request = None,
+                  progress: gr.Progress = gr.Progress()  # noqa: B008
+                  ) -> tuple[dict, SessionGallery | None]:
         """Add a video to the searchable gallery (validated, made playable, indexed).
 
         Returns {status, video_id, message}: status is "added", "duplicate" (the same file is already
@@ -278,6 +295,8 @@ def api_endpoints(predictor: Predictor, session: gr.State, sessions: ClosedSessi
         Args:
             video: the video file (MP4, MKV, MOV, WebM or AVI).
             name: the file name the video is known by, which titles it (default: the file's own name).
+            subtitles: a subtitle file of the video (.srt or .vtt), optional: its lines are searched with
+                their times, beside the video's own subtitle tracks, speech and text on screen.
         """
         if not video:
             raise gr.Error("No file was sent.", print_exception=False)
@@ -285,8 +304,11 @@ def api_endpoints(predictor: Predictor, session: gr.State, sessions: ClosedSessi
         # Gradio keeps the client's file name on its copy; a name given beside the file wins
         name = name.strip() if name and name.strip() else os.path.basename(video)
         # the same moving progress as the page's (a gradio_client job's status shows it)
-        outcome = predictor.add_video(video, state, progress=file_progress(progress, 0, 1, name), name=name)
+        outcome = predictor.add_video(video, state, progress=file_progress(progress, 0, 1, name), name=name,
+                                      subtitles=subtitles or None)
         discard_upload_copy(video)
+        if subtitles:
+            discard_upload_copy(subtitles)
         return outcome, state
 
     def info(state: SessionGallery | None) -> dict:
@@ -295,8 +317,8 @@ def api_endpoints(predictor: Predictor, session: gr.State, sessions: ClosedSessi
 
     search_trigger.click(search, [query_in, top_k_in, weight_in, offset_in, session], results_out,
                          api_name="search", concurrency_id="search", concurrency_limit=8)
-    add_trigger.click(add_video, [upload_in, name_in, session], [status_out, session], api_name="add_video",
-                      concurrency_id="heavy", concurrency_limit=1)
+    add_trigger.click(add_video, [upload_in, name_in, subtitles_in, session], [status_out, session],
+                      api_name="add_video", concurrency_id="heavy", concurrency_limit=1)
     info_trigger.click(info, [session], info_out, api_name="info", concurrency_limit=None)
 
 

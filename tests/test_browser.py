@@ -308,3 +308,38 @@ def test_the_readme_screenshot_is_made_from_the_running_app(page, tmp_path: Path
         assert image.size == (1280, 1100)
         colours = image.convert("RGB").resize((64, 55)).getcolors(64 * 55)
     assert colours is not None and len(colours) > 50  # a rendered page, not a blank one
+
+
+def test_a_subtitle_file_chosen_with_the_video_is_searched_and_its_line_plays(page, tmp_path: Path) -> None:
+    """Issue #43 item 3: a sidecar chosen beside the video on the page; a query naming its line finds the
+    upload first, the card shows the line with its source and time, and a click on it seeks the player."""
+    from tests.clips import write_clip
+
+    clip = write_clip(tmp_path / "giraffe night.mp4", frames=60, size=(80, 48))
+    srt = tmp_path / "giraffe night.srt"
+    srt.write_text("1\n00:00:02,000 --> 00:00:03,500\nthe purple giraffe sings opera at midnight\n")
+    page.get_by_role("tab", name="Add videos").click()
+    page.locator("#upload-files input[type=file]").set_input_files(str(clip))
+    page.locator("#upload-subtitles input[type=file]").set_input_files(str(srt))
+    page.locator("#upload-subtitles").get_by_text("giraffe night.srt").wait_for(timeout=PATIENCE_MS)
+    page.get_by_role("button", name="Add to gallery").click()
+    row = page.locator("table tr", has_text="giraffe night.mp4").first
+    row.wait_for(timeout=PATIENCE_MS)
+    assert "added" in row.inner_text() and "of words (subtitles" in row.inner_text(), row.inner_text()
+    page.get_by_role("tab", name="Search").click()
+    page.get_by_label("What happens in the moment").fill("purple giraffe sings opera")
+    page.get_by_role("button", name="Search", exact=True).click()
+    first = page.locator(".result-card").first
+    line = first.locator(".words .line").first
+    line.wait_for(timeout=PATIENCE_MS)
+    assert "giraffe night" in first.locator(".card-head .title").inner_text()
+    assert "the purple giraffe sings opera at midnight" in line.inner_text()
+    assert "subtitles 0:02-0:04" in line.inner_text()
+    assert first.locator(".heat rect.word").count() == 1  # its time marked on the strip
+    video = first.locator("video")
+    video.wait_for(timeout=PATIENCE_MS)
+    assert until(lambda: video.evaluate("v => v.readyState") >= 1)
+    video.evaluate("v => { v.currentTime = 4.5; }")  # away from the line (the key moment may be there)
+    assert wait_for_time(video, 4.5) == pytest.approx(4.5, abs=0.5)
+    line.click()
+    assert wait_for_time(video, 2.0) == pytest.approx(2.0, abs=0.5)

@@ -144,7 +144,9 @@ def test_add_video_declares_exactly_what_it_takes(served) -> None:
     add = listed["add_video"]
     allowed = str(Path(served[1].settings.mcp_allow_paths).resolve())
     assert add.inputSchema["required"] == ["video"] and add.inputSchema["additionalProperties"] is False
-    assert set(add.inputSchema["properties"]) == {"video", "name"}
+    assert set(add.inputSchema["properties"]) == {"video", "name", "subtitles"}  # subtitles: issue #43
+    assert f"a path on the server under {allowed}" in add.inputSchema["properties"]["subtitles"][
+        "description"]
     video, name = add.inputSchema["properties"]["video"], add.inputSchema["properties"]["name"]
     assert video == {"type": "string", "description": video["description"]}  # no required/format/title
     assert name == {"type": "string", "description": name["description"]}
@@ -176,7 +178,7 @@ def test_a_base64_upload_is_titled_by_its_name(served, tmp_path: Path) -> None:
     assert messages[0].startswith("beach walk.mp4: added") and "as “beach walk”" in messages[0], messages
     assert messages[1].startswith("sunset over the bay.mov: added") and "“sunset over the bay”" in messages[1]
     assert re.search(r"as “MCP upload \d{4}-\d\d-\d\d \d\d:\d\d:\d\d( \(\d+\))?”", messages[2]), messages[2]
-    assert "file" not in messages[2]
+    assert "“file" not in messages[2]  # (its words' report may say "the file has no audio")
 
 
 def test_add_video_reports_progress_and_keeps_no_copy_of_the_data(served, tmp_path: Path) -> None:

@@ -114,7 +114,8 @@ def test_an_upload_through_a_gpu_slot_becomes_searchable(zero: tuple[dict, Path]
     assert upload["extractor"] == "ZeroGpuExtractor"
     assert upload["outcome"]["status"] == "added", upload["outcome"]
     assert upload["outcome"]["message"].startswith("my holiday.mp4: added")
-    assert "It asked ZeroGPU for 11 GPU seconds (1 slot of at most 11 s)." in upload["outcome"]["message"]
+    assert ("It asked ZeroGPU for 11 GPU seconds (1 slot of at most 11 s); its words are read on the CPU, "
+            "which asks for none.") in upload["outcome"]["message"]  # issue #43: words: none
     assert upload["slot_calls"] == [["schedule", 11], ["release", False]]
     assert all(pid != result["main_pid"] for pid, what in upload["events"] if what.startswith("embed"))
     assert upload["found"] == [upload["outcome"]["video_id"]] and upload["search_calls"] == []

@@ -22,6 +22,7 @@ import threading
 import time
 
 from extract.backbones import loaded_once
+from extract.words.reader import WordsConfig, WordsReader
 from prvr.demo.gallery import build_demo_gallery, interleaved
 from prvr.index import open_gallery
 from prvr.models.factory import check_features
@@ -118,8 +119,16 @@ def assemble(settings: AppSettings, loaded: LoadedModel, extractor: Extractor | 
     # --persist: the shared gallery's write-once copy in a bucket folder (prvr.serve.persist)
     persist = (PersistentStore(settings.persist, extractor.profile.identity())
                if settings.persist is not None else None)
-    ingest = IngestService(index, media, extractor, settings, persist)
+    # every way in reads each video's words beside its pictures; the gallery embeds them with the text encoder
+    ingest = IngestService(index, media, extractor, settings, persist, words_reader(settings), text.encode)
     return Predictor(settings, model, info, profile, text, calibrator, index, media, ingest)
+
+
+def words_reader(settings: AppSettings) -> WordsReader:
+    """The reader of each video's words, as ``--words`` and ``--speech-weights`` say; speech runs on the
+    search device (CUDA when present; the CPU on ZeroGPU, where it spends no visitor's GPU quota)."""
+    config = WordsConfig(mode=settings.words, speech=settings.speech_weights, device=search_device())
+    return WordsReader(config)
 
 
 def sweep_media(predictor: Predictor) -> None:

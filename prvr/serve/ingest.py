@@ -3,7 +3,7 @@
 Every video enters the app through ``IngestService``; each way in is a ``Way`` (its policy: limits, playable
 copy, ``--persist``, extractor, declared once) and a method that hands the service ``Arrival``s:
 
-    ingest.upload(path, session, progress, name) -> Outcome   # the page, the API and MCP's add_video
+    ingest.upload(path, session, progress, name, sidecar) -> Outcome   # the page, the API and MCP's add_video
     ingest.add_demo(videos)                      -> [Outcome]  # the demo gallery, at start
     ingest.sync_folder(folder)                   -> [Outcome]  # --gallery: new or changed files by sha256
     ingest.restore() / ingest.save_unsaved()     -> int        # --persist: read back / write what it lacks
@@ -14,20 +14,31 @@ The contract: one outcome per arrival, in order: "added", "duplicate" (the exist
 never a stack trace). A video not added changes no gallery and leaves no file. One call's added videos join
 their gallery in one update, then, where the way persists and the gallery is the shared one, go to
 ``--persist``. Upload progress moves at least once a second (``prvr.serve.progress``).
+
+Words (``extract.words.reader.WordsReader``, ``--words``): every arrival's words (subtitle tracks, a sidecar
+.srt / .vtt, speech, text on screen) are read from its original file in a thread beside its visual extraction,
+and join the gallery with it (``GalleryVideo.words``, embedded by the text encoder); a source that cannot be
+read is one line of the outcome's message ("words skipped: ..."), never a failure of the video. A restored
+video keeps the words --persist stored with it (nothing is read again).
 """
 
 from __future__ import annotations
 
 import contextlib
+import contextvars
+import dataclasses
 import logging
+import threading
 import time
 import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from extract.decode import DecodeLimits, MediaError, find_videos, probe, sha256_file
 from extract.transcode import ensure_browser_playable
+from extract.words.subtitles import find_sidecar
 from prvr.index import Gallery, GalleryVideo
 from prvr.plural import counted
 from prvr.serve.extraction import Extractor, GpuUnavailable, seconds_words
@@ -36,6 +47,9 @@ from prvr.serve.persist import PersistentStore
 from prvr.serve.progress import LiveProgress, Progress, Throttled
 from prvr.serve.sessions import SessionGallery
 from prvr.serve.settings import AppSettings, on_spaces
+
+if TYPE_CHECKING:  # the reader is made by prvr.serve.bootstrap (words_reader)
+    from extract.words.reader import WordsReader, WordsReport
 
 log = logging.getLogger(__name__)
 
@@ -69,6 +83,7 @@ class Arrival:
     video_id: str | None = None  # None: the way's prefix and the first 12 hex digits of its sha256
     titles: tuple[str, ...] = ()  # title candidates, the first no listed video has wins (default: stem, name)
     sha256: str | None = None  # where the caller hashed it already
+    sidecar: Path | None = None  # a subtitle file (.srt / .vtt) given with it (a folder's: beside it)
 
 
 @dataclass(frozen=True)
@@ -78,10 +93,13 @@ class Outcome:
     status: str  # "added" | "duplicate" | "rejected" | "error"
     video_id: str | None
     message: str
+    words: dict | None = None  # an added video's words: {sources, segments, skipped, seconds} (``WordsRun``)
 
     def to_dict(self) -> dict:
-        """``{status, video_id, message}``: what the API and the page show."""
-        return {"status": self.status, "video_id": self.video_id, "message": self.message}
+        """``{status, video_id, message}`` (and ``words`` for an added video): what the API and the page
+        show."""
+        out = {"status": self.status, "video_id": self.video_id, "message": self.message}
+        return out if self.words is None else dict(out, words=self.words)
 
 
 @dataclass
@@ -92,7 +110,129 @@ class _Ready:
     shown: str
     copy: Path | None  # a file this arrival made in a media dir (deleted if it is not indexed)
     playable: Path  # the file the gallery serves
-    notes: str  # for the outcome's message (decoder warnings, GPU seconds asked)
+    notes: str  # for the outcome's message (decoder warnings, GPU seconds asked, words skipped)
+    words: dict | None = None  # its words' ``WordsRun.summary``
+
+
+class WordsAbandoned(Exception):
+    """Raised into a words reader's progress to stop it: the video it reads for was not added."""
+
+
+class WordsRun:
+    """One video's words, read by ``WordsReader.read`` in a thread beside its visual extraction (a reader
+    of None reads nothing). The reader never raises for bad words input; should it raise all the same (a
+    bug), the video still goes in by its pictures, with one line saying so (its stack in the log only)."""
+
+    def __init__(self, reader: WordsReader | None, path: Path, sidecar: Path | None, shown: str) -> None:
+        self.reader, self.shown = reader, shown
+        self.fraction = 0.0  # of the reading done, as the reader reports it
+        self.report: WordsReport | None = None
+        self.failed: str | None = None  # the line for an unexpected failure of the reader
+        self.abandoned = False  # the video failed meanwhile: the words are not wanted
+        self.seconds = 0.0
+        # the upload's progress while the pictures are extracted (``beside``): its latest stage, told again
+        # with the words' share as the reader moves, in the upload's context (Gradio finds its bar there)
+        self.sink: Progress | None = None
+        self.latest: tuple[float, str] | None = None
+        self.told = -1
+        self.context = contextvars.copy_context()
+        self.lock = threading.Lock()
+        self.thread: threading.Thread | None = None
+        if reader is not None:
+            self.thread = threading.Thread(target=self._read, args=(path, sidecar), daemon=True,
+                                           name=f"words-{shown}")
+            self.thread.start()
+
+    def _read(self, path: Path, sidecar: Path | None) -> None:
+        """The thread: ``WordsReader.read``, its report kept (or the one line of an unexpected failure)."""
+        t0 = time.perf_counter()
+        try:
+            self.report = self.reader.read(path, sidecar, progress=self._progress)
+        except Exception as error:
+            if not self.abandoned:
+                error_id = uuid.uuid4().hex[:8]
+                log.error("reading the words of %s failed (error id %s)", self.shown, error_id,
+                          exc_info=error)
+                self.failed = (f"words: unexpected server error (error id {error_id}); the video is searched "
+                               "by its pictures only")
+        finally:
+            self.seconds = time.perf_counter() - t0
+
+    def _progress(self, fraction: float) -> None:
+        """The reader's progress (its thread): the upload's latest stage is told again with the words' new
+        percentage. Once the video failed it raises, which stops the reader at its next step (it frees the
+        cores)."""
+        if self.abandoned:
+            raise WordsAbandoned(f"{self.shown} was not added: its words are not needed")
+        with self.lock:
+            self.fraction = min(max(float(fraction), 0.0), 1.0)
+            percent, sink, latest = round(100 * self.fraction), self.sink, self.latest
+            if sink is None or latest is None or percent == self.told:
+                return
+            self.told = percent
+            self.context.copy().run(sink, latest[0], f"{latest[1]}; {self.words()}")
+
+    def words(self) -> str:
+        """The reading's progress in words: "words: 40 %"."""
+        return f"words: {100 * self.fraction:.0f} %"
+
+    def beside(self, report: Progress) -> Progress:
+        """``report`` (the upload's progress) with the words' share after each stage while they are read;
+        the reader's own steps tell the latest stage again with theirs."""
+        def both(fraction: float, stage: str) -> None:
+            with self.lock:
+                self.sink, self.latest = report, (fraction, stage)
+                reading = self.thread is not None and self.thread.is_alive()
+                report(fraction, f"{stage}; {self.words()}" if reading else stage)
+
+        return both
+
+    def wait(self, report: Progress) -> WordsRun:
+        """Wait for the words once the pictures are done, telling ``report`` every quarter second."""
+        with self.lock:
+            self.sink = None  # from here on only this thread tells the upload
+        while self.thread is not None and self.thread.is_alive():
+            self.thread.join(0.25)
+            if self.thread.is_alive():
+                report(0.9, f"{self.words()} (the pictures are done)")
+        return self
+
+    def abandon(self) -> None:
+        """The video failed: its words are not wanted (the thread ends on its own, reporting nothing)."""
+        self.abandoned = True
+
+    @property
+    def segments(self) -> tuple:
+        """The words read (``WordSegment``s)."""
+        return tuple(self.report.segments) if self.report is not None else ()
+
+    @property
+    def skipped(self) -> tuple[str, ...]:
+        """One line per source that could not be read, saying why."""
+        lines = tuple(self.report.skipped) if self.report is not None else ()
+        return lines + ((self.failed,) if self.failed else ())
+
+    def summary(self) -> dict | None:
+        """``{sources, segments, skipped, seconds}`` for the outcome (None where no words are read)."""
+        if self.reader is None:
+            return None
+        sources = list(self.report.sources) if self.report is not None else []
+        return {"sources": sources, "segments": len(self.segments), "skipped": list(self.skipped),
+                "seconds": round(self.seconds, 2)}
+
+
+def words_words(summary: dict | None) -> str:
+    """What an added video's words are, for its outcome: " with 12 lines of words (subtitles, speech)"."""
+    if summary is None:
+        return ""
+    if not summary["segments"]:
+        return ", no words found"
+    return f" with {counted(summary['segments'], 'line')} of words ({', '.join(summary['sources'])})"
+
+
+def skipped_words(run: WordsRun) -> str:
+    """The outcome's sentences for the sources not read: " Words skipped: speech: no audio stream."."""
+    return "".join(f" Words skipped: {line.rstrip('.')}." for line in run.skipped)
 
 
 class UploadRefused(MediaError):
@@ -113,9 +253,13 @@ class IngestService:
     gallery serialises its own updates; nothing else here is shared mutable state."""
 
     def __init__(self, shared: Gallery, media: MediaStore, extractor: Extractor, settings: AppSettings,
-                 persist: PersistentStore | None = None) -> None:
+                 persist: PersistentStore | None = None, words: WordsReader | None = None,
+                 text_encoder: Callable[[list[str]], list] | None = None) -> None:
+        """``words``: reads each arrival's words (None: none are read); ``text_encoder``: embeds them for the
+        gallery (``Gallery.add``'s: the profile's text encoder, ``TextEncoder.encode``)."""
         self.shared, self.media, self.extractor = shared, media, extractor
         self.settings, self.persist = settings, persist
+        self.words, self.text_encoder = words, text_encoder
         self._start: Extractor | None = None  # the start-up extractor, while ``starting`` lasts
 
     @contextlib.contextmanager
@@ -131,14 +275,17 @@ class IngestService:
 
     # ------------------------------------------------------------------ the ways in
     def upload(self, path: str | Path, session: SessionGallery | None = None,
-               progress: Progress | None = None, name: str | None = None) -> Outcome:
+               progress: Progress | None = None, name: str | None = None,
+               sidecar: str | Path | None = None) -> Outcome:
         """A visitor's file (the page, the API, MCP): into ``session``'s gallery, or the shared one.
-        ``name``: the file name the visitor knows (default: the path's)."""
+        ``name``: the file name the visitor knows (default: the path's); ``sidecar``: a subtitle file
+        (.srt / .vtt) sent with it."""
         live = LiveProgress(progress) if progress is not None else None
         report = live or _quiet
+        arrival = Arrival(Path(path), Path(name).name if name else Path(path).name,
+                          sidecar=Path(sidecar) if sidecar else None)
         try:
-            return self._add([Arrival(Path(path), Path(name).name if name else Path(path).name)], UPLOAD,
-                             session, report)[0]
+            return self._add([arrival], UPLOAD, session, report)[0]
         finally:
             if live is not None:
                 live.close()
@@ -171,7 +318,8 @@ class IngestService:
             if known is None or known.get("sha256") != sha:
                 # titles of different files never collide in a result list: a folder's clip.flv beside
                 # clip.mpg keeps its extension, a/clip.mp4 beside b/clip.mp4 its folder
-                wanted.append(Arrival(path, path.name, video_id, (Path(rel).stem, path.name, rel), sha))
+                wanted.append(Arrival(path, path.name, video_id, (Path(rel).stem, path.name, rel), sha,
+                                      find_sidecar(path)))
         changed = {a.video_id for a in wanted}
         self.remove([i for i in self.shared.ids
                      if i.startswith(FOLDER.prefix) and (i not in present or i in changed)])
@@ -203,7 +351,7 @@ class IngestService:
         if stale:
             self.shared.remove(stale)
         if kept:
-            self.shared.add(kept)
+            self.shared.add(kept, text_encoder=self.text_encoder)  # their words as stored, embedded again
         log.info("%s", self.persist.words(time.perf_counter() - t0))
         return len(kept)
 
@@ -226,11 +374,17 @@ class IngestService:
         for record in unsaved:
             path = self.media.locate(record["path"])
             try:
-                with self.media.work() as work:  # at start: the start-up models where ``starting`` lasts
-                    features = (self._start or self.extractor).extract(path, None, record.get("sha256", ""),
-                                                                       work, _quiet)
+                words = WordsRun(self.words, path, None, record["id"])
+                try:
+                    with self.media.work() as work:  # at start: the start-up models while ``starting`` lasts
+                        extractor = self._start or self.extractor
+                        features = extractor.extract(path, None, record.get("sha256", ""), work, _quiet)
+                except BaseException:
+                    words.abandon()
+                    raise
                 video = GalleryVideo.from_features(record["id"], features, record.get("title", ""),
                                                    record["path"])
+                video = dataclasses.replace(video, words=words.wait(_quiet).segments)
                 self.persist.record_add(video, self._kept_media(path))
             except (MediaError, OSError) as err:
                 log.warning("%s could not be saved to the persistent folder: %s", record["id"], err)
@@ -296,31 +450,44 @@ class IngestService:
         plan = extractor.cost(info)
         notes = ""
         if plan is not None:  # ZeroGPU: the visitor is told the GPU seconds before any is asked for
-            notes = f" It asked ZeroGPU for {plan.words()}."
+            # the words are read in this process on the CPU (bootstrap.words_reader): no GPU seconds
+            cpu = "; its words are read on the CPU, which asks for none" if self.words is not None else ""
+            notes = f" It asked ZeroGPU for {plan.words()}{cpu}."
             report(0.02, f"checking the file: {info.duration / 60:.1f} minutes of video will ask ZeroGPU for "
-                         f"{plan.words()}")
+                         f"{plan.words()}{cpu}")
         sha = arrival.sha256 or sha256_file(path)
         if way.by_content:
             duplicate = self._find_sha(sha, session)
             if duplicate is not None:
                 return Outcome("duplicate", duplicate["id"],
                                f"{shown}: already in the gallery as “{duplicate['title']}”.")
-        copy, playable, reencoded = self._playable(path, sha, way, session, report)
+        # the words from the original file (a re-encoded copy keeps no subtitle track), beside the copy and
+        # the pictures
+        words = WordsRun(self.words, path, arrival.sidecar, shown)
+        both = words.beside(report)
         try:
-            report(0.3, seconds_words(0, info.duration))
+            copy, playable, reencoded = self._playable(path, sha, way, session, both)
+        except BaseException:
+            words.abandon()
+            raise
+        try:
+            both(0.3, seconds_words(0, info.duration))
             with self.media.work() as work:
                 # the copy has the probed bytes unless it was re-encoded (then it is probed again)
                 features = extractor.extract(playable, None if reencoded else info, sha, work,
-                                             Throttled(report))
+                                             Throttled(both))
+            found = words.wait(report)
         except BaseException:
+            words.abandon()
             if copy is not None:
                 copy.unlink(missing_ok=True)  # nothing indexed: leave no orphan file behind
             raise
         video_id = arrival.video_id or f"{way.prefix}{sha[:12]}"
         title = distinct_title(arrival.titles, taken) if arrival.titles else unique_title(shown, taken)
         video = GalleryVideo.from_features(video_id, features, title, self.media.portable(playable))
-        notes = "".join(f" Note: {w}." for w in features.warnings) + notes
-        return _Ready(video, shown, copy, playable, notes)
+        video = dataclasses.replace(video, words=found.segments)
+        notes = "".join(f" Note: {w}." for w in features.warnings) + notes + skipped_words(found)
+        return _Ready(video, shown, copy, playable, notes, found.summary())
 
     def _playable(self, path: Path, sha: str, way: Way, session: SessionGallery | None,
                   report: Progress) -> tuple[Path | None, Path, bool]:
@@ -339,7 +506,7 @@ class IngestService:
         them."""
         report(0.9, "indexing")
         try:
-            gallery.add([r.video for r in ready])
+            gallery.add([r.video for r in ready], text_encoder=self.text_encoder)
         except BaseException:
             for r in ready:
                 if r.copy is not None:
@@ -362,7 +529,8 @@ class IngestService:
         """The outcome of an indexed video."""
         video = ready.video
         return Outcome("added", video.id, f"{ready.shown}: added {where} as “{video.title}” "
-                                          f"({video.duration:.0f} s); searchable now.{ready.notes}")
+                                          f"({video.duration:.0f} s){words_words(ready.words)}; searchable "
+                                          f"now.{ready.notes}", ready.words)
 
     def _failed(self, shown: str, way: Way, error: Exception) -> Outcome:
         """The outcome of a video that was not added, logged once: one line for a known cause, the stack
@@ -395,6 +563,24 @@ class IngestService:
             raise UploadRefused(path, f"this session already added {added}, the maximum per session.",
                                 "Start a new session to add more (in a browser: reload the page; through the "
                                 "API: connect a new client).")
+
+
+def pair_sidecars(videos: Sequence[str], subtitles: Sequence[str]) -> tuple[dict[str, str], list[str]]:
+    """Subtitle files chosen with videos, matched by name: ({video name: subtitle file}, the subtitle files
+    no video takes). A subtitle file goes with the video of its stem ("talk.srt", "talk.en.vtt" with
+    "talk.mp4"); one video chosen with one subtitle file takes it whatever its name."""
+    if len(videos) == 1 and len(subtitles) == 1:
+        return {videos[0]: subtitles[0]}, []
+    paired: dict[str, str] = {}
+    for sub in subtitles:
+        stem = Path(sub).name.rsplit(".", 1)[0]
+        for video in videos:
+            own = Path(video).stem
+            if video not in paired and (stem == own or stem.startswith(own + ".")):
+                paired[video] = sub
+                break
+    taken = set(paired.values())
+    return paired, [s for s in subtitles if s not in taken]
 
 
 def unique_title(name: str, taken: Sequence[str] | set[str]) -> str:

@@ -34,6 +34,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 from urllib.parse import unquote, urlparse
 
+import httpx
 import jsonschema
 from gradio import route_utils
 from gradio_client import Client, handle_file
@@ -59,6 +60,9 @@ MCP_PATH = "/gradio_api/mcp"  # where Gradio serves MCP (streamable HTTP, and SS
 PROGRESS_EVERY_S = 0.5  # how often a call's state is looked at for progress notifications
 GRADIO_READ = "6.31.0"  # the Gradio release whose MCP server gradio_mcp_server was written against
 VIDEO_FORMATS = "MP4, MKV, MOV, WebM or AVI"
+DATA_EXAMPLE = {"video": "video/mp4", "subtitles": "text/plain"}  # a data URL's type in refusals' examples
+SUBTITLE_SUFFIXES = (".srt", ".vtt")
+MAX_SUBTITLES_MB = 10  # a subtitle file add_video fetches from a URL may be this large
 
 
 class Refused(ValueError):
@@ -76,13 +80,18 @@ def add_video_schema(roots: Sequence[Path]) -> dict:
              "before ;base64 names it)", "an http(s) URL of the file on a public host"]
     if roots:
         forms.append("a path on the server under " + " or ".join(map(str, roots)))
+    paths = " or a path on the server under " + " or ".join(map(str, roots)) if roots else ""
+    subtitles = ("Optional: a subtitle file of the video (.srt or .vtt; its lines are searched with their "
+                 "times), in the same forms as video: base64 data (data:text/plain;name=talk.srt;base64,"
+                 f"...), an http(s) URL on a public host{paths}.")
     return {"type": "object", "required": ["video"], "additionalProperties": False, "properties": {
         "video": {"type": "string",
                   "description": f"The video ({VIDEO_FORMATS}): " + ", or ".join(forms) + "."},
         "name": {"type": "string",
                  "description": "The file name the video is known by, e.g. holiday.mp4: results title it by "
                                 "its stem (default: the data URL's name parameter, else the URL's or path's "
-                                "file name, else \"MCP upload\" with the date and time)."}}}
+                                "file name, else \"MCP upload\" with the date and time)."},
+        "subtitles": {"type": "string", "description": subtitles}}}
 
 
 def is_public_host(host: str) -> bool:
@@ -104,14 +113,15 @@ def shown(text: str, limit: int = 40) -> str:
 
 
 def video_argument(video: object, roots: Sequence[Path], own_host: str | None,
-                   video_route: str) -> tuple[str, str | Path | None]:
-    """What ``add_video``'s ``video`` argument is: ("data", the data URL's file name or None) and ("url",
-    None) to let Gradio take it, ("path", file) for an allowed server path, ("own", video id) for this app's
-    own video URL. Raises ``Refused`` with one sentence naming what is wrong otherwise."""
-    how = ("send the file itself as base64 data (data:video/mp4;base64,...)"
+                   video_route: str, what: str = "video") -> tuple[str, str | Path | None]:
+    """What ``add_video``'s ``video`` argument (or its ``subtitles``: ``what``) is: ("data", the data URL's
+    file name or None) and ("url", None) to let Gradio take it, ("path", file) for an allowed server path,
+    ("own", video id) for this app's own video URL. Raises ``Refused`` with one sentence naming what is wrong
+    otherwise."""
+    how = (f"send the file itself as base64 data (data:{DATA_EXAMPLE[what]};base64,...)"
            + (" or a path under " + ", ".join(map(str, roots)) if roots else ""))
     if not isinstance(video, str) or not video.strip():
-        raise Refused(f"No video was given: {how}.")
+        raise Refused(f"No {what} was given: {how}.")
     video = video.strip()
     if video[:5].lower() == "data:":
         return "data", data_url_name(video, how)
@@ -273,13 +283,52 @@ class AppEndpoints:
         return await result
 
 
-def data_file(video: str, folder: Path) -> Path:
-    """A data URL's bytes (checked by ``video_argument``) as a file in ``folder``, its suffix from the MIME
-    type (the name it is known by travels beside it)."""
+def data_file(video: str, folder: Path, stem: str = "upload", suffix: str | None = None) -> Path:
+    """A data URL's bytes (checked by ``video_argument``) as a file ``stem`` in ``folder``, its suffix
+    ``suffix`` or else from the MIME type (the name it is known by travels beside it)."""
     head = DATA_URL.match(video)
-    path = folder / f"upload{mimetypes.guess_extension(head['type'].lower()) or ''}"
+    suffix = suffix if suffix is not None else mimetypes.guess_extension(head["type"].lower()) or ""
+    path = folder / f"{stem}{suffix}"
     path.write_bytes(base64.b64decode("".join(video[head.end():].split())))
     return path
+
+
+def subtitle_file(kind: str, value: str | Path, named: object, folder: Path) -> Path:
+    """add_video's ``subtitles`` (checked by ``video_argument``) as a local file: an allowed server path as
+    it is, a data URL's bytes or a public URL's (at most ``MAX_SUBTITLES_MB``, no redirect followed)
+    written in ``folder`` as ``subtitles.srt`` / ``.vtt`` (from the name it gives, else its type, else .srt).
+    ``Refused`` when a URL cannot be fetched."""
+    if kind == "path":
+        return Path(value)
+    if kind == "data":
+        head = DATA_URL.match(str(value))
+        return data_file(str(value), folder, "subtitles", subtitle_suffix(named, head["type"]))
+    try:
+        with httpx.stream("GET", str(value), timeout=30, follow_redirects=False) as response:
+            if response.status_code != 200:
+                raise Refused(f"The subtitles at {shown(str(value))} could not be fetched (HTTP "
+                              f"{response.status_code}).")
+            data = b""
+            for chunk in response.iter_bytes():
+                data += chunk
+                if len(data) > MAX_SUBTITLES_MB * 2**20:
+                    raise Refused(f"The subtitles at {shown(str(value))} are larger than {MAX_SUBTITLES_MB} "
+                                  "MB.")
+            kind_of = response.headers.get("content-type", "").split(";")[0]
+    except httpx.HTTPError as problem:
+        raise Refused(f"The subtitles at {shown(str(value))} could not be fetched "
+                      f"({problem.__class__.__name__}).") from None
+    path = folder / f"subtitles{subtitle_suffix(urlparse(str(value)).path, kind_of)}"
+    path.write_bytes(data)
+    return path
+
+
+def subtitle_suffix(named: object, mime: str) -> str:
+    """.srt or .vtt for a subtitle file: its name's, else its MIME type's (text/vtt), else .srt."""
+    suffix = Path(named).suffix.lower() if isinstance(named, str) else ""
+    if suffix in SUBTITLE_SUFFIXES:
+        return suffix
+    return ".vtt" if mime.lower() == "text/vtt" else ".srt"
 
 
 def install(demo: object, predictor: Predictor) -> bool:
@@ -335,29 +384,42 @@ def install(demo: object, predictor: Predictor) -> bool:
         elif video is None:
             data = await app.call(endpoint, arguments, forwarded(context.request), progress_to(context))
         else:
-            data = await add_video(*video, context)
+            try:
+                data = await add_video(*video, context)
+            except Refused as refused:  # the subtitles' URL could not be fetched
+                log.warning("MCP add_video refused: %s", refused)
+                return error(str(refused))
         data = absolute(data, root_url(context.request, demo.root_path))
         text = [types.TextContent(type="text", text=json.dumps(data))]
         return text, data if isinstance(data, dict) else None
 
-    async def add_video_input(arguments: dict, request: Request | None) -> tuple[str, object, str | None]:
+    async def add_video_input(arguments: dict, request: Request | None
+                              ) -> tuple[str, object, str | None, tuple | None]:
         """add_video's arguments as (kind, value: ``video_argument``'s, the name the video is known by or
-        None); ``Refused`` with one sentence when they are not what it takes."""
+        None, the subtitles as (kind, value, data URL's name) or None); ``Refused`` with one sentence when
+        they are not what it takes."""
         if arguments.get("name") is not None and not isinstance(arguments["name"], str):
             raise Refused(f"name must be text, e.g. holiday.mp4, not {arguments['name']!r}.")
         host = request.headers.get("host") if request is not None else None
         # a data URL's base64 is checked and a host resolved: off the event loop
         kind, value = await asyncio.to_thread(video_argument, arguments.get("video"), roots, host,
                                               VIDEO_ROUTE)
+        subtitles = None
+        if arguments.get("subtitles") is not None:  # the same forms and the same checks as the video
+            given = arguments["subtitles"]
+            sub_kind, sub_value = await asyncio.to_thread(video_argument, given, roots, host, VIDEO_ROUTE,
+                                                          "subtitles")
+            if sub_kind == "own":
+                raise Refused(f"{shown(given)} is a video of this app, not a subtitle file (.srt or .vtt).")
+            subtitles = (sub_kind, given.strip() if sub_kind in ("data", "url") else sub_value, sub_value)
         return kind, (arguments["video"].strip() if kind in ("data", "url") else value), \
-            upload_name(kind, value, arguments.get("name"))
+            upload_name(kind, value, arguments.get("name")), subtitles
 
-    async def add_video(kind: str, value: object, name: str | None, context: RequestContext) -> dict:
+    async def add_video(kind: str, value: object, name: str | None, subtitles: tuple | None,
+                        context: RequestContext) -> dict:
         """add_video's answer: an allowed server path joins the shared gallery (the operator's file), this
-        app's own video URL is a duplicate, a data URL's bytes or a URL go to the /add_video endpoint."""
-        if kind == "path":
-            log.info("MCP add_video: reading %s from the server (--mcp-allow-paths)", value)
-            return await asyncio.to_thread(predictor.add_video, value, None, name=name or value.name)
+        app's own video URL is a duplicate, a data URL's bytes or a URL go to the /add_video endpoint; the
+        subtitles go with the video as a local file (``subtitle_file``)."""
         if kind == "own":
             record = predictor.index.record(value)
             if record is None:
@@ -368,8 +430,14 @@ def install(demo: object, predictor: Predictor) -> bool:
         # the endpoint takes a file: a data URL's bytes written here (deleted after the call), a URL as it
         # is (Gradio downloads it, from public hosts only)
         with tempfile.TemporaryDirectory(prefix="prvr-mcp-") as folder:
+            sub = await asyncio.to_thread(subtitle_file, *subtitles, Path(folder)) if subtitles else None
+            if kind == "path":
+                log.info("MCP add_video: reading %s from the server (--mcp-allow-paths)", value)
+                return await asyncio.to_thread(predictor.add_video, value, None, name=name or value.name,
+                                               subtitles=sub)
             path = await asyncio.to_thread(data_file, value, Path(folder)) if kind == "data" else value
-            arguments = {"video": handle_file(str(path)), **({"name": name} if name is not None else {})}
+            arguments = {"video": handle_file(str(path)), **({"name": name} if name is not None else {}),
+                         **({"subtitles": handle_file(str(sub))} if sub is not None else {})}
             return await app.call("/add_video", arguments, forwarded(context.request), progress_to(context))
 
     log.info("MCP tools at /gradio_api/mcp/: search, add_video, info, clip (add_video reads server paths: "

@@ -20,6 +20,9 @@ from prvr.serve.settings import AppSettings
 CLEARLY_T = 3.0  # "stands out" this much is "clearly better": the three-sigma level moments refine at
 # (prvr.results.moments.MomentConfig.descend_t)
 HEAT_STOPS = ((238, 242, 255), (129, 140, 248), (190, 18, 60))  # pale -> indigo -> crimson
+WORDS_COLOUR = "#0d9488"  # teal: the matched words' times on the strip and their lines under it
+WORDS_SHOWN = 3  # matched lines shown under a card (best first)
+SOURCE_WORDS = {"subtitles": "subtitles", "speech": "said", "screen": "on screen"}  # a line's source, shown
 
 HEADER = ('<div class="prvr-header"><h1>Find the moment in long videos</h1><p>Partially Relevant Video '
           "Retrieval with MS-SL: type what happens; every video that contains it is ranked, with where it "
@@ -69,6 +72,10 @@ CSS = """
 .chip.key {border-color: #be123c; color: #be123c; font-weight: 600}
 .chip:hover {filter: brightness(0.95)}
 .hint {font-size: 0.8em; opacity: 0.65; margin-top: 6px}
+.words {display: flex; flex-direction: column; gap: 4px; margin-top: 8px}
+.words .line {text-align: left; border: none; border-left: 3px solid #0d9488; padding: 2px 8px;
+  background: var(--background-fill-secondary); cursor: pointer; font-size: 0.88em; border-radius: 4px}
+.words .line .where {opacity: 0.7; font-size: 0.9em; margin-left: 6px; white-space: nowrap}
 .card-body {display: grid; grid-template-columns: minmax(0, 3fr) minmax(0, 2fr); gap: 14px;
   align-items: start}
 .card-body .player {width: 100%; max-height: 260px; background: #000; border-radius: 8px}
@@ -82,6 +89,8 @@ CSS = """
 """
 
 UPLOAD_TABLE_HEAD = ["| file | result | details |", "|---|---|---|"]
+SUBTITLES_LABEL = ("Subtitles (optional): .srt or .vtt files, each read with the video of the same name "
+                   "(with one video, any name)")
 
 
 def clock(seconds: float) -> str:
@@ -117,6 +126,11 @@ def heatmap_svg(result: dict, score_range: tuple[float, float]) -> str:
                                                                   'stroke-dasharray="10 6"'
         parts.append(f'<rect data-t="{play_from(moment):.2f}" x="{x:.1f}" y="2" width="{max(w, 4):.1f}" '
                      f'height="40" fill="none" {style}/>')
+    for line in result.get("words") or []:  # where the matched words are said or shown: a band under it
+        x, w = 1000 * line["start"] / duration, max(1000 * (line["end"] - line["start"]) / duration, 4.0)
+        parts.append(f'<rect class="word" data-t="{line["start"]:.2f}" x="{x:.1f}" y="45" width="{w:.1f}" '
+                     f'height="5" fill="{WORDS_COLOUR}"><title>{html.escape(words_where(line))}: '
+                     f'“{html.escape(line["text"])}”</title></rect>')
     attention = result.get("attention") or {}
     if attention.get("time"):
         top = max(max(attention["weight"]), 1e-9)
@@ -146,14 +160,17 @@ def card_html(result: dict, clip_weight: float, score_range: tuple[float, float]
     chips = "".join(
         f'<button class="chip{" key" if i == 0 else ""}" data-t="{play_from(m):.2f}" '
         f'title="{html.escape(stands_out_words(m))}">'
-        f'{"★ key moment" if i == 0 else f"moment {i + 1}"} · {clock(m["start"])}-{clock(m["end"])} '
+        f'{"★ key moment" if i == 0 else f"moment {i + 1}"}{" (words)" if m.get("from") == "words" else ""} '
+        f'· {clock(m["start"])}-{clock(m["end"])} '
         f'· stands out {m["contrast"]:.1f}</button>'
         for i, m in enumerate(moments_of(result)))
     hint = ("The player starts at the key moment. Click the strip or a moment to jump. “Stands out” says how "
             "much better the query matches inside a moment than in the rest of the video, in standard "
             f"errors (a t statistic): 0 is no better, {CLEARLY_T:g} or more is clearly better; moments are "
             "ordered by it. Strip: similarity of each second of the video (longer videos: of each stretch; "
-            "darker is closer); ★ key moment; orange line: where the frame branch looked.")
+            "darker is closer); ★ key moment; orange line: where the frame branch looked"
+            + ("; teal marks: where the matched words are said or shown (click a line to play it)."
+               if result.get("words") else "."))
     mine = '<span class="badge badge-mine">your upload</span>' if result.get("source") == "session" else ""
     head = (f'<div class="card-head"><span class="rank">#{result["rank"]}</span>'
             f'<span class="title">{html.escape(result["title"])}</span>'
@@ -162,9 +179,26 @@ def card_html(result: dict, clip_weight: float, score_range: tuple[float, float]
     scores = (f'<div class="scores">score <b>{result["score"]:.3f}</b> = {clip_weight:.2f} × clip '
               f'{result["clip_score"]:.3f} + {1 - clip_weight:.2f} × frame {result["frame_score"]:.3f}</div>')
     text = (f'{head}{scores}{heatmap_svg(result, score_range)}<div class="chips">{chips}</div>'
-            f'<div class="hint">{hint}</div>')
+            f'{words_html(result)}<div class="hint">{hint}</div>')
     return (f'<div class="card-body" data-search="{search_id}"><div class="card-text">{text}</div>'
             f'{player_html(result, root)}</div>')
+
+
+def words_where(line: dict) -> str:
+    """A matched line's source and time: "subtitles 1:05-1:09"."""
+    return f"{SOURCE_WORDS.get(line['source'], line['source'])} {clock(line['start'])}-{clock(line['end'])}"
+
+
+def words_html(result: dict) -> str:
+    """The lines of the video's words that matched the query (``result["words"]``, best first), each with
+    its source and time; a click plays from it. "" when no words matched."""
+    lines = (result.get("words") or [])[:WORDS_SHOWN]
+    if not lines:
+        return ""
+    buttons = "".join(f'<button class="line" data-t="{line["start"]:.2f}" title="Play from '
+                      f'{clock(line["start"])}">“{html.escape(line["text"])}”<span class="where">'
+                      f'{html.escape(words_where(line))}</span></button>' for line in lines)
+    return f'<div class="words" aria-label="matched words">{buttons}</div>'
 
 
 def player_html(result: dict, root: str) -> str:
@@ -256,7 +290,20 @@ def info_markdown(info: dict) -> str:
         about = info["confidence"]
         lines.append("**Confidence labels:** " + (f"calibrated ({about['source'].get('data', about['file'])})"
                                                    if about["calibrated"] else about["reason"]))
+    if "words" in info:  # prvr.serve.predictor.Predictor.words_info
+        lines.append(f"**Words:** {words_info_words(info['words'])}")
     return "\n\n".join(lines)
+
+
+def words_info_words(words: dict) -> str:
+    """The info panel's words line: which sources are read and by which models (``WordsReader.describe``)."""
+    if words.get("mode") == "off" or not words.get("sources"):
+        return "off: videos are searched by their pictures only (--words off)"
+    models = words.get("models") or {}
+    used = "; ".join(f"{k}: {v}" for k, v in models.items()) if isinstance(models, dict) else \
+        ", ".join(map(str, models))
+    return (f"{words['mode']}: each video's {', '.join(words['sources'])} are read and searched beside its "
+            f"pictures" + (f" ({used})" if used else ""))
 
 
 def upload_intro(settings: AppSettings, gpu_words: str) -> str:
@@ -272,6 +319,12 @@ def upload_intro(settings: AppSettings, gpu_words: str) -> str:
 def upload_row(name: str, outcome: dict) -> str:
     """One file's row of the upload table (after ``UPLOAD_TABLE_HEAD``): its name, status and message."""
     return f"| {md_cell(name)} | {outcome['status']} | {md_cell(outcome['message'])} |"
+
+
+def unmatched_row(name: str) -> str:
+    """The upload table's row for a subtitle file that no chosen video takes."""
+    return (f"| {md_cell(name)} | not used | no video of this name was chosen with it: a subtitle file is "
+            "read with the video of the same name (talk.srt with talk.mp4) |")
 
 
 def md_cell(text: str) -> str:

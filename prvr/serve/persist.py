@@ -13,10 +13,12 @@ under its final name, written once and never changed, so replicas cannot clash (
 
 ``<vid>``: the first 16 hex digits of sha256(video id); an entry's ``<sha256>``: that of its whole bytes,
 which are ``MAGIC``, a JSON header line (kind, video id, title, duration, source sha256, media, profile
-identity, written_ns, nonce, array shapes), then ``features`` (n, D), ``start``, ``end`` float32 ``.npy``
-(a tombstone has none). Every file is verified before use; one cut short is skipped with a warning naming it.
-``restore()`` answers the live videos, in write order, as ``GalleryVideo``s on their verified media
-(re-encoded, not re-extracted); entries of another feature profile are skipped with one log line per profile.
+identity, written_ns, nonce, array shapes, and ``words``: the video's timed words as a list of
+``WordSegment.to_dict()``, absent in entries written before words were read), then ``features`` (n, D),
+``start``, ``end`` float32 ``.npy`` (a tombstone has none). Every file is verified before use; one cut
+short is skipped with a warning naming it. ``restore()`` answers the live videos, in write order, as
+``GalleryVideo``s on their verified media (re-encoded, not re-extracted, their words not read again);
+entries of another feature profile are skipped with one log line per profile.
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ from pathlib import Path
 
 import numpy as np
 
+from extract.words.segment import WordSegment
 from prvr.index import GalleryVideo
 from prvr.plural import counted
 
@@ -215,7 +218,8 @@ class PersistentStore:
                       "end": np.asarray(video.end, np.float32)}
             header = {"title": video.title, "duration": float(video.duration), "sha256": video.sha256,
                       "media": stored, "path": None if stored else video.path, "profile": self.profile,
-                      "rows": int(x.shape[0]), "dim": int(x.shape[1]), "arrays": list(ARRAYS)}
+                      "rows": int(x.shape[0]), "dim": int(x.shape[1]), "arrays": list(ARRAYS),
+                      "words": [w.to_dict() for w in video.words]}
             path = self._write_entry("add", video.id, header, arrays)
             self.live.setdefault(video.id, []).append(path.name)
             return path
@@ -313,8 +317,10 @@ class PersistentStore:
                     continue
                 self.live[h["video_id"]] = [entry.name]
                 a = entry.arrays
+                words = tuple(WordSegment(**w) for w in h.get("words", ()))  # kept: not read again
                 restored.append(GalleryVideo(h["video_id"], a["features"], a["start"], a["end"],
-                                             float(h["duration"]), h["title"], str(media), h["sha256"]))
+                                             float(h["duration"]), h["title"], str(media), h["sha256"],
+                                             words=words))
             for key, n in others.items():
                 log.info("skipping %s of feature profile %s (this app runs %r v%s): start with that "
                          "profile to see them", counted(n, "persisted video"), key, self.profile.get("name"),

@@ -145,10 +145,12 @@ class Predictor:
         return open_session(self.sessions_dir, self.model, self.calibrator.reference_queries)
 
     def add_video(self, path: str | Path, session: SessionGallery | None = None,
-                  progress: Progress | None = None, name: str | None = None) -> dict:
-        """One upload (``IngestService.upload``): ``{status, video_id, message}``; ``name``: the file name
-        the visitor knows (messages name it)."""
-        return self.ingest.upload(path, session, progress, name).to_dict()
+                  progress: Progress | None = None, name: str | None = None,
+                  subtitles: str | Path | None = None) -> dict:
+        """One upload (``IngestService.upload``): ``{status, video_id, message}`` (and ``words``); ``name``:
+        the file name the visitor knows (messages name it); ``subtitles``: a sidecar .srt / .vtt sent with
+        it."""
+        return self.ingest.upload(path, session, progress, name, subtitles).to_dict()
 
     def gpu_words(self) -> str:
         """What an upload asks of a visitor's GPU quota, in words ("" where uploads spend no quota)."""
@@ -189,7 +191,12 @@ class Predictor:
                 "videos": shared + private, "shared_videos": shared, "session_videos": private,
                 "index": f"{self.index.describe()['mode']} search over all proposals, persistent in "
                          f"{self.gallery_words()}",
-                "uploads": uploads, "confidence": self.calibrator.describe()}
+                "uploads": uploads, "confidence": self.calibrator.describe(), "words": self.words_info()}
+
+    def words_info(self) -> dict:
+        """Which words every way in reads: ``WordsReader.describe`` (mode, sources, models in use)."""
+        reader = self.ingest.words
+        return reader.describe() if reader is not None else {"mode": "off"}
 
     def example_queries(self) -> list[str]:
         """Demo captions to offer as example queries."""

@@ -21,6 +21,7 @@ from pathlib import Path
 from prvr.paths import default_data_dir
 
 UPLOAD_MODES = ("session", "shared")
+WORDS_MODES = ("off", "subtitles", "all")  # --words (extract.words.reader.WordsConfig's modes)
 ENV_PREFIX = "PRVR_"
 
 
@@ -107,10 +108,21 @@ class AppSettings:
     persist: Path | None = option(
         "a folder (a mounted Storage Bucket) that keeps the shared gallery across restarts, as write-once "
         "files", None, metavar="DIR", default_words="none: the shared gallery lives in the data dir only")
+    # extract.words: what each video says and writes, read at ingest beside its pictures (prvr.serve.ingest)
+    words: str = option(
+        "which words of each video are read and searched beside its pictures: off, subtitles (subtitle "
+        "tracks and a sidecar .srt / .vtt) or all (also speech and text on screen)", "all", metavar="MODE",
+        choices=WORDS_MODES)
+    speech_weights: str | None = option(
+        "the speech recogniser: a Whisper model by Hugging Face hub id or local folder, or pocketsphinx "
+        "(offline, English); on the GPU when there is one", None, metavar="DIR_OR_HUB_ID",
+        default_words="Whisper's default model where its weights load, else pocketsphinx")
 
     def __post_init__(self) -> None:
         if self.uploads not in UPLOAD_MODES:
             raise ValueError(f"uploads must be one of {UPLOAD_MODES}, got {self.uploads!r}")
+        if self.words not in WORDS_MODES:
+            raise ValueError(f"words must be one of {', '.join(WORDS_MODES)}, got {self.words!r}")
         for name in ("max_upload_mb", "max_uploads_per_session", "max_duration_s", "port"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be positive, got {getattr(self, name)}")

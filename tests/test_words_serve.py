@@ -1,0 +1,297 @@
+"""Issue #43 at the serving layer: every way in reads a video's words, the page, the API and MCP show them
+(``prvr.serve.ingest.WordsRun``, ``prvr.serve.page.words_html``, ``--words``)."""
+
+from __future__ import annotations
+
+import logging
+import re
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.clips import write_clip
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def a_result(words: list[dict], key_from: str = "pictures") -> dict:
+    """A result dict as ``prvr.results`` makes it, with the words it matched."""
+    return {"rank": 1, "title": "talk", "video_id": "upload:abc", "duration": 120.0, "confidence": "high",
+            "confidence_label": "strong match", "score": 0.9, "clip_score": 0.8, "frame_score": 0.7,
+            "key_moment": {"start": 30.0, "end": 36.0, "play_from": 30.5, "contrast": 4.0, "from": key_from},
+            "moments": [{"start": 30.0, "end": 36.0, "play_from": 30.5, "contrast": 4.0}],
+            "heatmap": {"start": [0.0, 60.0], "end": [60.0, 120.0], "score": [0.2, 0.4]},
+            "attention": {"time": [], "weight": []}, "words": words}
+
+
+SAID = {"source": "speech", "start": 65.0, "end": 69.5, "text": "the reactor is <overheating>", "score": 0.8}
+SUBTITLE = {"source": "subtitles", "start": 31.0, "end": 34.0, "text": "Q3 revenue", "score": 1.0}
+
+
+# ------------------------------------------------------------------------------- item 3: what a person sees
+def test_a_card_shows_its_matched_lines_with_source_and_time_and_a_click_plays_there() -> None:
+    from prvr.serve.page import card_html, words_html
+
+    card = card_html(a_result([SUBTITLE, SAID], key_from="words"), 0.7, (0.0, 1.0))
+    lines = re.findall(r'<button class="line" data-t="([\d.]+)"[^>]*>(.*?)</button>', card)
+    assert [t for t, _ in lines] == ["31.00", "65.00"]  # best first; each seeks its start (SEEK_JS: data-t)
+    assert "“Q3 revenue”" in lines[0][1] and "subtitles 0:31-0:34" in lines[0][1]
+    assert "said 1:05-1:10" in lines[1][1] and "&lt;overheating&gt;" in lines[1][1]  # escaped, never markup
+    assert "<overheating>" not in card
+    # the strip marks each line's time (a click seeks there too); the key moment says it came from the words
+    marks = re.findall(r'<rect class="word" data-t="([\d.]+)" x="([\d.]+)"', card)
+    assert marks == [("31.00", "258.3"), ("65.00", "541.7")]
+    assert "★ key moment (words)" in card and "teal marks" in card
+    assert words_html(a_result([])) == "" and words_html({"rank": 1}) == ""
+    plain = card_html(a_result([]), 0.7, (0.0, 1.0))
+    assert 'class="word"' not in plain and 'class="words"' not in plain and "teal" not in plain
+    many = words_html(a_result([dict(SAID, start=float(t), end=t + 1.0) for t in range(6)]))
+    assert many.count('class="line"') == 3  # the best few, not a transcript
+
+
+def test_the_info_panel_says_which_words_are_read() -> None:
+    from prvr.serve.page import words_info_words
+
+    on = words_info_words({"mode": "all", "sources": ["subtitles", "speech", "screen"],
+                           "models": {"speech": "pocketsphinx 5.1.1 (en-us)", "screen": "RapidOCR"}})
+    assert "subtitles, speech, screen" in on and "pocketsphinx 5.1.1 (en-us)" in on and "RapidOCR" in on
+    assert "off" in words_info_words({"mode": "off", "sources": []})
+
+
+def test_subtitle_files_chosen_on_the_page_go_with_the_video_of_their_name() -> None:
+    from prvr.serve.ingest import pair_sidecars
+
+    assert pair_sidecars(["holiday.mp4"], ["/x/anything.srt"]) == ({"holiday.mp4": "/x/anything.srt"}, [])
+    paired, unused = pair_sidecars(["talk.mp4", "walk.mkv", "x.mp4"],
+                                   ["/g/1/walk.vtt", "/g/2/talk.en.srt", "/g/3/other.srt"])
+    assert paired == {"talk.mp4": "/g/2/talk.en.srt", "walk.mkv": "/g/1/walk.vtt"}
+    assert unused == ["/g/3/other.srt"]
+    assert pair_sidecars(["a.mp4", "b.mp4"], []) == ({}, [])
+
+
+# ------------------------------------------------------------------------------------ item 1: the settings
+def test_words_and_speech_weights_are_flags_and_variables(monkeypatch: pytest.MonkeyPatch,
+                                                         capsys: pytest.CaptureFixture) -> None:
+    from extract.words.reader import MODES
+    from prvr.serve.settings import WORDS_MODES, AppSettings
+
+    assert WORDS_MODES == MODES  # the flag's choices are the reader's modes (settings imports no torch)
+    assert AppSettings().words == "all" and AppSettings().speech_weights is None
+    given = AppSettings.from_args(["--words", "subtitles", "--speech-weights", "/models/whisper-small"])
+    assert (given.words, given.speech_weights) == ("subtitles", "/models/whisper-small")
+    monkeypatch.setenv("PRVR_WORDS", "off")
+    monkeypatch.setenv("PRVR_SPEECH_WEIGHTS", "pocketsphinx")
+    from_env = AppSettings.from_args([])
+    assert (from_env.words, from_env.speech_weights) == ("off", "pocketsphinx")
+    with pytest.raises(SystemExit):
+        AppSettings.from_args(["--words", "everything"])
+    assert "invalid choice: 'everything'" in capsys.readouterr().err
+    with pytest.raises(ValueError, match="words must be one of off, subtitles, all, got 'some'"):
+        AppSettings(words="some")
+
+
+# ----------------------------------------------------------------------- item 2: every way in reads words
+class ScriptedReader:
+    """A words reader (``extract.words.reader.WordsReader``'s interface) that answers one line of words and
+    one skipped source for every video, records what it was asked and when, and reads for ``seconds``."""
+
+    def __init__(self, text: str = "a purple giraffe sings opera", seconds: float = 0.0,
+                 fail: bool = False) -> None:
+        self.text, self.seconds, self.fail = text, seconds, fail
+        self.calls: list[dict] = []
+
+    def describe(self) -> dict:
+        return {"mode": "all", "sources": ["subtitles"], "models": {}}
+
+    def read(self, video_path, sidecar=None, progress=None):
+        from extract.words.reader import WordsReport
+        from extract.words.segment import WordSegment
+
+        call = {"path": Path(video_path), "sidecar": sidecar, "thread": threading.current_thread().name,
+                "t0": time.monotonic()}
+        self.calls.append(call)
+        if progress is not None:
+            progress(0.4)
+        time.sleep(self.seconds)
+        call["t1"] = time.monotonic()
+        if self.fail:
+            raise RuntimeError("a bug in a words source")
+        return WordsReport(segments=(WordSegment("subtitles", 0.5, 1.5, self.text),),
+                           skipped=("speech: the file has no audio stream",), sources=("subtitles",))
+
+
+def timed_extractor(predictor) -> list[tuple[float, float]]:
+    """Record when each visual extraction of ``predictor``'s request extractor runs."""
+    spans: list[tuple[float, float]] = []
+    extract = predictor.ingest.extractor.extract
+
+    def timed(*args, **kwargs):
+        t0 = time.monotonic()
+        try:
+            return extract(*args, **kwargs)
+        finally:
+            spans.append((t0, time.monotonic()))
+
+    predictor.ingest.extractor.extract = timed
+    return spans
+
+
+def test_an_upload_reads_its_words_beside_its_pictures_and_is_found_by_them(tmp_path: Path,
+                                                                            make_predictor) -> None:
+    predictor = make_predictor(tmp_path / "data", uploads="shared")
+    try:
+        reader = predictor.ingest.words = ScriptedReader(seconds=1.5)
+        spans = timed_extractor(predictor)
+        srt = tmp_path / "talk.srt"
+        srt.write_text("1\n00:00:00,500 --> 00:00:01,500\na purple giraffe sings opera\n")
+        stages: list[str] = []
+        clip = write_clip(tmp_path / "inbox" / "talk.mp4", frames=36)
+        out = predictor.add_video(clip, progress=lambda _, stage: stages.append(stage), name="talk.mp4",
+                                  subtitles=srt)
+        assert out["status"] == "added", out
+        (call,) = reader.calls
+        assert call["path"] == clip and call["sidecar"] == srt  # the original file (its tracks), the sidecar
+        assert call["thread"] != threading.current_thread().name
+        (span,) = spans
+        assert call["t0"] < span[1] and span[0] < call["t1"]  # read while the pictures were extracted
+        assert any("words: 40 %" in s for s in stages), stages  # the upload says what it is doing
+        assert "with 1 line of words (subtitles)" in out["message"]
+        assert out["message"].count("Words skipped: ") == 1  # one line per skipped source, saying why
+        assert "Words skipped: speech: the file has no audio stream." in out["message"]
+        assert out["words"]["segments"] == 1 and out["words"]["skipped"] == ["speech: the file has no audio "
+                                                                             "stream"]
+        hit = predictor.search("purple giraffe sings opera", k=5).results[0]
+        assert hit["video_id"] == out["video_id"]
+        assert hit["words"][0]["text"] == "a purple giraffe sings opera"
+        assert hit["words"][0]["source"] == "subtitles"
+    finally:
+        predictor.close()
+
+
+def test_a_failing_reader_still_indexes_the_video_by_its_pictures(tmp_path: Path, make_predictor,
+                                                                  caplog: pytest.LogCaptureFixture) -> None:
+    predictor = make_predictor(tmp_path / "data", uploads="shared")
+    try:
+        predictor.ingest.words = ScriptedReader(fail=True)
+        with caplog.at_level(logging.INFO):
+            out = predictor.add_video(write_clip(tmp_path / "x.mp4", frames=30), name="x.mp4")
+        assert out["status"] == "added" and out["video_id"] in predictor.index.ids
+        assert re.search(r"Words skipped: words: unexpected server error \(error id \w{8}\); the video is "
+                         r"searched by its pictures only\.", out["message"]), out["message"]
+        assert "no words found" in out["message"] and out["words"]["segments"] == 0
+        errors = [r for r in caplog.records if r.levelno >= logging.ERROR]
+        assert len(errors) == 1 and "reading the words of x.mp4 failed" in errors[0].getMessage()
+    finally:
+        predictor.close()
+
+
+def test_the_folder_demo_and_bucket_ways_read_words_once(tmp_path: Path, make_predictor) -> None:
+    """--gallery reads a sidecar with the video's stem beside it; the demo's videos are read too; a video
+    restored from --persist keeps its words (stored with it) without reading them again."""
+    from types import SimpleNamespace
+
+    folder, bucket = tmp_path / "folder", tmp_path / "bucket"
+    first = make_predictor(tmp_path / "data", uploads="shared", persist=bucket)
+    try:
+        reader = first.ingest.words = ScriptedReader(text="the lighthouse keeper counts ships")
+        clip = write_clip(folder / "keeper.mp4", frames=30)
+        (folder / "keeper.srt").write_text("1\n00:00:00,500 --> 00:00:01,500\nthe lighthouse keeper\n")
+        write_clip(folder / "plain.mp4", frames=26, size=(80, 48))
+        demo = write_clip(tmp_path / "demo" / "demo99.mp4", frames=28, size=(96, 64))
+        with first.ingest.starting():
+            outcomes = first.ingest.sync_folder(folder)
+            first.ingest.add_demo([SimpleNamespace(id="demo99", path=demo, title="a demo")])
+        assert [o.status for o in outcomes] == ["added", "added"]
+        asked = {c["path"].name: c["sidecar"] for c in reader.calls}
+        assert asked == {"keeper.mp4": folder / "keeper.srt", "plain.mp4": None, "demo99.mp4": None}
+        assert clip.exists()
+    finally:
+        first.close()
+    again = make_predictor(tmp_path / "fresh", uploads="shared", persist=bucket)  # an empty data dir
+    try:
+        unused = again.ingest.words = ScriptedReader()
+        assert again.ingest.restore() == 2
+        assert unused.calls == []  # nothing read again
+        hit = again.search("the lighthouse keeper counts ships", k=5).results[0]
+        assert hit["video_id"] in ("folder:keeper.mp4", "folder:plain.mp4")
+        assert hit["words"] and hit["words"][0]["text"] == "the lighthouse keeper counts ships"
+    finally:
+        again.close()
+
+
+# ---------------------------------------------------- end to end: the API and MCP with a sidecar, the page
+LINE = "the purple giraffe sings opera at midnight"
+SRT = f"1\n00:00:01,000 --> 00:00:02,500\n{LINE}\n\n2\n00:00:03,000 --> 00:00:04,000\nthank you\n"
+
+
+def test_the_api_takes_a_sidecar_and_a_query_naming_its_line_finds_the_video_first(served: tuple,
+                                                                                   tmp_path: Path) -> None:
+    from gradio_client import Client, handle_file
+
+    from prvr.serve.page import card_html
+
+    url = served[0]
+    clip = write_clip(tmp_path / "opera night.mp4", frames=60, size=(80, 48))
+    srt = tmp_path / "opera night.srt"
+    srt.write_text(SRT)
+    client = Client(url, verbose=False)
+    added = client.predict(handle_file(str(clip)), "", handle_file(str(srt)), api_name="/add_video")
+    assert added["status"] == "added", added
+    assert "subtitles" in added["words"]["sources"] and added["words"]["segments"] >= 2, added
+    hits = client.predict("purple giraffe sings opera", 5, 0.7, api_name="/search")["results"]
+    assert hits[0]["video_id"] == added["video_id"]
+    line = hits[0]["words"][0]
+    assert line["text"] == LINE and line["source"] == "subtitles"
+    assert (line["start"], line["end"]) == (1.0, 2.5)
+    card = card_html(hits[0], 0.7, (0.0, 1.0))  # the page draws the API's dict
+    assert f"“{LINE}”" in card and 'data-t="1.00"' in card
+    info = client.predict(api_name="/info")
+    assert info["words"]["mode"] == "all" and "subtitles" in info["words"]["sources"]
+
+
+def test_a_bad_subtitle_file_is_one_skipped_line_and_the_video_is_added(served: tuple, tmp_path: Path,
+                                                                        capfd: pytest.CaptureFixture) -> None:
+    from gradio_client import Client, handle_file
+
+    clip = write_clip(tmp_path / "broken subs.mp4", frames=40, size=(64, 64))
+    bad = tmp_path / "broken subs.srt"
+    bad.write_bytes(b"\xff\xfe\x00garbage \x00\x01 not subtitles at all" * 10)
+    added = Client(served[0], verbose=False).predict(handle_file(str(clip)), "", handle_file(str(bad)),
+                                                     api_name="/add_video")
+    assert added["status"] == "added", added
+    assert any(s.startswith("subtitles") for s in added["words"]["skipped"]), added["words"]
+    assert "Words skipped: subtitles" in added["message"]
+    assert "Traceback" not in capfd.readouterr().err
+
+
+def test_mcp_add_video_takes_a_sidecar_in_the_videos_forms(served: tuple, tmp_path: Path) -> None:
+    import base64
+    import json
+
+    from tests.servers import call_mcp
+
+    url, predictor, _ = served
+    clip = write_clip(tmp_path / "sent.mp4", frames=44, size=(96, 48))
+    video = "data:video/mp4;base64," + base64.b64encode(clip.read_bytes()).decode()
+    sidecar = "data:text/plain;name=sent.srt;base64," + base64.b64encode(SRT.encode()).decode()
+    outside = tmp_path / "secret.srt"
+    outside.write_text(SRT)
+    added, refused = call_mcp(url, ("add_video", {"video": video, "subtitles": sidecar}),
+                              ("add_video", {"video": video, "subtitles": str(outside)}))
+    assert not added.isError, added.content[0].text
+    out = json.loads(added.content[0].text)  # a session upload (each MCP call is a session of its own)
+    assert out["status"] == "added" and out["words"]["segments"] >= 2, out
+    assert refused.isError and "outside the allowed dirs" in refused.content[0].text  # the one path check
+    # an allowed server path joins the shared gallery, with its sidecar: any later call finds it by its line
+    allowed = Path(predictor.settings.mcp_allow_paths)
+    shared = write_clip(allowed / "operator opera.mp4", frames=50, size=(72, 72))
+    keeper = "the lighthouse keeper counts seven ships"
+    (allowed / "operator opera.vtt").write_text(f"WEBVTT\n\n00:00:01.000 --> 00:00:02.500\n{keeper}\n")
+    added, found = call_mcp(url, ("add_video", {"video": str(shared), "subtitles": str(allowed /
+                                                                                    "operator opera.vtt")}),
+                            ("search", {"query": "lighthouse keeper counts seven ships", "top_k": 3}))
+    assert added.structuredContent["status"] == "added", added.content[0].text
+    first = found.structuredContent["results"][0]
+    assert first["video_id"] == added.structuredContent["video_id"] and first["words"][0]["text"] == keeper
