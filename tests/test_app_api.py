@@ -309,3 +309,16 @@ def test_the_api_reads_no_server_file_outside_the_allowed_folders(served: tuple,
     after = (len(predictor.index), {g.root: len(g.index) for g in sessions.galleries()})
     # no session got a video (an earlier test's session may have been closed meanwhile: it is just gone)
     assert after[0] == before[0] and all(n == before[1].get(root, 0) for root, n in after[1].items())
+
+
+def test_search_reports_the_servers_own_time(served: tuple) -> None:
+    """/search's ``stats`` say where the server's time went (text, query encoding, ranking, results) and
+    the total of it, the figure a client's round trip is measured against (benchmarks.concurrency --api)."""
+    from gradio_client import Client
+
+    client = Client(served[0], verbose=False)
+    stats = client.predict("a colourful gradient", 3, 0.7, 0, api_name="/search")["stats"]
+    steps = ("text_ms", "encode_ms", "rank_ms", "results_ms")
+    assert all(stats[s] >= 0 for s in steps) and stats["text_ms"] > 0
+    assert stats["total_ms"] >= sum(stats[s] for s in steps)
+    assert stats["videos"] >= 1
