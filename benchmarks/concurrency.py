@@ -14,8 +14,10 @@ renders, extracts and indexes the demo videos into the data dir (minutes); later
 a free port and searches through ``gradio_client`` (k=5): one client, then ``--clients`` at once (errors,
 answers compared with the one client's, searches per second), each round trip beside the server's own time
 (the response's ``stats["total_ms"]``); ``--clicks``: Search clicked in a headless Chromium, click to
-painted cards. ``met`` holds issue #45's bounds: round trip p50 <= 3x the server's time, 0 errors and
-identical answers, throughput >= 40 % of what 2 cores serve at the server's time, browser p50 <= 250 ms.
+painted cards; ``http``: the same searches as plain HTTP POSTs to ``/gradio_api/run/search`` (an app that
+answers /search outside the queue; ``refused`` otherwise). ``met`` holds issue #45's bounds: round trip p50
+<= 3x the server's time, 0 errors and identical answers, throughput >= 40 % of what 2 cores serve at the
+server's time, browser p50 <= 250 ms.
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -152,15 +154,38 @@ def example_queries(app: Path) -> list[str]:
     return list(json.loads((app.parent / "assets" / "demo_gallery.json").read_text())["examples"])
 
 
-def api_clients(url: str, pid: int, queries: list[str], clients: int, seconds: float,
-                expected: dict[str, str] | None = None) -> tuple[dict, dict[str, str]]:
-    """``clients`` gradio_client sessions searching (k=5, as the README's example) for ``seconds``:
-    searches per second, round trip and server time (the response's ``stats["total_ms"]``) p50, errors,
-    and whether every answer equals ``expected``'s for its query, the CPU milliseconds per search of the
-    server (process ``pid``) and of the clients (this process); and the first answer to each query."""
+def gradio_caller(url: str) -> Callable[[str], dict]:
+    """A /search call through a gradio_client session of its own (the queue and its event stream)."""
     from gradio_client import Client
 
-    sessions = [Client(url, verbose=False) for _ in range(clients)]
+    client = Client(url, verbose=False)
+    return lambda q: client.predict(q, 5, 0.7, 0, api_name="/search")
+
+
+def http_caller(url: str) -> Callable[[str], dict]:
+    """A /search call as one plain HTTP POST to ``/gradio_api/run/search`` over a kept-alive connection
+    (an event outside the queue answers there; a queued one is refused with 404)."""
+    session = httpx.Client(timeout=60)
+
+    def call(q: str) -> dict:
+        reply = session.post(url + "gradio_api/run/search", json={"data": [q, 5, 0.7, 0, None]})
+        if reply.status_code != 200:
+            raise RuntimeError(f"HTTP {reply.status_code}: {reply.text[:120]}")
+        return reply.json()["data"][0]
+
+    return call
+
+
+def api_clients(url: str, pid: int, queries: list[str], clients: int, seconds: float,
+                expected: dict[str, str] | None = None,
+                caller: Callable[[str], Callable[[str], dict]] = gradio_caller
+                ) -> tuple[dict, dict[str, str]]:
+    """``clients`` sessions (``caller``: gradio_client's by default) searching (k=5, as the README's example)
+    for ``seconds``: searches per second, round trip and server time (the response's ``stats["total_ms"]``)
+    p50, errors, and whether every answer equals ``expected``'s for its query, the CPU milliseconds per
+    search of the server (process ``pid``) and of the clients (this process); and the first answer to each
+    query."""
+    calls = [caller(url) for _ in range(clients)]
     stop = time.perf_counter() + seconds
     trips: list[float] = []
     server: list[float] = []
@@ -175,7 +200,7 @@ def api_clients(url: str, pid: int, queries: list[str], clients: int, seconds: f
             q = queries[i % len(queries)]
             t = time.perf_counter()
             try:
-                r = sessions[c].predict(q, 5, 0.7, 0, api_name="/search")
+                r = calls[c](q)
             except Exception as err:  # every failure counts as an error, whatever it is
                 with lock:
                     errors.append(f"{type(err).__name__}: {err}"[:200])
@@ -195,8 +220,6 @@ def api_clients(url: str, pid: int, queries: list[str], clients: int, seconds: f
         list(pool.map(client, range(clients)))
     elapsed = time.perf_counter() - t0
     server_cpu, client_cpu = cpu_seconds(pid) - server_cpu, time.process_time() - client_cpu
-    for s in sessions:
-        s.close()
     ms = 1e3 * np.array(trips or [np.nan])
     report = {"clients": clients, "searches": len(trips), "errors": len(errors), "first_errors": errors[:3],
               "per_s": round(len(trips) / elapsed, 2), "p50_ms": round(float(np.percentile(ms, 50)), 2),
@@ -243,13 +266,24 @@ def api_report(app: Path, data_dir: Path | None, seconds: float, clients: int, c
         api_clients(url, pid, queries, 1, min(seconds, 3.0))  # warm-up
         one, answers = api_clients(url, pid, queries, 1, seconds)
         many, _ = api_clients(url, pid, queries, clients, seconds, expected=answers)
+        try:  # the same searches as plain HTTP requests, where the app answers them outside the queue
+            http_caller(url)(queries[0])
+        except RuntimeError as refused:
+            http = {"refused": str(refused)}
+        else:
+            api_clients(url, pid, queries, 1, min(seconds, 3.0), caller=http_caller)  # warm-up
+            http = {"one": api_clients(url, pid, queries, 1, seconds, answers, http_caller)[0],
+                    "many": api_clients(url, pid, queries, clients, seconds, answers, http_caller)[0]}
         browser = browser_clicks(url, queries, clicks) if clicks else None
     server = one["server_p50_ms"]
     two_cores = 2 * 1000 / server
-    report = {"app": str(app), "one": one, "many": many, "browser": browser,
+    report = {"app": str(app), "one": one, "many": many, "http": http, "browser": browser,
               "round_trip_over_server": round(one["p50_ms"] / server, 2),
               "two_cores_per_s": round(two_cores, 1),
               "share_of_two_cores": round(many["per_s"] / two_cores, 3)}
+    if "one" in http:
+        http["round_trip_over_server"] = round(http["one"]["p50_ms"] / http["one"]["server_p50_ms"], 2)
+        http["share_of_two_cores"] = round(http["many"]["per_s"] / two_cores, 3)
     report["met"] = {"round_trip <= 3x server": report["round_trip_over_server"] <= 3,
                      "16 clients: 0 errors, identical": many["errors"] == 0 and many.get("identical", False),
                      "throughput >= 40 % of 2 cores": report["share_of_two_cores"] >= 0.4,
