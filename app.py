@@ -315,8 +315,11 @@ def api_endpoints(predictor: Predictor, session: gr.State, sessions: ClosedSessi
         """Describe the model, its feature profile, the number of videos (shared and yours) and the index."""
         return predictor.describe(state)
 
+    # queue=False: besides gradio_client's way (the queue, its limits), a plain HTTP POST to
+    # /gradio_api/run/search answers in one request without the event stream, on Spaces too (Gradio closes
+    # that route to queued events there); issue #45
     search_trigger.click(search, [query_in, top_k_in, weight_in, offset_in, session], results_out,
-                         api_name="search", concurrency_id="search", concurrency_limit=8)
+                         api_name="search", concurrency_id="search", concurrency_limit=8, queue=False)
     add_trigger.click(add_video, [upload_in, name_in, subtitles_in, session], [status_out, session],
                       api_name="add_video", concurrency_id="heavy", concurrency_limit=1)
     info_trigger.click(info, [session], info_out, api_name="info", concurrency_limit=None)

@@ -1,24 +1,44 @@
 """Throughput of the predictor's search path (text in, Contract 4 dicts out) with 1 and with N concurrent
-clients, in-process on the demo gallery; prints JSON.
+clients, in-process on the demo gallery; with ``--api``, the wait through the public API instead; prints JSON.
 
     python -m benchmarks.concurrency [--data-dir DIR] [--demo-videos demo01,demo05] [--clients 4]
                                      [--seconds 20] [--threads 2]
+    python -m benchmarks.concurrency --api [--data-dir DIR] [--clients 16] [--seconds 20] [--clicks 30]
+                                     [--app OTHER/app.py] [--out FILE.json]
 
 Each client searches the demo captions in turn (k=10) for ``--seconds``; the report gives searches per
 second for 1 client and for ``--clients`` clients, their ratio, and the p50 latency of each. The first start
 renders, extracts and indexes the demo videos into the data dir (minutes); later starts reuse it.
+
+``--api`` starts ``python app.py`` (or ``--app``: another checkout's, to compare two versions in one run) on
+a free port and searches through ``gradio_client`` (k=5): one client, then ``--clients`` at once (errors,
+answers compared with the one client's, searches per second), each round trip beside the server's own time
+(the response's ``stats["total_ms"]``); ``--clicks``: Search clicked in a headless Chromium, click to
+painted cards; ``http``: the same searches as plain HTTP POSTs to ``/gradio_api/run/search`` (an app that
+answers /search outside the queue; ``refused`` otherwise). ``met`` holds issue #45's bounds: round trip p50
+<= 3x the server's time, 0 errors and identical answers, throughput >= 40 % of what 2 cores serve at the
+server's time, browser p50 <= 250 ms.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
 import threading
 import time
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+import httpx
 import numpy as np
 import torch
 
@@ -53,6 +73,224 @@ def run_clients(predictor: Predictor, queries: list[str], clients: int, seconds:
             "p95_ms": round(float(np.percentile(ms, 95)), 2)}
 
 
+# ------------------------------------------------------------------ through the public API (--api)
+PAINTED_JS = """async ([text, before]) => {
+  // click -> the first card shows this search's results (a new data-search id), then two frames: painted
+  const button = [...document.querySelectorAll('button.primary')].find(b =>
+    b.textContent.trim() === 'Search');
+  const box = document.querySelector('textarea');
+  box.value = text; box.dispatchEvent(new Event('input', {bubbles: true}));
+  await new Promise(r => requestAnimationFrame(() => requestAnimationFrame(r)));
+  const t0 = performance.now();
+  button.click();
+  const deadline = Date.now() + 60000;
+  for (;;) {
+    const card = document.querySelector('.result-card .card-body');
+    const id = card && card.getAttribute('data-search');
+    if (id && id !== before) break;
+    if (Date.now() > deadline) return [-1, before];
+    await new Promise(r => requestAnimationFrame(r));
+  }
+  await new Promise(r => requestAnimationFrame(() => requestAnimationFrame(r)));
+  const shown = document.querySelector('.result-card .card-body').getAttribute('data-search');
+  return [performance.now() - t0, shown];
+}"""
+
+
+def free_port() -> int:
+    """A TCP port nobody listens on now."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def cpu_seconds(pid: int) -> float:
+    """CPU time (user + system, all threads) a process has used so far, from /proc (Linux); nan elsewhere."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return float("nan")
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+@contextlib.contextmanager
+def running_app(app: Path, data_dir: Path | None, log: Path) -> Iterator[tuple[str, int]]:
+    """``python APP --port P [--data-dir D]`` (the app as users start it) until it answers; its URL and
+    process id."""
+    port = free_port()
+    flags = ["--port", str(port), "--uploads", "shared"] + (["--data-dir", str(data_dir)] if data_dir else [])
+    env = dict(os.environ, GRADIO_ANALYTICS_ENABLED="False", PYTHONUNBUFFERED="1")
+    with open(log, "w") as out:
+        process = subprocess.Popen([sys.executable, str(app), *flags], cwd=app.parent, env=env, stdout=out,
+                                   stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}/"
+    try:
+        deadline = time.monotonic() + 900
+        while True:
+            if process.poll() is not None or time.monotonic() > deadline:
+                raise SystemExit(f"{app} did not serve:\n{log.read_text()[-3000:]}")
+            try:
+                if httpx.get(url, timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.5)
+        yield url, process.pid
+    finally:
+        process.terminate()
+        try:
+            process.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            process.kill()
+
+
+def answer(response: dict) -> str:
+    """A /search answer without its timings: what must be identical for every client."""
+    return json.dumps({k: v for k, v in response.items() if k != "stats"}, sort_keys=True)
+
+
+def example_queries(app: Path) -> list[str]:
+    """The demo gallery's example captions (the page offers them), read beside ``app``."""
+    return list(json.loads((app.parent / "assets" / "demo_gallery.json").read_text())["examples"])
+
+
+def gradio_caller(url: str) -> Callable[[str], dict]:
+    """A /search call through a gradio_client session of its own (the queue and its event stream)."""
+    from gradio_client import Client
+
+    client = Client(url, verbose=False)
+    return lambda q: client.predict(q, 5, 0.7, 0, api_name="/search")
+
+
+def http_caller(url: str) -> Callable[[str], dict]:
+    """A /search call as one plain HTTP POST to ``/gradio_api/run/search`` over a kept-alive connection
+    (an event outside the queue answers there; a queued one is refused with 404)."""
+    session = httpx.Client(timeout=60)
+
+    def call(q: str) -> dict:
+        reply = session.post(url + "gradio_api/run/search", json={"data": [q, 5, 0.7, 0, None]})
+        if reply.status_code != 200:
+            raise RuntimeError(f"HTTP {reply.status_code}: {reply.text[:120]}")
+        return reply.json()["data"][0]
+
+    return call
+
+
+def api_clients(url: str, pid: int, queries: list[str], clients: int, seconds: float,
+                expected: dict[str, str] | None = None,
+                caller: Callable[[str], Callable[[str], dict]] = gradio_caller
+                ) -> tuple[dict, dict[str, str]]:
+    """``clients`` sessions (``caller``: gradio_client's by default) searching (k=5, as the README's example)
+    for ``seconds``: searches per second, round trip and server time (the response's ``stats["total_ms"]``)
+    p50, errors, and whether every answer equals ``expected``'s for its query, the CPU milliseconds per
+    search of the server (process ``pid``) and of the clients (this process); and the first answer to each
+    query."""
+    calls = [caller(url) for _ in range(clients)]
+    stop = time.perf_counter() + seconds
+    trips: list[float] = []
+    server: list[float] = []
+    errors: list[str] = []
+    different: list[str] = []
+    answers: dict[str, str] = {}
+    lock = threading.Lock()
+
+    def client(c: int) -> None:
+        i = c
+        while time.perf_counter() < stop:
+            q = queries[i % len(queries)]
+            t = time.perf_counter()
+            try:
+                r = calls[c](q)
+            except Exception as err:  # every failure counts as an error, whatever it is
+                with lock:
+                    errors.append(f"{type(err).__name__}: {err}"[:200])
+                i += clients
+                continue
+            took = time.perf_counter() - t
+            with lock:
+                trips.append(took)
+                server.append(r["stats"]["total_ms"])
+                answers.setdefault(q, answer(r))
+                if expected is not None and answer(r) != expected.get(q):
+                    different.append(q)
+            i += clients
+
+    t0, server_cpu, client_cpu = time.perf_counter(), cpu_seconds(pid), time.process_time()
+    with ThreadPoolExecutor(clients) as pool:
+        list(pool.map(client, range(clients)))
+    elapsed = time.perf_counter() - t0
+    server_cpu, client_cpu = cpu_seconds(pid) - server_cpu, time.process_time() - client_cpu
+    ms = 1e3 * np.array(trips or [np.nan])
+    report = {"clients": clients, "searches": len(trips), "errors": len(errors), "first_errors": errors[:3],
+              "per_s": round(len(trips) / elapsed, 2), "p50_ms": round(float(np.percentile(ms, 50)), 2),
+              "p95_ms": round(float(np.percentile(ms, 95)), 2),
+              "server_p50_ms": round(float(np.median(server or [np.nan])), 2),
+              "server_cpu_ms": round(1e3 * server_cpu / max(len(trips), 1), 2),
+              "client_cpu_ms": round(1e3 * client_cpu / max(len(trips), 1), 2)}
+    if expected is not None:
+        report["identical"] = not different and not errors
+    return report, answers
+
+
+def browser_clicks(url: str, queries: list[str], clicks: int) -> dict:
+    """Click Search in a headless Chromium ``clicks`` times (the queries in turn): click to painted cards."""
+    from playwright.sync_api import sync_playwright
+
+    chromium = shutil.which("chromium") or "/usr/bin/chromium"
+    times: list[float] = []
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=chromium, args=["--headless", "--no-sandbox",
+                                                                     "--disable-gpu", "--no-first-run"])
+        page = browser.new_page(viewport={"width": 1280, "height": 1400})
+        page.goto(url)
+        page.wait_for_selector("textarea", timeout=120000)
+        before = ""
+        for i in range(clicks + 2):  # the first two warm the page up
+            took, before = page.evaluate(PAINTED_JS, [queries[i % len(queries)], before])
+            if took < 0:
+                raise SystemExit("the page showed no new results within 60 s")
+            if i >= 2:
+                times.append(took)
+        browser.close()
+    return {"clicks": len(times), "p50_ms": round(float(np.median(times)), 1),
+            "p95_ms": round(float(np.percentile(times, 95)), 1)}
+
+
+def api_report(app: Path, data_dir: Path | None, seconds: float, clients: int, clicks: int) -> dict:
+    """The wait through the public API of ``python APP`` on the demo gallery: one client, ``clients`` at
+    once (answers compared with one client's), the browser's click to painted results (``clicks`` > 0),
+    and the issue's bounds on them."""
+    log = Path(tempfile.mkdtemp(prefix="prvr-wait-")) / "app.log"
+    with running_app(app, data_dir, log) as (url, pid):
+        queries = example_queries(app)
+        api_clients(url, pid, queries, 1, min(seconds, 3.0))  # warm-up
+        one, answers = api_clients(url, pid, queries, 1, seconds)
+        many, _ = api_clients(url, pid, queries, clients, seconds, expected=answers)
+        try:  # the same searches as plain HTTP requests, where the app answers them outside the queue
+            http_caller(url)(queries[0])
+        except RuntimeError as refused:
+            http = {"refused": str(refused)}
+        else:
+            api_clients(url, pid, queries, 1, min(seconds, 3.0), caller=http_caller)  # warm-up
+            http = {"one": api_clients(url, pid, queries, 1, seconds, answers, http_caller)[0],
+                    "many": api_clients(url, pid, queries, clients, seconds, answers, http_caller)[0]}
+        browser = browser_clicks(url, queries, clicks) if clicks else None
+    server = one["server_p50_ms"]
+    two_cores = 2 * 1000 / server
+    report = {"app": str(app), "one": one, "many": many, "http": http, "browser": browser,
+              "round_trip_over_server": round(one["p50_ms"] / server, 2),
+              "two_cores_per_s": round(two_cores, 1),
+              "share_of_two_cores": round(many["per_s"] / two_cores, 3)}
+    if "one" in http:
+        http["round_trip_over_server"] = round(http["one"]["p50_ms"] / http["one"]["server_p50_ms"], 2)
+        http["share_of_two_cores"] = round(http["many"]["per_s"] / two_cores, 3)
+    report["met"] = {"round_trip <= 3x server": report["round_trip_over_server"] <= 3,
+                     "16 clients: 0 errors, identical": many["errors"] == 0 and many.get("identical", False),
+                     "throughput >= 40 % of 2 cores": report["share_of_two_cores"] >= 0.4,
+                     "browser p50 <= 250 ms": None if browser is None else browser["p50_ms"] <= 250}
+    return report
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--data-dir", type=Path, default=None, help="the app's data dir (default: its own)")
@@ -60,8 +298,19 @@ def main() -> None:
     parser.add_argument("--clients", type=int, default=4)
     parser.add_argument("--seconds", type=float, default=20.0)
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--api", action="store_true", help="through gradio_client against python app.py")
+    parser.add_argument("--app", type=Path, default=Path(__file__).resolve().parents[1] / "app.py",
+                        help="with --api: the app.py to start (default: this checkout's)")
+    parser.add_argument("--clicks", type=int, default=0, help="with --api: browser searches to time")
+    parser.add_argument("--out", type=Path, default=None, help="also write the JSON report here")
     args = parser.parse_args()
     logging.basicConfig(level=logging.WARNING)
+    if args.api:
+        report = api_report(args.app.resolve(), args.data_dir, args.seconds, args.clients, args.clicks)
+        print(json.dumps(report))
+        if args.out is not None:
+            args.out.write_text(json.dumps(report, indent=1))
+        return
     torch.set_num_threads(args.threads)
     flags = ["--uploads", "shared"] + (["--data-dir", str(args.data_dir)] if args.data_dir else [])
     flags += ["--demo-videos", args.demo_videos] if args.demo_videos else []

@@ -309,3 +309,34 @@ def test_the_api_reads_no_server_file_outside_the_allowed_folders(served: tuple,
     after = (len(predictor.index), {g.root: len(g.index) for g in sessions.galleries()})
     # no session got a video (an earlier test's session may have been closed meanwhile: it is just gone)
     assert after[0] == before[0] and all(n == before[1].get(root, 0) for root, n in after[1].items())
+
+
+def test_search_reports_the_servers_own_time(served: tuple) -> None:
+    """/search's ``stats`` say where the server's time went (text, query encoding, ranking, results) and
+    the total of it, the figure a client's round trip is measured against (benchmarks.concurrency --api)."""
+    from gradio_client import Client
+
+    client = Client(served[0], verbose=False)
+    stats = client.predict("a colourful gradient", 3, 0.7, 0, api_name="/search")["stats"]
+    steps = ("text_ms", "encode_ms", "rank_ms", "results_ms")
+    assert all(stats[s] >= 0 for s in steps) and stats["text_ms"] > 0
+    assert stats["total_ms"] >= sum(stats[s] for s in steps)
+    assert stats["videos"] >= 1
+
+
+def test_search_answers_one_plain_http_request(served: tuple) -> None:
+    """/search also answers a plain HTTP POST (``/gradio_api/run/search``: the event runs outside the queue,
+    one request, no event stream), the same answer gradio_client gets; a refusal is its one-line message."""
+    import httpx
+    from gradio_client import Client
+
+    url = served[0]
+    args = ["a colourful gradient", 3, 0.7, 0]
+    reply = httpx.post(url + "gradio_api/run/search", json={"data": [*args, None]}, timeout=120)
+    assert reply.status_code == 200
+    direct = reply.json()["data"][0]
+    queued = Client(url, verbose=False).predict(*args, api_name="/search")
+    direct.pop("stats"), queued.pop("stats")  # timings differ from call to call
+    assert direct == queued
+    refused = httpx.post(url + "gradio_api/run/search", json={"data": ["   ", 3, 0.7, 0, None]}, timeout=120)
+    assert refused.status_code == 500 and "query is empty" in refused.json()["error"]

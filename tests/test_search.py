@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import time
 from pathlib import Path
 
 import numpy as np
@@ -310,3 +311,17 @@ def test_a_hit_without_fine_rows_falls_back_to_the_key_clip(index: VideoIndex) -
     key = {**old["key_clip"], "from": "pictures"}
     assert old["key_moment"] == key and old["moments"] == [key] and old["words"] == []
     assert len(old["heatmap"]["score"]) == 32 and old["attention"] == full["attention"]
+
+
+def test_stats_time_the_text_and_count_it_in_the_total(index: VideoIndex) -> None:
+    """A text search reports the text encoder's time (``text_ms``) and a total that includes it: the
+    server's own time for a search, beside which the API's round trip is measured (issue #45)."""
+    def slow_encoder(texts: list[str]) -> list[np.ndarray]:
+        time.sleep(0.05)  # a text model that takes 50 ms
+        return fake_text_encoder(texts)
+
+    stats = search_text([index], "a tabby cat sleeping on a sofa", slow_encoder, k=3).stats
+    steps = ("text_ms", "encode_ms", "rank_ms", "results_ms")
+    assert all(isinstance(stats[s], float) and stats[s] >= 0 for s in (*steps, "total_ms"))
+    assert stats["text_ms"] >= 50 and stats["total_ms"] >= sum(stats[s] for s in steps)
+    assert "text_ms" not in search([index], fake_text_encoder(["a cat"])[0], k=3).stats  # no text given

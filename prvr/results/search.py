@@ -86,11 +86,16 @@ def search_text(indexes: Sequence[Gallery], text: str | bytes, text_encoder: Tex
                 weights: Sequence[float] | None = None, approximate: bool = False,
                 confidence: Confidence | None = None, offset: int = 0) -> SearchResponse:
     """``search`` for a text: validated and cleaned (``clean_query``), then encoded by ``text_encoder``; the
-    cleaned text goes to every gallery's rank too (the words' lexical match)."""
+    cleaned text goes to every gallery's rank too (the words' lexical match). Its ``stats`` add
+    ``text_ms`` (cleaning and the text encoder) and count it in ``total_ms``."""
+    t0 = time.perf_counter()
     cleaned = clean_query(text)
     tokens = text_encoder([cleaned.text])[0]
-    return search(indexes, tokens, k, weights, approximate, confidence, cleaned.to_dict(), cleaned.text,
-                  offset)
+    text_ms = 1e3 * (time.perf_counter() - t0)
+    response = search(indexes, tokens, k, weights, approximate, confidence, cleaned.to_dict(), cleaned.text,
+                      offset)
+    stats = {**response.stats, "text_ms": text_ms, "total_ms": 1e3 * (time.perf_counter() - t0)}
+    return dataclasses.replace(response, stats=stats)
 
 
 def check_offset(offset: object, k: int) -> int:

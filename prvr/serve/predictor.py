@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import threading
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from decimal import Decimal
@@ -103,7 +104,10 @@ class Predictor:
     def search(self, query: str, k: int = 5, clip_weight: float | None = None,
                session: SessionGallery | None = None, offset: int = 0) -> SearchResponse:
         """Top-k videos (Contract 4 dicts) over the shared gallery and the session's uploads, after the first
-        ``offset`` (a further page: ranks from ``offset + 1``)."""
+        ``offset`` (a further page: ranks from ``offset + 1``). ``stats["total_ms"]`` is all of it: the
+        text, every gallery, the results and what the app adds to them (``text_ms``, ``encode_ms``,
+        ``rank_ms`` and ``results_ms`` are its steps)."""
+        started = time.perf_counter()
         weight = self.default_clip_weight if clip_weight is None else float(clip_weight)
         if not 0.0 <= weight <= 1.0:
             raise QueryError(f"clip_weight must be between 0 and 1, got {weight}")
@@ -116,8 +120,9 @@ class Predictor:
         located = [dict(r, path=str(self.media.locate(r["path"])),
                         **({"source": "session"} if r["video_id"] in private else {}))
                    for r in response.results]
-        return dataclasses.replace(response, results=located,
-                                   query=dict(response.query, **self.query_reading(response.query["text"])))
+        query = dict(response.query, **self.query_reading(response.query["text"]))
+        stats = {**response.stats, "total_ms": 1e3 * (time.perf_counter() - started)}
+        return dataclasses.replace(response, results=located, query=query, stats=stats)
 
     def query_reading(self, text: str) -> dict:
         """How much of a (cleaned) query the text model reads: ``tokens`` (the tokenizer's count, special
