@@ -6,7 +6,8 @@ an annotated set (prints a table, or JSON with ``--json``)::
     python -m prvr.evaluate --gallery demo [--root DIR] [--json]     # the default model on the demo gallery
     python -m prvr.evaluate --gallery words [--root DIR] [--weights speech=DIR_OR_HUB_ID] [--json]
     (prvr.evaluate.words: the words dev set, with and without words, both halves)
-    python -m prvr.evaluate --videos DIR --moments FILE.json [--json]  # any annotated folder
+    python -m prvr.evaluate --videos DIR --moments FILE.json [--words off|subtitles|all] [--json]
+    (any annotated folder; --words: also the same videos with their words, a ``words`` row)
     python -m prvr.evaluate --videos DIR --moments FILE.json --profile clip --weights clip=DIR_OR_HUB_ID
     (prvr.evaluate.annotated)
 
@@ -27,6 +28,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import time
 from pathlib import Path
 
 import torch
@@ -42,15 +44,35 @@ from prvr.plural import counted
 
 
 def evaluate_folder(videos: Path, moments: Path, checkpoint: str | None, device: str, as_json: bool,
-                    profile: str | None = None, weights: dict[str, str] | None = None) -> dict:
+                    profile: str | None = None, weights: dict[str, str] | None = None,
+                    words: str = "off") -> dict:
     """``--videos DIR --moments FILE``: the annotated folder's report (printed as JSON or a table), of the
-    model factory's model for the choice (no profile and no checkpoint: the app's automatic choice)."""
+    model factory's model for the choice (no profile and no checkpoint: the app's automatic choice);
+    ``words`` other than "off": each video's words read as an upload's are (``extract.words.reader``, the
+    ``--gallery words`` cache), and a ``words`` row beside the pictures-only rows."""
+    t0 = time.perf_counter()
     loaded = create_model(profile, weights, checkpoint, device)
     model = loaded.model
     aset = load_moments_file(videos, moments, profile=loaded.profile)  # features of that very profile
+    read, timings = None, {}
+    if words != "off":
+        from extract.words.reader import WordsConfig, WordsReader
+        from prvr.evaluate.words import read_words, words_cache_name  # the words readers load only here
+
+        reader = WordsReader(WordsConfig(mode=words, device=device))
+        reader.prepare()  # its models loaded: describe() names them (the words cache's key)
+        t1 = time.perf_counter()
+        entries = read_words(aset.videos, reader, Path(videos) / words_cache_name(reader))
+        timings = {"words_s": time.perf_counter() - t1,
+                   "words_read_s": sum(e["seconds"] for e in entries.values())}  # cached or not
+        read = {vid: e["segments"] for vid, e in entries.items()}
+    got = evaluate_set(aset, model, words=read, text_encoder=loaded.text_encoder().encode if read else None)
+    if read is not None:
+        got["words"] = {"mode": words, "reader": reader.describe(), **got["words"],
+                        "timings": {**timings, "total_s": time.perf_counter() - t0}}
     report = {"videos_dir": str(videos), "moments": str(moments), "profile": loaded.profile.name,
               "model": model.describe() if hasattr(model, "describe") else {"checkpoint": str(checkpoint)},
-              **evaluate_set(aset, model)}
+              **got}
     print(json.dumps(report, indent=1) if as_json else format_report(report))
     return report
 
@@ -88,8 +110,9 @@ def main(argv: list[str] | None = None) -> dict:
                         help="with --gallery demo or words: its data directory")
     parser.add_argument("--shared", type=Path, default=None, help="with --gallery words: the shared clips "
                         "it is built from (default ../shared next to the repository)")
-    parser.add_argument("--words", choices=("all", "subtitles", "off"), default="all",
-                        help="with --gallery words: the words sources read (default all)")
+    parser.add_argument("--words", choices=("all", "subtitles", "off"), default=None,
+                        help="the words sources read: with --gallery words (default all), with --videos "
+                        "(default off: the pictures evaluation; all or subtitles adds a words row)")
     parser.add_argument("--demo-videos", nargs="+", default=None, help="with --gallery demo: only these ids")
     parser.add_argument("--videos", type=Path, help="instead: a folder of videos annotated by --moments")
     parser.add_argument("--moments", type=Path,
@@ -108,6 +131,7 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     args = parser.parse_args(argv)
     if args.gallery == "words":
+        args.words = args.words or "all"
         return evaluate_words_cli(parser, args)
     if args.gallery == "demo":
         report = evaluate_demo(args.root, video_ids=args.demo_videos)
@@ -126,7 +150,7 @@ def main(argv: list[str] | None = None) -> dict:
         if isinstance(weights, str):
             parser.error(f"--weights {weights}: write it as BACKBONE=SPEC, e.g. clip={weights}")
         return evaluate_folder(args.videos, args.moments, args.checkpoint, args.device, args.json,
-                               args.profile, weights)
+                               args.profile, weights, args.words or "off")
     if not args.checkpoint:
         parser.error("--checkpoint is required (or --gallery demo, or --videos DIR --moments FILE)")
     source = source_from_args(parser, args)

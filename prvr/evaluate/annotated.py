@@ -30,7 +30,7 @@ import json
 import logging
 import math
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -41,12 +41,14 @@ from extract.decode import sha256_file
 from extract.features import FeatureFile, FeatureWriter
 from extract.pipeline import TextEncoder, VideoExtractor, as_resolved
 from extract.profiles import Profile, check_identity, get_profile
-from prvr.evaluate.bootstrap import N_RESAMPLES, intervals
+from extract.words.segment import SOURCES, WordSegment
+from prvr.evaluate.bootstrap import N_RESAMPLES, intervals, paired_bootstrap
 from prvr.index import GalleryVideo, IndexConfig, VideoIndex
 from prvr.models.factory import create_model
 from prvr.models.preprocess import clip_unit_rows, n_proposals, proposal_units
 from prvr.paths import cache_dir
 from prvr.results.confidence import Calibrator
+from prvr.results.query import clean_query
 from prvr.results.search import search
 
 log = logging.getLogger(__name__)
@@ -227,10 +229,17 @@ def reference_bank(model, profile: str | Profile = "lite", weights: dict[str, st
     return calibrator.reference_queries
 
 
-def evaluate_set(aset: AnnotatedSet, model=None, references=None) -> dict:
+def evaluate_set(aset: AnnotatedSet, model=None, references=None,
+                 words: Mapping[str, Sequence[WordSegment]] | None = None, text_encoder=None) -> dict:
     """Retrieval and localisation metrics of ``model`` (default: the model factory's for the set's profile) on
     an annotated set, measured through the search path (module docstring); ``references``: the index's
-    ``ReferenceQueries`` (default: ``reference_bank(model)``, as the app)."""
+    ``ReferenceQueries`` (default: ``reference_bank(model)``, as the app).
+
+    ``words`` (video id -> its word segments, as an upload reads them): the same videos are indexed a second
+    time with their words (``Gallery.add(..., text_encoder)``; default encoder: the set's profile's) and
+    searched with each query's cleaned text beside its features (the words' lexical match, as
+    ``search_text``): the ``words`` row (the model's weights), its paired difference with ``two_branch``
+    and the queries whose rank moved, with the lines their first hit matched (``report["words"]``)."""
     if model is None:
         model = create_model(aset.profile, aset.weights).model
     path = extract_features(aset)
@@ -267,6 +276,9 @@ def evaluate_set(aset: AnnotatedSet, model=None, references=None) -> dict:
             values[name] = {**_recall_values(np.array(ranks)),
                             **_summary_values(judged[name]["key_moment"], "key_moment"),
                             **_summary_values(judged[name]["key_clip"], "key_clip")}
+        if words is not None:
+            moved = _words_row(aset, index, bank, rows, tokens, words, text_encoder, Path(tmp), ids, metrics,
+                               values)
     # the random row: a random ranking, and a random proposal on a random relevant video (expectations)
     chance = [[_judge(spans[j], q.moments[vid]) for j, vid in enumerate(ids) if vid in q.moments]
               for q in aset.queries]
@@ -281,9 +293,51 @@ def evaluate_set(aset: AnnotatedSet, model=None, references=None) -> dict:
         for row, numbers in table.items():
             for name, value in numbers.items():
                 ci[part][row][name]["value"] = value  # the reported number itself (equal up to rounding)
-    return {"videos": len(ids), "queries": len(aset.queries),
-            "relevant_per_query": float(relevant.sum(axis=1).mean()), "metrics": metrics,
-            "localisation": localisation, "ci": ci}
+    report = {"videos": len(ids), "queries": len(aset.queries),
+              "relevant_per_query": float(relevant.sum(axis=1).mean()), "metrics": metrics,
+              "localisation": localisation, "ci": ci}
+    if words is not None:
+        groups = [q.clip for q in aset.queries]
+        paired = paired_bootstrap({"ranks": moved.pop("ranks_pictures")}, {"ranks": moved.pop("ranks_words")},
+                                  groups if all(g is not None for g in groups) else None)
+        report["words"] = {**moved, "paired_words_minus_pictures": {k: paired[k] for k in ("R@1", "R@5")}}
+    return report
+
+
+def _words_row(aset: AnnotatedSet, plain: VideoIndex, bank, rows: list, tokens: list,
+               words: Mapping[str, Sequence], text_encoder, tmp: Path, ids: list[str], metrics: dict,
+               values: dict) -> dict:
+    """``evaluate_set``'s ``words`` row (added to ``metrics`` and ``values``): the videos indexed with their
+    words, each query searched with its cleaned text; the queries whose first relevant rank moved against
+    the pictures-only gallery ``plain`` (the two_branch row's), each with the lines its first hits matched."""
+    encode = text_encoder or TextEncoder(aset.profile, aset.weights).encode
+    index = VideoIndex.create(tmp / "words", plain.model, IndexConfig(), bank)
+    index.add([GalleryVideo.from_features(vid, r, words=words.get(vid, ())) for vid, r in zip(ids, rows,
+                                                                                             strict=True)],
+              text_encoder=encode)
+    ranks, before, found, moved = [], [], [], []
+    for q, t in zip(aset.queries, tokens, strict=True):
+        text = clean_query(q.text).text  # what search_text hands the galleries
+        base = search([plain], t, k=len(ids), text=text).results
+        results = search([index], t, k=len(ids), text=text).results
+        rank = next(r for r, res in enumerate(results, 1) if res["video_id"] in q.moments)
+        was = next(r for r, res in enumerate(base, 1) if res["video_id"] in q.moments)
+        ranks.append(rank)
+        before.append(was)
+        found.append(results[rank - 1])
+        if rank != was:
+            moved.append({"query": q.text, "clip": q.clip, "rank_pictures": was, "rank_words": rank,
+                          "first": results[0]["video_id"], "first_words": results[0].get("words", []),
+                          "relevant_words": results[rank - 1].get("words", [])})
+    judged = [_judge(_span(res["key_moment"]), q.moments[res["video_id"]])
+              for q, res in zip(aset.queries, found, strict=True)]
+    metrics["words"] = {**recall_metrics(np.array(ranks)), **_summary(judged, "key_moment")}
+    values["words"] = {**_recall_values(np.array(ranks)), **_summary_values(judged, "key_moment")}
+    index.close()
+    return {"segments": {src: sum(1 for segs in words.values() for s in segs if s.source == src)
+                         for src in SOURCES},
+            "videos_with_words": sum(1 for vid in ids if words.get(vid)), "moved": moved,
+            "ranks_pictures": np.array(before), "ranks_words": np.array(ranks)}
 
 
 def confidence_intervals(queries: Sequence[Query], metric_values: dict, localisation_values: dict) -> dict:
@@ -363,4 +417,14 @@ def format_report(report: dict) -> str:
 
     table("metrics", [*(f"R@{k}" for k in RECALLS), "SumR", "key_moment_acc", "key_clip_acc"], 1)
     table("localisation", [*(f"iou>={t}" for t in IOU_LEVELS), "mean_iou", "centre_inside"], 2)
+    if "words" in report:  # the words row's difference and the queries it moved, with the lines that did it
+        w = report["words"]
+        lines.append(f"words: {w['videos_with_words']} videos with words, segments {w['segments']}; "
+                     "words - pictures: " + ", ".join(
+                         f"{k} {d['value']:+.1f} [{d['low']:+.1f}, {d['high']:+.1f}]"
+                         for k, d in w["paired_words_minus_pictures"].items()))
+        for m in w["moved"]:
+            said = "; ".join(f"{x['source']} {x['text']!r}" for x in m["first_words"][:2]) or "-"
+            lines.append(f"  rank {m['rank_pictures']} -> {m['rank_words']}: {m['query']!r}; first "
+                         f"{m['first']} ({said})")
     return "\n".join(lines)
