@@ -142,6 +142,55 @@ def test_compact_and_approximate(tmp_path: Path) -> None:
         np.testing.assert_allclose(np.sort(approx.totals), np.sort(truth.total), atol=1e-6)  # exact scores
 
 
+class Counted:
+    """A ``PointStore`` that counts the points its queries return and its reads fetch (what a rank reads of
+    the engine)."""
+
+    def __init__(self, store) -> None:
+        self.store, self.read = store, 0
+
+    def __getattr__(self, name: str):
+        return getattr(self.store, name)
+
+    def query(self, *args, **kw):
+        hits = self.store.query(*args, **kw)
+        self.read += len(hits)
+        return hits
+
+    def retrieve(self, ids, fields):
+        self.read += len(ids)
+        return self.store.retrieve(ids, fields)
+
+
+def test_approximate_candidates_come_from_the_engines_index(tmp_path: Path) -> None:
+    """Approximate search takes its candidates from the HNSW graph over ``scenes`` (``candidate_videos`` of
+    them), so the points a query reads of the engine (hits of its queries, points fetched) do not grow with
+    the gallery: 10x the videos, not 10x the points (here: at most 1.5x); exact search of the same gallery
+    reads more, and its totals equal the approximate ones on the videos both found."""
+    model = small_model(**TINY)
+    cfg = QdrantConfig(candidate_videos=24, hnsw_ef=64)
+    read = {}
+    for n in (60, 600):
+        videos = gallery(n, seed=11, max_rows=12)
+        index = QdrantIndex.create(MEMORY, model, cfg, bank(model))
+        index.add(videos)
+        stores = index.storage.stores
+        counted = Counted(stores.videos), Counted(stores.arrays)
+        index.storage.stores = stores._replace(videos=counted[0], arrays=counted[1])
+        per_query = {}
+        for approx in (True, False):
+            counted[0].read = counted[1].read = 0
+            for tokens in queries(5, seed=12):
+                got = index.rank(encode_query(model, tokens), 5, approximate=approx)
+                assert got.approximate == approx and len(got.hits) == 5
+            per_query[approx] = (counted[0].read + counted[1].read) / 5
+        read[n] = per_query
+        index.storage.stores = stores
+        index.close()
+    assert read[600][True] <= 1.5 * read[60][True], read  # not 10x
+    assert read[600][True] < read[600][False], read
+
+
 def test_csa_model_frame_scores_from_tokens(tmp_path: Path) -> None:
     model = small_model(csa=True, **TINY)  # frame score from the query's tokens: the ball bound is not used
     videos = gallery(40, max_rows=24)
