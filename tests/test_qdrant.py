@@ -379,12 +379,12 @@ def test_the_layout_is_declared_once_for_the_engine_and_a_server() -> None:
     for p in array_points(5, arrays):  # the arrays' bytes: base64 to a server (the engine: ``ArrayFile``)
         assert isinstance(p.payload["data"], bytes) and not p.vectors
         sent = client_payload(p.payload)
-        assert base64.b64decode(sent["data"]) == p.payload["data"] and sent["layout"] == p.payload["layout"]
+        assert base64.b64decode(sent["data"]) == p.payload["data"] and set(sent) == {"data"}
     assert video.id == video.payload["seq"] == 5 and (video.payload["id"], video.payload["path"]) == ("v1",
                                                                                                       "p.mp4")
     groups = array_points(5, arrays)
     assert [p.id for p in groups] == [20, 21, 22, 23]  # 4 seq + group
-    names = [n for p in groups for n, _, _ in p.payload["layout"]]  # all, pidx in the sketch and the exact
+    names = [n for p in groups for n in unpack(p.payload)]  # all, pidx in the sketch and the exact
     assert sorted(names) == sorted((*ENCODED, *SKETCH, "pidx"))
     assert {n: a.tolist() for p in groups for n, a in unpack(p.payload).items()} == {
         n: np.asarray(a).tolist() for n, a in arrays.items()}
@@ -465,7 +465,7 @@ def test_the_engine_keeps_arrays_as_raw_bytes_in_a_file(tmp_path: Path) -> None:
     shard = qdrant.stores.arrays.shard
     records, _ = shard.scroll(qe.ScrollRequest(limit=1000, with_payload=True, with_vector=False))
     assert len(records) == 4 * len(videos)
-    assert all(set(r.payload) == {"layout", "at", "size"} for r in records)  # no "data" in any payload
+    assert all(set(r.payload) == {"at", "size"} for r in records)  # no array in any payload
     raw = sum(a.nbytes for group in (fixed, {k: [x for x in v] for k, v in ragged.items()})
               for arrs in group.values() for a in (arrs if isinstance(arrs, list) else list(arrs)))
     held = (root / ARRAY_FILE).stat().st_size

@@ -21,7 +21,7 @@ breaks equal totals, as the built-in index's position does), its payload the rec
   w_frame, -BIG, 0] (``bound_query``) score a video at w_clip max(q^.c + r) + w_frame max(q^.c' + r'), an
   upper bound of its total (Cauchy-Schwarz: q^.x <= q^.c + |x - c| for every row x of a ball); the radii are
   measured from the float16 centres, and ``engine_eps`` covers the float16 query and the sums' rounding;
-- ``scenes`` (float16, DOT + MAX_SIM, HNSW with int8 scalar quantization kept in RAM): ``SCENES`` unit
+- ``scenes`` (float16, DOT + MAX_SIM, HNSW with int8 scalar quantization kept in RAM): ``scene_keys`` unit
   centres of the directions of the video's clip units (``approximate.scene_centres``): what approximate
   search asks the graph for.
 
@@ -32,10 +32,11 @@ what reads them (``GROUPS``; id ``4 seq + group``): the sketch (the full 8-bit c
 frame balls: what ``refine`` reads of a candidate), the exact-score arrays (of a candidate the sketch leaves),
 the evidence arrays (of a hit) and the words (``schema.WORDS``: read once per process for the videos whose
 point says they have words, its payload's ``words`` count, and matched in memory: ``prvr.index.words``). A
-point's arrays are their raw little-endian bytes one after another (``pack``), with each one's name, dtype
-and shape (``layout``): in the engine, the bytes are in one file beside the shards (``DIR/arrays.bin``,
-``ArrayFile``, appended to) and the point names them (``at``, ``size``), read back with one ``pread`` each;
-on a server, whose payloads are JSON, they travel as the payload's ``data`` (base64, 4/3 of raw). A query
+point's arrays are one run of bytes (``pack``): a short JSON header of each one's name, dtype and shape, then
+their raw little-endian bytes one after another. In the engine the run is in one file beside the shards
+(``DIR/arrays.bin``, ``ArrayFile``, appended to) and the point's payload names it (``at``, ``size``): read
+back with one ``pread`` each, and the engine converts no payload of arrays to Python objects; on a server,
+whose payloads are JSON, it travels as the payload's ``data`` (base64, 4/3 of raw). A query
 reads of each video only what its step needs, and listing the gallery reads no array at all. The collections
 are made with the first videos (their vector width is theirs).
 """
@@ -45,9 +46,12 @@ from __future__ import annotations
 import base64
 import contextlib
 import fcntl
+import json
+import math
 import os
 import re
 import shutil
+import struct
 import tempfile
 import weakref
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -65,7 +69,7 @@ BOUNDS = "bounds"  # the named multivector of clip and frame balls (an upper bou
 SCENES = "scenes"  # the named multivector of scene centres (approximate candidates: HNSW)
 WINDOW_BALLS = 16  # balls over each video's proposal directions
 BIG = 16.0  # a query row's weight against the other kind of ball rows: never their max (exact in float16)
-ARRAYS = ("layout", "data")  # the fields of a point of arrays (``pack``; the engine: data in ``ArrayFile``)
+ARRAYS = ("data",)  # the field of a point of arrays (``pack``; the engine: its bytes in ``ArrayFile``)
 ARRAY_FILE = "arrays.bin"  # the engine's arrays' bytes, in its directory (``ArrayFile``)
 SCHEMES = {"qdrant": "http", "qdrants": "https"}
 LOCAL = "qdrant+local://"
@@ -172,9 +176,10 @@ GROUPS = {"sketch": (*SKETCH, "pidx"),  # the arrays' points of a video, by what
 
 
 def pack(arrays: Mapping[str, np.ndarray]) -> dict:
-    """Per-video arrays -> their raw little-endian bytes one after another (``data``, bytes) and each one's
-    name, dtype and shape (``layout``); each store keeps ``data`` in its own form (``EdgeStore``: a file,
-    ``ClientStore``: base64 in the payload)."""
+    """Per-video arrays -> one self-describing run of bytes (``data``): a 4-byte little-endian length, a JSON
+    header of each array's name, dtype and shape, then their raw little-endian bytes one after another. Each
+    store keeps it in its own form (``EdgeStore``: a file the point names; ``ClientStore``: base64 in the
+    payload)."""
     layout, parts = [], []
     for name in arrays:
         a = np.asarray(arrays[name])
@@ -182,18 +187,28 @@ def pack(arrays: Mapping[str, np.ndarray]) -> dict:
         a = a.astype(a.dtype.newbyteorder("<"), copy=False)
         layout.append([name, a.dtype.str, list(a.shape)])
         parts.append(a.tobytes())
-    return {"layout": layout, "data": b"".join(parts)}
+    header = json.dumps(layout, separators=(",", ":")).encode()
+    return {"data": b"".join([struct.pack("<I", len(header)), header, *parts])}
+
+
+_DTYPES: dict[str, tuple[np.dtype, np.dtype]] = {}  # a header's dtype string -> (stored, native)
 
 
 def unpack(payload: Mapping) -> dict[str, np.ndarray]:
-    """A payload of ``pack`` (as a store's ``retrieve`` gives it back) -> its arrays (native byte order)."""
-    data, out, at = payload["data"], {}, 0
-    for name, dtype, shape in payload["layout"]:
-        dt = np.dtype(dtype)
-        size = dt.itemsize * int(np.prod(shape, dtype=np.int64))
-        a = np.frombuffer(data, dtype=dt, count=size // dt.itemsize, offset=at)
-        out[name] = a.reshape(shape).astype(dt.newbyteorder("="))
-        at += size
+    """A payload of ``pack`` (as a store's ``retrieve`` gives it back) -> its arrays (native byte order, each
+    its own writable copy)."""
+    data = payload["data"]
+    (length,) = struct.unpack_from("<I", data)
+    out, at = {}, 4 + length
+    for name, dtype, shape in json.loads(bytes(data[4:at])):
+        if dtype not in _DTYPES:
+            dt = np.dtype(dtype)
+            _DTYPES[dtype] = dt, dt.newbyteorder("=")
+        dt, native = _DTYPES[dtype]
+        count = math.prod(shape)
+        a = np.frombuffer(data, dtype=dt, count=count, offset=at)
+        out[name] = a.reshape(shape).astype(native)
+        at += count * dt.itemsize
     return out
 
 
