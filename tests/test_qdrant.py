@@ -9,6 +9,7 @@ re-implementation of the API, not the engine: it checks the requests, not Qdrant
 
 from __future__ import annotations
 
+import base64
 import gc
 import socket
 import tempfile
@@ -22,6 +23,7 @@ from prvr.index import GalleryError, GalleryVideo, IndexConfig, IndexMismatchErr
 from prvr.index.encoding import ReferenceQueries, encode_for_index
 from prvr.index.qdrant import META, QdrantConfig, QdrantIndex
 from prvr.index.qdrant_store import (
+    ARRAY_FILE,
     BOUNDS,
     META_ID,
     SKETCH,
@@ -33,6 +35,7 @@ from prvr.index.qdrant_store import (
     array_points,
     arrays_spec,
     bound_query,
+    client_payload,
     client_vectors,
     collection_spec,
     edge_config,
@@ -137,6 +140,55 @@ def test_compact_and_approximate(tmp_path: Path) -> None:
         assert approx.approximate
         truth = builtin.exact(np.array([builtin.position[h.id] for h in approx.hits]), q)
         np.testing.assert_allclose(np.sort(approx.totals), np.sort(truth.total), atol=1e-6)  # exact scores
+
+
+class Counted:
+    """A ``PointStore`` that counts the points its queries return and its reads fetch (what a rank reads of
+    the engine)."""
+
+    def __init__(self, store) -> None:
+        self.store, self.read = store, 0
+
+    def __getattr__(self, name: str):
+        return getattr(self.store, name)
+
+    def query(self, *args, **kw):
+        hits = self.store.query(*args, **kw)
+        self.read += len(hits)
+        return hits
+
+    def retrieve(self, ids, fields):
+        self.read += len(ids)
+        return self.store.retrieve(ids, fields)
+
+
+def test_approximate_candidates_come_from_the_engines_index(tmp_path: Path) -> None:
+    """Approximate search takes its candidates from the HNSW graph over ``scenes`` (``candidate_videos`` of
+    them), so the points a query reads of the engine (hits of its queries, points fetched) do not grow with
+    the gallery: 10x the videos, not 10x the points (here: at most 1.5x); exact search of the same gallery
+    reads more, and its totals equal the approximate ones on the videos both found."""
+    model = small_model(**TINY)
+    cfg = QdrantConfig(candidate_videos=24, hnsw_ef=64)
+    read = {}
+    for n in (60, 600):
+        videos = gallery(n, seed=11, max_rows=12)
+        index = QdrantIndex.create(MEMORY, model, cfg, bank(model))
+        index.add(videos)
+        stores = index.storage.stores
+        counted = Counted(stores.videos), Counted(stores.arrays)
+        index.storage.stores = stores._replace(videos=counted[0], arrays=counted[1])
+        per_query = {}
+        for approx in (True, False):
+            counted[0].read = counted[1].read = 0
+            for tokens in queries(5, seed=12):
+                got = index.rank(encode_query(model, tokens), 5, approximate=approx)
+                assert got.approximate == approx and len(got.hits) == 5
+            per_query[approx] = (counted[0].read + counted[1].read) / 5
+        read[n] = per_query
+        index.storage.stores = stores
+        index.close()
+    assert read[600][True] <= 1.5 * read[60][True], read  # not 10x
+    assert read[600][True] < read[600][False], read
 
 
 def test_csa_model_frame_scores_from_tokens(tmp_path: Path) -> None:
@@ -321,15 +373,18 @@ def test_the_layout_is_declared_once_for_the_engine_and_a_server() -> None:
 
     video = video_point({"id": "v1", "title": "t", "path": "p.mp4", "duration": 2.0, "sha256": "ab"}, 5,
                         rng.random((3, 6)).astype(np.float16), rng.random((2, 3)).astype(np.float16))
-    for p in (video, *array_points(5, arrays)):
-        struct = models.PointStruct(id=p.id, vector=p.vectors, payload=p.payload)  # what ClientStore sends
-        mine = qdrant_edge.Point(p.id, p.vectors, p.payload)  # what EdgeStore sends
-        assert struct.id == mine.id and struct.vector == mine.vector and struct.payload == mine.payload
+    struct = models.PointStruct(id=video.id, vector=video.vectors, payload=video.payload)  # ClientStore's
+    mine = qdrant_edge.Point(video.id, video.vectors, video.payload)  # what EdgeStore sends
+    assert struct.id == mine.id and struct.vector == mine.vector and struct.payload == mine.payload
+    for p in array_points(5, arrays):  # the arrays' bytes: base64 to a server (the engine: ``ArrayFile``)
+        assert isinstance(p.payload["data"], bytes) and not p.vectors
+        sent = client_payload(p.payload)
+        assert base64.b64decode(sent["data"]) == p.payload["data"] and set(sent) == {"data"}
     assert video.id == video.payload["seq"] == 5 and (video.payload["id"], video.payload["path"]) == ("v1",
                                                                                                       "p.mp4")
     groups = array_points(5, arrays)
     assert [p.id for p in groups] == [20, 21, 22, 23]  # 4 seq + group
-    names = [n for p in groups for n, _, _ in p.payload["layout"]]  # all, pidx in the sketch and the exact
+    names = [n for p in groups for n in unpack(p.payload)]  # all, pidx in the sketch and the exact
     assert sorted(names) == sorted((*ENCODED, *SKETCH, "pidx"))
     assert {n: a.tolist() for p in groups for n, a in unpack(p.payload).items()} == {
         n: np.asarray(a).tolist() for n, a in arrays.items()}
@@ -389,6 +444,43 @@ def test_an_older_store_is_refused_with_a_rebuild_message(tmp_path: Path) -> Non
             EdgeDirectory(QdrantTarget.parse(spec))
         finally:
             held.close()
+
+
+def test_the_engine_keeps_arrays_as_raw_bytes_in_a_file(tmp_path: Path) -> None:
+    """In the engine, no payload holds an array: each point of arrays names its bytes in ``DIR/arrays.bin``
+    (raw, what ``pack`` made, no base64), read back to the last bit (bytes on disk against the built-in
+    index's: ``benchmarks.scale``); a directory of the earlier layout (arrays in payloads, no file) is refused
+    with a rebuild message and released."""
+    import shutil
+
+    import qdrant_edge as qe
+
+    model = small_model(**TINY)
+    videos = gallery(40, seed=3, max_rows=20)
+    refs = bank(model)
+    fixed, ragged = encode_for_index(model, videos, "exact", 64, refs)
+    root = tmp_path / "q"
+    qdrant = QdrantIndex.create(f"qdrant+local://{root}", model, references=refs)
+    qdrant.add_encoded([v.record() for v in videos], fixed, ragged)
+    shard = qdrant.stores.arrays.shard
+    records, _ = shard.scroll(qe.ScrollRequest(limit=1000, with_payload=True, with_vector=False))
+    assert len(records) == 4 * len(videos)
+    assert all(set(r.payload) == {"at", "size"} for r in records)  # no array in any payload
+    raw = sum(a.nbytes for group in (fixed, {k: [x for x in v] for k, v in ragged.items()})
+              for arrs in group.values() for a in (arrs if isinstance(arrs, list) else list(arrs)))
+    held = (root / ARRAY_FILE).stat().st_size
+    assert sum(r.payload["size"] for r in records) == held and held >= raw  # the sketch's bytes on top
+    seq = 7
+    got = qdrant.storage.fetch([seq], "exact")[seq]
+    for name, a in got.items():
+        src = fixed[name][seq] if name in fixed else ragged[name][seq]
+        assert a.dtype == src.dtype.newbyteorder("=") and np.array_equal(a, src), name
+    qdrant.close()
+    shutil.copytree(root, tmp_path / "old")
+    (tmp_path / "old" / ARRAY_FILE).unlink()
+    with pytest.raises(IndexStoreError, match="arrays in payloads.*rebuild the index"):
+        QdrantIndex.open(f"qdrant+local://{tmp_path / 'old'}", model, references=refs)
+    EdgeDirectory(QdrantTarget.parse(f"qdrant+local://{tmp_path / 'old'}")).close()  # released
 
 
 def test_a_gallery_moves_to_qdrant_as_it_is(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:

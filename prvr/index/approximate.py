@@ -21,10 +21,10 @@ log = logging.getLogger(__name__)
 SCENES = 4  # per-video unit-cluster centres that approximate search indexes with faiss
 
 
-def scene_centres(units: np.ndarray) -> np.ndarray:
-    """(n, SCENES, H) float16 unit-norm centres of the directions of each video's clip units (n, M, H)."""
+def scene_centres(units: np.ndarray, count: int = SCENES) -> np.ndarray:
+    """(n, count, H) float16 unit-norm centres of the directions of each video's clip units (n, M, H)."""
     unit_dirs = units / np.maximum(np.linalg.norm(units, axis=-1, keepdims=True), 1e-12)
-    scenes = cover_balls(unit_dirs, SCENES)
+    scenes = cover_balls(unit_dirs, count)
     scenes /= np.maximum(np.linalg.norm(scenes, axis=-1, keepdims=True), 1e-12)
     return scenes.astype(np.float16)
 

@@ -95,7 +95,8 @@ def move(source: str, target: str, batch: int = 256, report: Callable[[str], Non
         meta, total, batches = _builtin(Path(source).expanduser(), batch)
         close = _nothing
     try:
-        cfg = QdrantConfig(mode=meta["mode"], frame_balls=int(meta.get("frame_balls", 16)), shards=shards,
+        cfg = QdrantConfig(mode=meta["mode"], frame_balls=int(meta.get("frame_balls", 16)),
+                           scene_keys=int(meta.get("scene_keys", QdrantConfig.scene_keys)), shards=shards,
                            replicas=replicas)
         dest = QdrantTarget.parse(target)
         out = dest.connect(cfg.timeout)

@@ -21,7 +21,7 @@ breaks equal totals, as the built-in index's position does), its payload the rec
   w_frame, -BIG, 0] (``bound_query``) score a video at w_clip max(q^.c + r) + w_frame max(q^.c' + r'), an
   upper bound of its total (Cauchy-Schwarz: q^.x <= q^.c + |x - c| for every row x of a ball); the radii are
   measured from the float16 centres, and ``engine_eps`` covers the float16 query and the sums' rounding;
-- ``scenes`` (float16, DOT + MAX_SIM, HNSW with int8 scalar quantization kept in RAM): ``SCENES`` unit
+- ``scenes`` (float16, DOT + MAX_SIM, HNSW with int8 scalar quantization kept in RAM): ``scene_keys`` unit
   centres of the directions of the video's clip units (``approximate.scene_centres``): what approximate
   search asks the graph for.
 
@@ -31,10 +31,14 @@ One more point of ``NAME``, with no vectors, holds the gallery's metadata (``MET
 what reads them (``GROUPS``; id ``4 seq + group``): the sketch (the full 8-bit codes, window factors and
 frame balls: what ``refine`` reads of a candidate), the exact-score arrays (of a candidate the sketch leaves),
 the evidence arrays (of a hit) and the words (``schema.WORDS``: read once per process for the videos whose
-point says they have words, its payload's ``words`` count, and matched in memory: ``prvr.index.words``), as
-one string: the arrays' raw little-endian bytes one after another, base64 (``data``), with each one's name,
-dtype and shape (``layout``). A query reads of each video only what its step needs, and listing the gallery
-reads no array at all. The collections are made with the first videos (their vector width is theirs).
+point says they have words, its payload's ``words`` count, and matched in memory: ``prvr.index.words``). A
+point's arrays are one run of bytes (``pack``): a short JSON header of each one's name, dtype and shape, then
+their raw little-endian bytes one after another. In the engine the run is in one file beside the shards
+(``DIR/arrays.bin``, ``ArrayFile``, appended to) and the point's payload names it (``at``, ``size``): read
+back with one ``pread`` each, and the engine converts no payload of arrays to Python objects; on a server,
+whose payloads are JSON, it travels as the payload's ``data`` (base64, 4/3 of raw). A query
+reads of each video only what its step needs, and listing the gallery reads no array at all. The collections
+are made with the first videos (their vector width is theirs).
 """
 
 from __future__ import annotations
@@ -42,9 +46,12 @@ from __future__ import annotations
 import base64
 import contextlib
 import fcntl
+import json
+import math
 import os
 import re
 import shutil
+import struct
 import tempfile
 import weakref
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -62,7 +69,8 @@ BOUNDS = "bounds"  # the named multivector of clip and frame balls (an upper bou
 SCENES = "scenes"  # the named multivector of scene centres (approximate candidates: HNSW)
 WINDOW_BALLS = 16  # balls over each video's proposal directions
 BIG = 16.0  # a query row's weight against the other kind of ball rows: never their max (exact in float16)
-ARRAYS = ("layout", "data")  # the payload fields of a point of arrays (``pack``)
+ARRAYS = ("data",)  # the field of a point of arrays (``pack``; the engine: its bytes in ``ArrayFile``)
+ARRAY_FILE = "arrays.bin"  # the engine's arrays' bytes, in its directory (``ArrayFile``)
 SCHEMES = {"qdrant": "http", "qdrants": "https"}
 LOCAL = "qdrant+local://"
 DEFAULT_PORT = 6333
@@ -168,8 +176,10 @@ GROUPS = {"sketch": (*SKETCH, "pidx"),  # the arrays' points of a video, by what
 
 
 def pack(arrays: Mapping[str, np.ndarray]) -> dict:
-    """Per-video arrays -> a payload of their raw little-endian bytes one after another, base64 (``data``),
-    and each one's name, dtype and shape (``layout``): one string to decode per point."""
+    """Per-video arrays -> one self-describing run of bytes (``data``): a 4-byte little-endian length, a JSON
+    header of each array's name, dtype and shape, then their raw little-endian bytes one after another. Each
+    store keeps it in its own form (``EdgeStore``: a file the point names; ``ClientStore``: base64 in the
+    payload)."""
     layout, parts = [], []
     for name in arrays:
         a = np.asarray(arrays[name])
@@ -177,18 +187,28 @@ def pack(arrays: Mapping[str, np.ndarray]) -> dict:
         a = a.astype(a.dtype.newbyteorder("<"), copy=False)
         layout.append([name, a.dtype.str, list(a.shape)])
         parts.append(a.tobytes())
-    return {"layout": layout, "data": base64.b64encode(b"".join(parts)).decode()}
+    header = json.dumps(layout, separators=(",", ":")).encode()
+    return {"data": b"".join([struct.pack("<I", len(header)), header, *parts])}
+
+
+_DTYPES: dict[str, tuple[np.dtype, np.dtype]] = {}  # a header's dtype string -> (stored, native)
 
 
 def unpack(payload: Mapping) -> dict[str, np.ndarray]:
-    """A payload of ``pack`` -> its arrays (native byte order)."""
-    data, out, at = base64.b64decode(payload["data"]), {}, 0
-    for name, dtype, shape in payload["layout"]:
-        dt = np.dtype(dtype)
-        size = dt.itemsize * int(np.prod(shape, dtype=np.int64))
-        a = np.frombuffer(data, dtype=dt, count=size // dt.itemsize, offset=at)
-        out[name] = a.reshape(shape).astype(dt.newbyteorder("="))
-        at += size
+    """A payload of ``pack`` (as a store's ``retrieve`` gives it back) -> its arrays (native byte order, each
+    its own writable copy)."""
+    data = payload["data"]
+    (length,) = struct.unpack_from("<I", data)
+    out, at = {}, 4 + length
+    for name, dtype, shape in json.loads(bytes(data[4:at])):
+        if dtype not in _DTYPES:
+            dt = np.dtype(dtype)
+            _DTYPES[dtype] = dt, dt.newbyteorder("=")
+        dt, native = _DTYPES[dtype]
+        count = math.prod(shape)
+        a = np.frombuffer(data, dtype=dt, count=count, offset=at)
+        out[name] = a.reshape(shape).astype(native)
+        at += count * dt.itemsize
     return out
 
 
@@ -222,9 +242,10 @@ def array_points(seq: int, arrays: Mapping[str, np.ndarray]) -> list[PointData]:
 
 
 def payload_bytes(p: PointData) -> int:
-    """About how many bytes a point's request carries (its payload's base64 and its vectors as floats)."""
+    """About how many bytes a point's request carries (its arrays as a server's base64 and its vectors as
+    floats)."""
     floats = sum(len(r) * len(r[0]) for r in p.vectors.values() if r)
-    return len(p.payload.get("data", "")) + 12 * floats + 200
+    return len(p.payload.get("data", b"")) * 4 // 3 + 12 * floats + 200
 
 
 # ------------------------------------------------------------------------------------------------ targets
@@ -270,7 +291,15 @@ class QdrantTarget:
         ``timeout`` seconds) with its URL and the cause."""
         if self.path is not None:
             directory = EdgeDirectory(self)
-            return Stores(EdgeStore(directory, "shard"), EdgeStore(directory, "arrays"), directory.close)
+            videos = None
+            try:
+                videos = EdgeStore(directory, "shard")
+                return Stores(videos, EdgeStore(directory, "arrays", ARRAY_FILE), directory.close)
+            except BaseException:  # (an older layout refused: the directory is released again)
+                if videos is not None:
+                    videos.close()
+                directory.close()
+                raise
         client = connect_client(self, timeout)
         return Stores(ClientStore(self, client, self.collection),
                       ClientStore(self, client, self.collection + ARRAYS_SUFFIX), client.close)
@@ -395,16 +424,63 @@ class EdgeDirectory:
             self._removal()
 
 
-class EdgeStore:
-    """A shard of the Qdrant engine in this process (``qdrant_edge.EdgeShard``) in ``DIR/<name>``."""
+class ArrayFile:
+    """The engine's arrays' bytes: one file, appended to (a point names its bytes by offset and size) and
+    read with ``pread`` (no decoding, the page cache holds what queries read often). The bytes of a removed
+    video stay until the gallery is moved (``python -m prvr.index move`` copies only the live ones)."""
 
-    def __init__(self, directory: EdgeDirectory, name: str) -> None:
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_APPEND, 0o644)
+
+    def append(self, data: bytes) -> int:
+        """Write these bytes at the end; their offset."""
+        at = os.fstat(self.fd).st_size
+        view = memoryview(data)
+        while view:
+            view = view[os.write(self.fd, view):]
+        return at
+
+    def read(self, at: int, size: int) -> bytes:
+        """``size`` bytes from offset ``at`` (an error if the file is shorter: cut or replaced)."""
+        data = os.pread(self.fd, size, at)
+        if len(data) != size:
+            raise IndexStoreError(f"{self.path} holds {len(data)} bytes at {at}, its point names {size}: the "
+                                  "file was cut or replaced; rebuild the index")
+        return data
+
+    def sync(self) -> None:
+        """Make what was written durable."""
+        os.fsync(self.fd)
+
+    def close(self) -> None:
+        """Release the file."""
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+
+
+class EdgeStore:
+    """A shard of the Qdrant engine in this process (``qdrant_edge.EdgeShard``) in ``DIR/<name>``; with
+    ``array_file``, its points' ``data`` bytes are kept in ``DIR/<array_file>`` (``ArrayFile``) and the
+    points name them."""
+
+    def __init__(self, directory: EdgeDirectory, name: str, array_file: str | None = None) -> None:
         self.target, self.path = directory.target, directory.root / name
         self.shard = None
+        self.file: ArrayFile | None = None
+        file = directory.root / array_file if array_file else None
         if self.path.is_dir() and any(self.path.iterdir()):
             import qdrant_edge
 
+            if file is not None and not file.is_file():
+                raise IndexStoreError(f"{self.target.where} holds its arrays in payloads (an earlier layout "
+                                      f"of schema {SCHEMA_VERSION}), this release in {file.name}: rebuild "
+                                      "the index (in another directory, or delete this one)")
             self.shard = self._call("open the shard", qdrant_edge.EdgeShard.load, str(self.path))
+        self._file_path = file
+        if file is not None and file.is_file():
+            self.file = ArrayFile(file)
 
     def _call(self, what: str, call: Callable[..., T], *args: object, **kw: object) -> T:
         return guarded(self.target, what, call, *args, **kw)
@@ -415,13 +491,24 @@ class EdgeStore:
     def create(self, spec: dict) -> None:
         import qdrant_edge
 
+        if self._file_path is not None and self.file is None:
+            self.file = ArrayFile(self._file_path)
         self.shard = self._call("create the shard", qdrant_edge.EdgeShard.create, str(self.path),
                                 edge_config(spec))
+
+    def _stored(self, payload: dict) -> dict:
+        """A payload as the shard keeps it: ``data`` bytes written to the array file and named by it."""
+        if self.file is None or "data" not in payload:
+            return payload
+        data = payload["data"]
+        return {**{k: v for k, v in payload.items() if k != "data"}, "at": self.file.append(data),
+                "size": len(data)}
 
     def upsert(self, points: Sequence[PointData]) -> None:
         import qdrant_edge as qe
 
-        ops = qe.UpdateOperation.upsert_points([qe.Point(p.id, p.vectors, p.payload) for p in points])
+        ops = qe.UpdateOperation.upsert_points([qe.Point(p.id, p.vectors, self._stored(p.payload))
+                                                for p in points])
         self._call("upsert videos", self.shard.update, ops)
 
     def set_payload(self, point: int, payload: dict) -> None:
@@ -446,9 +533,17 @@ class EdgeStore:
     def retrieve(self, ids: Sequence[int], fields: Sequence[str] | None) -> dict[int, dict]:
         import qdrant_edge as qe
 
-        selector = True if fields is None else qe.PayloadSelector.Include(list(fields))
+        filed = self.file is not None and (fields is None or "data" in fields)
+        named = ["at", "size"] if filed else []
+        asked = None if fields is None else [f for f in fields if f != "data"] + named
+        selector = True if asked is None else qe.PayloadSelector.Include(asked)
         got = self._call("read videos", self.shard.retrieve, list(ids), selector, False)
-        return {int(r.id): dict(r.payload or {}) for r in got}
+        out = {int(r.id): dict(r.payload or {}) for r in got}
+        if filed:
+            for payload in out.values():
+                if "at" in payload:
+                    payload["data"] = self.file.read(int(payload.pop("at")), int(payload.pop("size")))
+        return out
 
     def scroll(self, fields: Sequence[str], page: int = 1024) -> Iterator[tuple[int, dict]]:
         import qdrant_edge as qe
@@ -472,13 +567,16 @@ class EdgeStore:
     def settle(self) -> None:
         """After a write: make it durable and let the engine merge segments and build the graph (a server
         does both on its own)."""
+        if self.file is not None:
+            self.file.sync()
         if self.shard is not None:
             self._call("flush", self.shard.flush)
             self._call("optimize the shard", self.shard.optimize)
 
     def disk_bytes(self) -> int:
-        """Bytes of every file of the shard."""
-        return sum(f.stat().st_size for f in self.path.rglob("*") if f.is_file())
+        """Bytes of every file of the shard (and of its array file)."""
+        files = sum(f.stat().st_size for f in self.path.rglob("*") if f.is_file())
+        return files + (self.file.path.stat().st_size if self.file is not None else 0)
 
     def close(self) -> None:
         if self.shard is not None:
@@ -486,6 +584,11 @@ class EdgeStore:
                 self.shard.flush()
             self.shard.close()
             self.shard = None
+        if self.file is not None:
+            with contextlib.suppress(OSError):
+                self.file.sync()
+            self.file.close()
+            self.file = None
 
 
 def edge_config(spec: dict):
@@ -539,6 +642,13 @@ def connect_client(target: QdrantTarget, timeout: float):  # a QdrantClient
     return client
 
 
+def client_payload(payload: dict) -> dict:
+    """A payload as a server keeps it (JSON): ``data`` bytes as base64."""
+    if isinstance(payload.get("data"), bytes):
+        return {**payload, "data": base64.b64encode(payload["data"]).decode()}
+    return payload
+
+
 class ClientStore:
     """A collection on a Qdrant server, through qdrant-client (the layout and requests of ``EdgeStore``)."""
 
@@ -558,7 +668,8 @@ class ClientStore:
     def upsert(self, points: Sequence[PointData]) -> None:
         from qdrant_client import models
 
-        structs = [models.PointStruct(id=p.id, vector=p.vectors, payload=p.payload) for p in points]
+        structs = [models.PointStruct(id=p.id, vector=p.vectors, payload=client_payload(p.payload))
+                   for p in points]
         self._call("upsert videos", "upsert", points=structs, wait=True)
 
     def set_payload(self, point: int, payload: dict) -> None:
@@ -583,7 +694,11 @@ class ClientStore:
     def retrieve(self, ids: Sequence[int], fields: Sequence[str] | None) -> dict[int, dict]:
         got = self._call("read videos", "retrieve", ids=list(ids),
                          with_payload=True if fields is None else list(fields), with_vectors=False)
-        return {int(p.id): dict(p.payload or {}) for p in got}
+        out = {int(p.id): dict(p.payload or {}) for p in got}
+        for payload in out.values():
+            if isinstance(payload.get("data"), str):
+                payload["data"] = base64.b64decode(payload["data"])
+        return out
 
     def scroll(self, fields: Sequence[str], page: int = 1024) -> Iterator[tuple[int, dict]]:
         offset = None
