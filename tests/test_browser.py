@@ -320,6 +320,9 @@ def test_a_subtitle_file_chosen_with_the_video_is_searched_and_its_line_plays(pa
     srt.write_text("1\n00:00:02,000 --> 00:00:03,500\nthe purple giraffe sings opera at midnight\n")
     page.get_by_role("tab", name="Add videos").click()
     page.locator("#upload-files input[type=file]").set_input_files(str(clip))
+    # the video's upload shown first: a second file chosen while the first one's upload re-renders the
+    # tab was lost once under load (the subtitle input never showed its file)
+    page.locator("#upload-files").get_by_text("giraffe night.mp4").wait_for(timeout=PATIENCE_MS)
     page.locator("#upload-subtitles input[type=file]").set_input_files(str(srt))
     page.locator("#upload-subtitles").get_by_text("giraffe night.srt").wait_for(timeout=PATIENCE_MS)
     page.get_by_role("button", name="Add to gallery").click()
