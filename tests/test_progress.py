@@ -11,7 +11,7 @@ import pytest
 
 from tests.clips import write_clip
 
-LONG_S = 600  # 10 minutes: long enough that stage-only reports would sit still for many seconds
+LONG_S = 240  # 4 minutes: long enough that stage-only reports would sit still for many seconds
 
 
 def write_long_video(path: Path, seconds: int = LONG_S, fps: int = 2,
