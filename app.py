@@ -60,6 +60,7 @@ from prvr.serve.page import (
     SUBTITLES_LABEL,
     UPLOAD_TABLE_HEAD,
     card_html,
+    folder_line,
     info_markdown,
     more_cards_html,
     refusal_html,
@@ -124,6 +125,7 @@ def build_ui(predictor: Predictor, sessions: ClosedSessions | None = None) -> gr
         session = gr.State(None, time_to_live=settings.session_ttl_s,
                            delete_callback=SessionGallery.close_if_any)
         gr.HTML(HEADER)
+        folder_status(predictor)
         examples = predictor.example_queries()  # demo captions the gallery really shows
         with gr.Tab("Search"):
             with gr.Row(equal_height=True):
@@ -180,6 +182,16 @@ def build_ui(predictor: Predictor, sessions: ClosedSessions | None = None) -> gr
                           concurrency_limit=8)
         demo.unload(sessions.close_later)
     return demo
+
+
+def folder_status(predictor: Predictor) -> None:
+    """The line on --gallery's folder (its background indexing, prvr.serve.folder), refreshed every few
+    seconds; nothing without a folder."""
+    if predictor.folder is None:
+        return
+    line = gr.HTML(folder_line(predictor.folder.status()), elem_id="folder-status", padding=False)
+    gr.Timer(5).tick(lambda: folder_line(predictor.folder.status()), None, line, api_visibility="private",
+                     queue=False, show_progress="hidden")
 
 
 def result_card() -> CardSlot:
