@@ -243,6 +243,8 @@ class FolderSync:
             return None
         log.info("indexing the folder %s: video %d of %d, %s", self.folder, n, total, found.rel)
         rel = Path(found.rel)
+        # titles of different files never collide in a result list: a folder's clip.flv beside clip.mpg keeps
+        # its extension, a/clip.mp4 beside b/clip.mp4 its folder
         arrival = Arrival(found.path, found.rel, found.video_id, (rel.stem, rel.name, found.rel), sha,
                           find_sidecar(found.path))
         with self.lock:

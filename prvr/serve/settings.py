@@ -111,11 +111,11 @@ class AppSettings:
         "a folder (a mounted Storage Bucket) that keeps the shared gallery across restarts, as write-once "
         "files", None, metavar="DIR", default_words="none: the shared gallery lives in the data dir only")
     # prvr.serve.folder: --gallery in the background
-    folder_rescan_s: float = option("how often --gallery's folder is looked at again for added, changed or "
-                                    "removed files, in seconds", 30.0, metavar="SECONDS")
-    folder_batch_s: float = option("the longest a finished video of --gallery waits to join the gallery with "
-                                   "others, in seconds (a batch also joins once 10 are finished; 0: each "
-                                   "joins alone)", 60.0, metavar="SECONDS")
+    folder_rescan_s: float = option("how often the folder of your videos (gallery) is looked at again for "
+                                    "added, changed or removed files, in seconds", 30.0, metavar="SECONDS")
+    folder_batch_s: float = option("the longest a finished video of the folder (gallery) waits to join the "
+                                   "search with others, in seconds (a batch also joins once 10 are finished; "
+                                   "0: each joins alone)", 60.0, metavar="SECONDS")
     # extract.words: what each video says and writes, read at ingest beside its pictures (prvr.serve.ingest)
     words: str = option(
         "which words of each video are read and searched beside its pictures: off, subtitles (subtitle "
