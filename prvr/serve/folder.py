@@ -378,7 +378,7 @@ class FolderSync:
                  "files": {rel: {"size": seen.size, "mtime_ns": seen.mtime_ns,
                                  "sidecars": [list(s) for s in seen.sidecars], "sha256": sha}
                            for rel, (seen, sha) in known}}
-        tmp = self.state_path.with_name(f".{STATE_FILE}.{os.getpid()}.tmp")
+        tmp = self.state_path.with_name(f".{STATE_FILE}.tmp")  # one writer: the data dir has one owner
         try:
             self.state_path.parent.mkdir(parents=True, exist_ok=True)
             tmp.write_text(json.dumps(state))
