@@ -125,7 +125,7 @@ def build_ui(predictor: Predictor, sessions: ClosedSessions | None = None) -> gr
         session = gr.State(None, time_to_live=settings.session_ttl_s,
                            delete_callback=SessionGallery.close_if_any)
         gr.HTML(HEADER)
-        folder_status(predictor)
+        folder_status(demo, predictor)
         examples = predictor.example_queries()  # demo captions the gallery really shows
         with gr.Tab("Search"):
             with gr.Row(equal_height=True):
@@ -184,14 +184,20 @@ def build_ui(predictor: Predictor, sessions: ClosedSessions | None = None) -> gr
     return demo
 
 
-def folder_status(predictor: Predictor) -> None:
+def folder_status(demo: gr.Blocks, predictor: Predictor) -> None:
     """The line on --gallery's folder (its background indexing, prvr.serve.folder), refreshed every few
     seconds; nothing without a folder."""
     if predictor.folder is None:
         return
-    line = gr.HTML(folder_line(predictor.folder.status()), elem_id="folder-status", padding=False)
-    gr.Timer(5).tick(lambda: folder_line(predictor.folder.status()), None, line, api_visibility="private",
-                     queue=False, show_progress="hidden")
+
+    def now() -> str:
+        """The line as the folder's indexing stands now."""
+        return folder_line(predictor.folder.status())
+
+    line = gr.HTML(now(), elem_id="folder-status", padding=False)
+    quiet = dict(fn=now, outputs=line, api_visibility="private", queue=False, show_progress="hidden")
+    demo.load(**quiet)  # as it stands when the page opens, then every 5 s
+    gr.Timer(5).tick(**quiet)
 
 
 def result_card() -> CardSlot:

@@ -5,7 +5,7 @@
     folder.stop()                               # Predictor.close: the thread ends (an extraction cut short)
     sync_folder(ingest, DIR) -> [Outcome]          # one pass in the caller's thread (scripts, tests)
 
-A pass looks at every video file of the folder, subfolders included (``find_videos``), by its size and
+A pass looks at every video file of the folder, subfolders included (``VIDEO_SUFFIXES``), by its size and
 modification time and those of the subtitle files that may be its sidecar (``<stem>.srt`` / ``.vtt``
 beside it): a video that left the folder leaves the gallery (and --persist) at once; a new or changed one
 is hashed (sha256) and, unless the gallery holds these bytes under its id already, extracted by the one
@@ -37,7 +37,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from extract.decode import find_videos, sha256_file
+from extract.decode import VIDEO_SUFFIXES, sha256_file
 from extract.words.subtitles import SIDECAR_SUFFIXES, find_sidecar
 from prvr.plural import counted
 from prvr.serve.ingest import FOLDER, Arrival, IngestService, Outcome
@@ -68,8 +68,13 @@ class Found:
     """A video file of the folder in one pass."""
 
     rel: str  # its path in the folder, "/"-separated: its video id is "folder:" + rel
-    path: Path
+    where: str  # its path on this machine
     seen: Seen
+
+    @property
+    def path(self) -> Path:
+        """Its path on this machine (made when needed: a look at a large folder makes none)."""
+        return Path(self.where)
 
     @property
     def video_id(self) -> str:
@@ -171,7 +176,12 @@ class FolderSync:
                 log.warning("the folder %s cannot be read now: its videos stay in the gallery, and it is "
                             "looked at again every %g s", self.folder, self.rescan_s)
             return []
-        present = {f.rel: f for f in self._files()}
+        try:
+            present = {f.rel: f for f in sorted(self._files(), key=lambda f: f.rel)}
+        except OSError as err:  # a folder that vanished while it was listed: as if unreadable, this time
+            log.warning("the folder %s could not be listed (%s): looked at again in %g s", self.folder, err,
+                        self.rescan_s)
+            return []
         gone = [i for i in self.ingest.shared.ids
                 if i.startswith(FOLDER.prefix) and i[len(FOLDER.prefix):] not in present]
         if gone:
@@ -330,32 +340,35 @@ class FolderSync:
         return record is not None and record.get("sha256") == known[1]
 
     def _files(self) -> Iterator[Found]:
-        """The folder's video files as they are now, each with its possible sidecars (one listing per
-        folder, not one per video)."""
-        videos = find_videos([self.folder])
-        sidecars: dict[tuple[Path, str], list[tuple[str, int, int]]] = {}
-        for directory in {v.parent for v in videos}:
-            try:
-                entries = list(os.scandir(directory))
-            except OSError:
-                continue
+        """The folder's video files (``VIDEO_SUFFIXES``, subfolders included, sorted) as they are now, each
+        with its possible sidecars: one listing per folder and one stat per file (a look at a large folder
+        every ``rescan_s`` costs little)."""
+        pending = [(str(self.folder), "")]  # (a folder on this machine, its path in the folder + "/")
+        while pending:
+            directory, prefix = pending.pop()
+            videos: list[tuple[os.DirEntry, os.stat_result]] = []
+            sidecars: dict[str, list[tuple[str, int, int]]] = {}
+            with os.scandir(directory) as listing:  # an unreadable folder raises: the look says so
+                entries = sorted(listing, key=lambda e: e.name)
             for entry in entries:
-                stem, dot, suffix = entry.name.rpartition(".")
-                if dot and f".{suffix.lower()}" in SIDECAR_SUFFIXES:
-                    try:
-                        st = entry.stat()
-                    except OSError:
+                try:
+                    if entry.is_dir():
+                        pending.append((entry.path, f"{prefix}{entry.name}/"))
                         continue
-                    seen = (entry.name, st.st_size, st.st_mtime_ns)
-                    sidecars.setdefault((directory, stem), []).append(seen)
-        for path in videos:
-            try:
-                st = path.stat()
-            except OSError:  # gone since it was listed: the next look says so
-                continue
-            near = tuple(sorted(sidecars.get((path.parent, path.stem), ())))
-            rel = path.relative_to(self.folder).as_posix()
-            yield Found(rel, path, Seen(st.st_size, st.st_mtime_ns, near))
+                    if not entry.is_file():
+                        continue
+                    stem, dot, suffix = entry.name.rpartition(".")
+                    suffix = f".{suffix.lower()}"
+                    if dot and suffix in VIDEO_SUFFIXES:
+                        videos.append((entry, entry.stat()))
+                    elif dot and suffix in SIDECAR_SUFFIXES:
+                        st = entry.stat()
+                        sidecars.setdefault(stem, []).append((entry.name, st.st_size, st.st_mtime_ns))
+                except OSError:  # gone since it was listed: the next look says so
+                    continue
+            for entry, st in videos:
+                near = tuple(sorted(sidecars.get(entry.name.rpartition(".")[0], ())))
+                yield Found(prefix + entry.name, entry.path, Seen(st.st_size, st.st_mtime_ns, near))
 
     # ------------------------------------------------------------------ the state file (a cache)
     def _load(self) -> dict[str, tuple[Seen, str]]:

@@ -387,6 +387,8 @@ def folder_line(status: dict | None) -> str:
               if status["failed"] else "")
     if status["state"] == "unreadable":
         return f"Your folder {name} cannot be read now: its {done} stay searchable{failed}."
+    if status["state"] == "starting":
+        return f"Looking at your folder {name}: {done} searchable so far."
     if status["to_do"] or status["waiting"] or status["state"] in ("starting", "indexing"):
         left = status["seconds_left"]
         when = ", estimating the time left" if left is None else f", about {duration_words(left)} left" \
@@ -395,3 +397,7 @@ def folder_line(status: dict | None) -> str:
         return (f"Indexing your folder {name} in the background: {done} searchable, {status['to_do']} to do"
                 f"{now}{when}; searches cover what is indexed so far{failed}.")
     return f"Your folder {name}: {done} searchable, watched for new, changed and removed files{failed}."
+
+CSS += """
+#folder-status {font-size: 0.88em}
+"""
