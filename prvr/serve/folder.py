@@ -33,6 +33,7 @@ import logging
 import os
 import threading
 import time
+from collections import deque
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -97,7 +98,7 @@ class Progress:
 
     state: str = "starting"  # starting | indexing | watching | unreadable | stopped
     files: int = 0  # video files found by the last look
-    left: list[Found] = field(default_factory=list)  # not handled yet in this pass (the current one first)
+    left: deque[Found] = field(default_factory=deque)  # not handled yet in this pass (the current one first)
     current: str | None = None
     current_done: float = 0.0  # of the current video's pipeline, 0 to 1
     extracted: int = 0  # extractions started since this process began
@@ -194,7 +195,7 @@ class FolderSync:
                     del table[rel]
         work = [f for f in present.values() if not self._current(f)]
         with self.lock:
-            self.progress.files, self.progress.left = len(present), list(work)
+            self.progress.files, self.progress.left = len(present), deque(work)
             self.progress.last_look = time.time()
             self.progress.state = "indexing" if work else "watching"
         if gone:
@@ -217,7 +218,7 @@ class FolderSync:
                 if outcome is not None:
                     outcomes.append(outcome)
                 with self.lock:
-                    self.progress.left = self.progress.left[1:]
+                    self.progress.left.popleft()
                     self.progress.current = None
                 if self._due(finished=True):
                     outcomes += self._commit()
@@ -226,7 +227,7 @@ class FolderSync:
             self._save()
             self.worker = None
             with self.lock:
-                self.progress.current, self.progress.left = None, []
+                self.progress.current, self.progress.left = None, deque()
                 if self.progress.state == "indexing":
                     self.progress.state = "watching"
         log.info("the folder %s is indexed: %s searchable%s", self.folder,
