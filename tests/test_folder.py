@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from prvr.serve.folder import STATE_FILE, FolderSync
+from prvr.serve.folder import STATE_FILE, FolderSync, Stopping
 from tests.clips import write_clip
 
 WAIT_S = 60.0  # the longest a condition may take on a busy machine (each wait ends once it holds)
@@ -113,7 +113,8 @@ def test_searches_go_on_while_the_folder_indexes_in_the_background(tmp_path: Pat
     starting.join(5.0)
     assert not starting.is_alive(), "start waited for the folder"  # nothing is indexed before it returns
     gate.let(1)
-    until(lambda: sync.status()["current"] == "clip1.mp4", "the second video")
+    until(lambda: sync.status()["current"] == "clip1.mp4" and sync.status()["extracted"] == 2,
+          "the second video's extraction")
     status = sync.status()
     assert (status["state"], status["done"], status["to_do"], status["extracted"]) == ("indexing", 1, 2, 2)
     assert status["seconds_left"] is not None and status["seconds_left"] > 0  # from the first video's pace
@@ -178,6 +179,41 @@ def test_finished_videos_join_in_batches_and_a_restart_extracts_none_again(
         counting = predictor.ingest.extractor = Gate(gate.inner, gated=False)
         assert FolderSync(predictor.ingest, folder).sync() == []
         assert counting.calls == [] and len(folder_ids(predictor)) == 4
+
+
+def test_a_crash_with_finished_videos_waiting_for_their_batch_loses_none_of_them(
+        tmp_path: Path, predictor) -> None:
+    """Finished videos are durable before their batch joins: a pass that starts from nothing in memory while
+    the first one is stuck (as after a ``kill -9``) joins them without extracting them again, and extracts
+    only the video that was in progress and those not begun."""
+    folder = tmp_path / "videos"
+    for n in range(4):
+        write_clip(folder / f"w{n}.mp4", frames=24 + 6 * n, size=(64, 48))
+    gate = predictor.ingest.extractor = Gate(predictor.ingest.extractor)
+    crashed = FolderSync(predictor.ingest, folder, rescan_s=30.0, batch_s=3600.0)
+    def pass_until_stopped() -> None:
+        with contextlib.suppress(Stopping):
+            crashed.sync()
+
+    stuck = threading.Thread(target=pass_until_stopped)
+    stuck.start()
+    try:
+        gate.let(2)
+        until(lambda: crashed.status()["waiting"] == 2 and crashed.status()["current"] == "w2.mp4",
+              "w0 and w1 finished, w2 in progress")
+        assert folder_ids(predictor) == set()  # not joined: their batch is not full nor old
+        counting = predictor.ingest.extractor = Gate(gate.inner, gated=False)
+        after = FolderSync(predictor.ingest, folder)  # the next start's
+        outcomes = after.sync()
+        assert counting.calls == ["w2.mp4", "w3.mp4"]  # the finished ones are not extracted again
+        assert [o.status for o in outcomes] == ["added"] * 4
+        assert folder_ids(predictor) == {f"folder:w{n}.mp4" for n in range(4)}
+        spool = predictor.settings.data_dir / "folder-spool" / "entries"
+        assert not list(spool.iterdir())  # joined: nothing waits any more
+    finally:
+        crashed.stop()
+        gate.let(10)
+        stuck.join(WAIT_S)
 
 
 def test_added_changed_and_removed_files_are_picked_up_subfolders_included(tmp_path: Path, predictor) -> None:

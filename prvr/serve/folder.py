@@ -40,13 +40,16 @@ from pathlib import Path
 
 from extract.decode import VIDEO_SUFFIXES, sha256_file
 from extract.words.subtitles import SIDECAR_SUFFIXES, find_sidecar
+from prvr.index import GalleryVideo
 from prvr.plural import counted
-from prvr.serve.ingest import FOLDER, Arrival, IngestService, Outcome
+from prvr.serve.ingest import FOLDER, Arrival, IngestService, Outcome, Ready
+from prvr.serve.persist import PersistentStore
 
 log = logging.getLogger(__name__)
 
 BATCH_VIDEOS = 10  # finished videos join the gallery at least this many at a time (fewer segments to rank)
 STATE_FILE = "folder-state.json"  # in the data dir: what each file was when it joined (a cache)
+SPOOL_DIR = "folder-spool"  # in the data dir: finished videos waiting for their batch (persist's format)
 FAILURES_SHOWN = 20  # /info lists at most this many failed files (their count is always whole)
 
 
@@ -88,7 +91,7 @@ class Finished:
     """A video extracted and waiting for its batch (``IngestService.prepare``'s ready arrival)."""
 
     found: Found
-    ready: object  # ingest._Ready
+    ready: Ready
     sha256: str
 
 
@@ -120,6 +123,11 @@ class FolderSync:
         self.known: dict[str, tuple[Seen, str]] = self._load()  # rel -> (as it was, sha256) when it joined
         self.failed: dict[str, tuple[Seen, str]] = {}  # rel -> (as it was, why) for files that failed
         self.batch: list[Finished] = []
+        # finished videos are written here as they finish, and deleted once their batch joined: a crash
+        # before that loses none of them (the next pass joins them without extracting them again)
+        self.spool = PersistentStore(ingest.settings.data_dir / SPOOL_DIR,
+                                     ingest.extractor.profile.identity(), verify_media=False)
+        self.spooled: dict[str, GalleryVideo] | None = None  # read by the first look
         self.batch_since = 0.0  # time.monotonic() when the batch's first video finished
         self.progress = Progress()
         self.lock = threading.Lock()
@@ -193,6 +201,11 @@ class FolderSync:
             for table in (self.known, self.failed):
                 for rel in [r for r in table if r not in present]:
                     del table[rel]
+        if self.spooled is None:  # what a crash left finished but not joined
+            self.spooled = {v.id: v for v in self.spool.restore()}
+        for video_id in [i for i in self.spooled if i[len(FOLDER.prefix):] not in present]:
+            del self.spooled[video_id]
+            self._unspool(video_id)
         work = [f for f in present.values() if not self._current(f)]
         with self.lock:
             self.progress.files, self.progress.left = len(present), deque(work)
@@ -252,6 +265,15 @@ class FolderSync:
                 and (known is None or known[0].sidecars == found.seen.sidecars)):
             self._joined(found, sha)  # indexed already (touched, or a restart): not extracted again
             return None
+        spooled = self.spooled.pop(found.video_id, None)
+        playable = self.ingest.media.locate(spooled.path) if spooled is not None else None
+        if spooled is not None and spooled.sha256 == sha and playable.is_file():
+            # finished before a crash, not joined yet: it joins with this batch, not extracted again (a
+            # re-encoded copy is swept at start, though: then it is extracted again)
+            self._add_to_batch(found, Ready(spooled, found.rel, None, playable, ""), sha, spooled=True)
+            return None
+        if spooled is not None:
+            self._unspool(found.video_id)
         log.info("indexing the folder %s: video %d of %d, %s", self.folder, n, total, found.rel)
         rel = Path(found.rel)
         # titles of different files never collide in a result list: a folder's clip.flv beside clip.mpg keeps
@@ -270,10 +292,24 @@ class FolderSync:
             self.progress.extracted_bytes += found.seen.size
             self.progress.extracted_s += time.perf_counter() - t0
         taken.add(ready.video.title)
+        self._add_to_batch(found, ready, sha)
+        return None
+
+    def _add_to_batch(self, found: Found, ready: Ready, sha: str, spooled: bool = False) -> None:
+        """A finished video into the batch, and (unless it is there already) into the spool."""
+        if not spooled:
+            try:
+                self.spool.record_add(ready.video, None)
+            except OSError as err:  # it still joins with its batch; only a crash before that loses it
+                log.warning("could not keep %s finished in %s: %s", found.rel, self.spool.root, err)
         if not self.batch:
             self.batch_since = time.monotonic()
         self.batch.append(Finished(found, ready, sha))
-        return None
+
+    def _unspool(self, video_id: str) -> None:
+        """Delete a video's spool entries (it joined, failed, or its file changed)."""
+        for name in self.spool.live.pop(video_id, []):
+            (self.spool.entries_dir / name).unlink(missing_ok=True)
 
     def _fail(self, found: Found, outcome: Outcome) -> Outcome:
         """Remember a failed file as it is (skipped until it changes); its outcome."""
@@ -317,6 +353,8 @@ class FolderSync:
         ids = {f.found.video_id for f in batch}
         replaced = [i for i in ids if self.ingest.shared.record(i) is not None]
         outcomes = self.ingest.commit([f.ready for f in batch], FOLDER, replaced)
+        for finished in batch:  # joined or failed: no longer waiting
+            self._unspool(finished.found.video_id)
         for finished, outcome in zip(batch, outcomes, strict=True):
             if outcome.status == "added":
                 self._joined(finished.found, finished.sha256)

@@ -115,6 +115,9 @@ class _Ready:
     words: dict | None = None  # its words' ``WordsRun.summary``
 
 
+Ready = _Ready  # a prepared arrival, as ``prepare`` answers it and ``commit`` takes it
+
+
 class WordsAbandoned(Exception):
     """Raised into a words reader's progress to stop it: the video it reads for was not added."""
 
