@@ -199,7 +199,7 @@ def test_a_crash_with_finished_videos_waiting_for_their_batch_loses_none_of_them
     stuck.start()
     try:
         gate.let(2)
-        until(lambda: crashed.status()["waiting"] == 2 and crashed.status()["current"] == "w2.mp4",
+        until(lambda: crashed.status()["waiting"] == 2 and gate.calls == ["w0.mp4", "w1.mp4", "w2.mp4"],
               "w0 and w1 finished, w2 in progress")
         assert folder_ids(predictor) == set()  # not joined: their batch is not full nor old
         counting = predictor.ingest.extractor = Gate(gate.inner, gated=False)

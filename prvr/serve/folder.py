@@ -13,11 +13,14 @@ ingest pipeline (``IngestService.prepare``: the start-up models, its words read 
 joins the gallery with the others finished since the last batch (``IngestService.commit``: one atomic,
 durable update of the gallery; a changed file's earlier entry is replaced in it) once ``BATCH_VIDEOS`` are
 ready or ``batch_s`` has passed since the first of them finished, checked between videos and during an
-extraction. A ``kill -9`` loses at most the videos of the batch not committed yet (one, with ``batch_s``
-0), and a restart extracts none of the committed ones again: their sha256 is in the gallery's catalogue.
-What each file was when it joined (size, time, sha256) is kept in the data dir's ``folder-state.json``,
-written atomically after each batch, so that a restart does not hash a large folder again; it is only a
-cache (a file it does not know is hashed and compared with the catalogue).
+extraction. A finished video is written at once to the data dir's ``folder-spool`` (``PersistentStore``'s
+write-once, self-verifying entries: its features and words) and deleted from it once its batch joined, so a
+``kill -9`` loses only the video in progress: the next start joins the spooled ones with its first batch
+without extracting them again (unless the file changed, or its re-encoded playable copy was swept), and
+extracts none of the joined ones again either: their sha256 is in the gallery's catalogue. What each file
+was when it joined (size, time, sha256) is kept in the data dir's ``folder-state.json``, written atomically
+after each batch, so that a restart does not hash a large folder again; it is only a cache (a file it does
+not know is hashed and compared with the catalogue).
 
 A file that fails is logged once by the pipeline (one line for a file that cannot be read as a video),
 listed in ``status()["failures"]`` with its reason and skipped until its size or time changes (a restart
@@ -264,6 +267,8 @@ class FolderSync:
         if (record is not None and record.get("sha256") == sha
                 and (known is None or known[0].sidecars == found.seen.sidecars)):
             self._joined(found, sha)  # indexed already (touched, or a restart): not extracted again
+            if self.spooled.pop(found.video_id, None) is not None:  # a crash after it joined
+                self._unspool(found.video_id)
             return None
         spooled = self.spooled.pop(found.video_id, None)
         playable = self.ingest.media.locate(spooled.path) if spooled is not None else None
