@@ -275,6 +275,7 @@ class FolderSync:
         if spooled is not None and spooled.sha256 == sha and playable.is_file():
             # finished before a crash, not joined yet: it joins with this batch, not extracted again (a
             # re-encoded copy is swept at start, though: then it is extracted again)
+            taken.add(spooled.title)
             self._add_to_batch(found, Ready(spooled, found.rel, None, playable, ""), sha, spooled=True)
             return None
         if spooled is not None:
