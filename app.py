@@ -60,6 +60,7 @@ from prvr.serve.page import (
     SUBTITLES_LABEL,
     UPLOAD_TABLE_HEAD,
     card_html,
+    folder_line,
     info_markdown,
     more_cards_html,
     refusal_html,
@@ -124,6 +125,7 @@ def build_ui(predictor: Predictor, sessions: ClosedSessions | None = None) -> gr
         session = gr.State(None, time_to_live=settings.session_ttl_s,
                            delete_callback=SessionGallery.close_if_any)
         gr.HTML(HEADER)
+        folder_status(demo, predictor)
         examples = predictor.example_queries()  # demo captions the gallery really shows
         with gr.Tab("Search"):
             with gr.Row(equal_height=True):
@@ -180,6 +182,22 @@ def build_ui(predictor: Predictor, sessions: ClosedSessions | None = None) -> gr
                           concurrency_limit=8)
         demo.unload(sessions.close_later)
     return demo
+
+
+def folder_status(demo: gr.Blocks, predictor: Predictor) -> None:
+    """The line on --gallery's folder (its background indexing, prvr.serve.folder), refreshed every few
+    seconds; nothing without a folder."""
+    if predictor.folder is None:
+        return
+
+    def now() -> str:
+        """The line as the folder's indexing stands now."""
+        return folder_line(predictor.folder.status())
+
+    line = gr.HTML(now(), elem_id="folder-status", padding=False)
+    quiet = dict(fn=now, outputs=line, api_visibility="private", queue=False, show_progress="hidden")
+    demo.load(**quiet)  # as it stands when the page opens, then every 5 s
+    gr.Timer(5).tick(**quiet)
 
 
 def result_card() -> CardSlot:

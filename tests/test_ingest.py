@@ -15,6 +15,7 @@ from types import SimpleNamespace
 
 import pytest
 
+from prvr.serve.folder import sync_folder
 from prvr.serve.persist import PersistentStore
 from tests.clips import write_clip
 
@@ -44,12 +45,12 @@ def test_every_way_in_persists_as_its_policy_says(tmp_path: Path, make_predictor
                                                   path=write_clip(tmp_path / "demo" / "one.mp4", 40))])
     write_clip(folder / "kept.mp4", 48, size=(72, 56))
     write_clip(folder / "gone.mp4", 60, size=(56, 40))
-    synced = first.ingest.sync_folder(folder)
+    synced = sync_folder(first.ingest, folder)
     assert [o["status"] for o in (upload, private)] + [o.status for o in demo + synced] == ["added"] * 5
     assert set(first.index.ids) == {upload["video_id"], "demo09", "folder:gone.mp4", "folder:kept.mp4"}
     assert kept(bucket, first) == {upload["video_id"], "folder:gone.mp4", "folder:kept.mp4"}
     (folder / "gone.mp4").unlink()
-    assert first.ingest.sync_folder(folder) == []  # a removal: its tombstone
+    assert sync_folder(first.ingest, folder) == []  # a removal: its tombstone
     assert kept(bucket, first) == {upload["video_id"], "folder:kept.mp4"}
     first.close()
 
@@ -61,7 +62,7 @@ def test_every_way_in_persists_as_its_policy_says(tmp_path: Path, make_predictor
     assert files(bucket) == before  # a restore writes nothing
     assert set(second.index.ids) == {upload["video_id"], "folder:kept.mp4"}
     (folder / "kept.mp4").unlink()
-    second.ingest.sync_folder(folder)  # a restored video's removal is recorded as well
+    sync_folder(second.ingest, folder)  # a restored video's removal is recorded as well
     second.close()
     assert kept(bucket, second) == {upload["video_id"]}
 
@@ -79,7 +80,7 @@ def test_a_start_with_persist_saves_the_shared_videos_the_bucket_lacks(
     uploads = [earlier.add_video(write_clip(tmp_path / f"clip {n}.mp4", 30 + 6 * n, size=(64 + 16 * n, 48)))
                for n in range(3)]
     write_clip(folder / "mine.mp4", 42, size=(80, 64))
-    earlier.ingest.sync_folder(folder)
+    sync_folder(earlier.ingest, folder)
     earlier.close()
     shared = {u["video_id"] for u in uploads} | {"folder:mine.mp4"}
     settings = AppSettings(data_dir=data, persist=bucket, gallery=folder, uploads="shared",

@@ -23,6 +23,7 @@ import pytest
 
 from extract.profiles import get_profile
 from prvr.index import GalleryVideo
+from prvr.serve.folder import sync_folder
 from prvr.serve.persist import PersistentStore, video_key
 from tests.clips import write_clip
 
@@ -347,9 +348,9 @@ def test_restore_into_an_empty_data_dir_answers_the_same_without_extracting(
     folder = tmp_path / "folder"
     write_clip(folder / "kept.mp4", frames=48, size=(72, 56))
     write_clip(folder / "gone.mp4", frames=60, size=(56, 40))
-    first.ingest.sync_folder(folder)
+    sync_folder(first.ingest, folder)
     (folder / "gone.mp4").unlink()
-    first.ingest.sync_folder(folder)  # folder:gone.mp4 leaves the shared gallery: a tombstone
+    sync_folder(first.ingest, folder)  # folder:gone.mp4 leaves the shared gallery: a tombstone
     queries = ["a gradient moving to the right", "a colourful pattern", "a dog on a beach"]
     before = [first.search(q, k=10).results for q in queries]
     ids = first.index.ids
@@ -367,7 +368,7 @@ def test_restore_into_an_empty_data_dir_answers_the_same_without_extracting(
     assert second.ingest.restore() == 4  # the wiring: restore before the demo gallery
     restore_s = time.perf_counter() - t0
     # the folder's kept video is known by its sha256: not extracted again (nothing to add)
-    assert second.ingest.sync_folder(folder) == []
+    assert sync_folder(second.ingest, folder) == []
     assert second.index.ids == ids
     after = [second.search(q, k=10).results for q in queries]
     for b, a in zip(before, after, strict=True):

@@ -192,6 +192,8 @@ def test_the_folder_demo_and_bucket_ways_read_words_once(tmp_path: Path, make_pr
     restored from --persist keeps its words (stored with it) without reading them again."""
     from types import SimpleNamespace
 
+    from prvr.serve.folder import sync_folder
+
     folder, bucket = tmp_path / "folder", tmp_path / "bucket"
     first = make_predictor(tmp_path / "data", uploads="shared", persist=bucket)
     try:
@@ -201,7 +203,7 @@ def test_the_folder_demo_and_bucket_ways_read_words_once(tmp_path: Path, make_pr
         write_clip(folder / "plain.mp4", frames=26, size=(80, 48))
         demo = write_clip(tmp_path / "demo" / "demo99.mp4", frames=28, size=(96, 64))
         with first.ingest.starting():
-            outcomes = first.ingest.sync_folder(folder)
+            outcomes = sync_folder(first.ingest, folder)
             first.ingest.add_demo([SimpleNamespace(id="demo99", path=demo, title="a demo")])
         assert [o.status for o in outcomes] == ["added", "added"]
         asked = {c["path"].name: c["sidecar"] for c in reader.calls}

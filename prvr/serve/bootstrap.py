@@ -9,9 +9,10 @@ loading); on ZeroGPU import ``spaces`` before any model (it patches torch); load
 extractor chosen once, ``prvr.serve.model_choice.choose_extractor``; the text encoder on the search device;
 the confidence references; the shared gallery; the media store; --persist's folder; the ingest service);
 sweep what a crash left in the media dir; then, on the extractor's start-up models (CPU on ZeroGPU,
-released afterwards), through the ingest service: restore --persist's videos, index the demo gallery, sync
---gallery's folder, and save to --persist the shared videos it lacks; delete a previous run's session
-galleries; wait for the kernels and run one search, so no visitor's search compiles them.
+released afterwards), through the ingest service: restore --persist's videos, index the demo gallery and
+save to --persist the shared videos it lacks; delete a previous run's session galleries; wait for the
+kernels and run one search, so no visitor's search compiles them; then start indexing --gallery's folder in
+the background (``prvr.serve.folder``: the app serves meanwhile).
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from prvr.models.factory import check_features
 from prvr.plural import counted
 from prvr.results.confidence import Calibrator
 from prvr.serve.extraction import Extractor
+from prvr.serve.folder import FolderSync
 from prvr.serve.ingest import IngestService
 from prvr.serve.media import SHARED_MARKER, MediaStore
 from prvr.serve.model_choice import (
@@ -81,8 +83,6 @@ def _start(settings: AppSettings, owner: DataDirLock, t0: float) -> Predictor:
             log.info("first start with %s: rendering and indexing the demo gallery (about a minute on 2 "
                      "cores; later starts reuse it)", settings.data_dir)
         add_demo_gallery(predictor)
-        if settings.gallery is not None:
-            ingest.sync_folder(settings.gallery)
         ingest.save_unsaved()
     shutil.rmtree(predictor.sessions_dir, ignore_errors=True)  # sessions of a previous run are gone
     if kernels.is_alive():
@@ -96,6 +96,9 @@ def _start(settings: AppSettings, owner: DataDirLock, t0: float) -> Predictor:
     # daemon: exit waits for it instead of killing it inside torch
     predictor.tracing = threading.Thread(target=predictor.text.backbone.trace, name="trace-text-model")
     predictor.tracing.start()
+    if settings.gallery is not None:  # indexed while the app serves (prvr.serve.folder)
+        predictor.folder = FolderSync(ingest, settings.gallery, settings.folder_rescan_s,
+                                      settings.folder_batch_s).start()
     return predictor
 
 

@@ -5,7 +5,9 @@ copy, ``--persist``, extractor, declared once) and a method that hands the servi
 
     ingest.upload(path, session, progress, name, sidecar) -> Outcome   # the page, the API and MCP's add_video
     ingest.add_demo(videos)                      -> [Outcome]  # the demo gallery, at start
-    ingest.sync_folder(folder)                   -> [Outcome]  # --gallery: new or changed files by sha256
+    ingest.prepare(arrival, way, taken) / ingest.commit(ready, way, replaced)   # one video extracted;
+                                                 # extracted videos joined in one update (--gallery:
+                                                 # prvr.serve.folder, in the background, in batches)
     ingest.restore() / ingest.save_unsaved()     -> int        # --persist: read back / write what it lacks
     with ingest.starting(): ...                  # start-up work on the extractor's start-up models
 
@@ -36,9 +38,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from extract.decode import DecodeLimits, MediaError, find_videos, probe, sha256_file
+from extract.decode import DecodeLimits, MediaError, probe, sha256_file
 from extract.transcode import ensure_browser_playable
-from extract.words.subtitles import find_sidecar
 from prvr.index import Gallery, GalleryVideo
 from prvr.plural import counted
 from prvr.serve.extraction import Extractor, GpuUnavailable, seconds_words
@@ -112,6 +113,9 @@ class _Ready:
     playable: Path  # the file the gallery serves
     notes: str  # for the outcome's message (decoder warnings, GPU seconds asked, words skipped)
     words: dict | None = None  # its words' ``WordsRun.summary``
+
+
+Ready = _Ready  # a prepared arrival, as ``prepare`` answers it and ``commit`` takes it
 
 
 class WordsAbandoned(Exception):
@@ -299,31 +303,26 @@ class IngestService:
             log.info("hashing and indexing %s", counted(len(missing), "demo video"))
         return self._add(missing, DEMO, None, _quiet, "demo gallery")
 
-    def sync_folder(self, folder: Path) -> list[Outcome]:
-        """Index the new or changed videos of a folder (by sha256) and drop those that left it."""
-        if not folder.is_dir():
-            raise NotADirectoryError(f"--gallery {folder} is not a directory")
-        wanted: list[Arrival] = []
-        present: set[str] = set()
-        for path in find_videos([folder]):
-            rel = path.relative_to(folder).as_posix()
-            video_id = f"{FOLDER.prefix}{rel}"
-            present.add(video_id)
-            try:
-                sha = sha256_file(path)
-            except OSError as err:
-                log.warning("skipping %s: %s", path, err)
-                continue
-            known = self.shared.record(video_id)
-            if known is None or known.get("sha256") != sha:
-                # titles of different files never collide in a result list: a folder's clip.flv beside
-                # clip.mpg keeps its extension, a/clip.mp4 beside b/clip.mp4 its folder
-                wanted.append(Arrival(path, path.name, video_id, (Path(rel).stem, path.name, rel), sha,
-                                      find_sidecar(path)))
-        changed = {a.video_id for a in wanted}
-        self.remove([i for i in self.shared.ids
-                     if i.startswith(FOLDER.prefix) and (i not in present or i in changed)])
-        return self._add(wanted, FOLDER, None, _quiet, f"folder {folder}")
+    def prepare(self, arrival: Arrival, way: Way, taken: set[str],
+                report: Progress = _quiet) -> _Ready | Outcome:
+        """One arrival for the shared gallery validated, copied and extracted but not indexed yet (``commit``
+        indexes it), or its outcome where it failed (logged once); ``taken``: the titles in use. For a
+        caller that chooses when videos join (``prvr.serve.folder``: batches). An exception that is not an
+        ``Exception`` (a stop raised into ``report``) leaves no file and goes through."""
+        try:
+            return self._prepare(arrival, way, None, taken, report)
+        except Exception as error:  # one place for every failure of one video
+            return self._failed(arrival.name, way, error)
+
+    def commit(self, ready: Sequence[_Ready], way: Way, replaced: Sequence[str] = ()) -> list[Outcome]:
+        """Prepared arrivals into the shared gallery in one update, after their ``replaced`` entries (the
+        same ids' earlier bytes) leave it, then to --persist where the way persists; their outcomes."""
+        self.remove(replaced)
+        try:
+            self._index(list(ready), self.shared, way, _quiet)
+        except Exception as error:  # nothing of this batch was added
+            return [self._failed(r.shown, way, error) for r in ready]
+        return [self._added(r, "in the shared gallery") for r in ready]
 
     def remove(self, ids: Sequence[str]) -> None:
         """Drop videos from the shared gallery, and from --persist (a tombstone each)."""

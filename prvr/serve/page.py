@@ -365,3 +365,39 @@ CSS += """
 .more-card {padding: 10px 12px; border-radius: 12px; margin-top: 10px;
   border: 1px solid var(--border-color-primary); background: var(--block-background-fill)}
 """
+
+
+def duration_words(seconds: float) -> str:
+    """A time left as a person says it: "40 s", "12 min", "2 h 10 min"."""
+    seconds = max(0, round(seconds))
+    if seconds < 60:
+        return f"{seconds} s"
+    minutes = round(seconds / 60)
+    return f"{minutes} min" if minutes < 60 else f"{minutes // 60} h {minutes % 60} min"
+
+
+def folder_line(status: dict | None) -> str:
+    """The page's line on --gallery's folder (``prvr.serve.folder.FolderSync.status``): how far its
+    background indexing is, or that it is watched; "" without a folder."""
+    if not status:
+        return ""
+    name = html.escape(status["folder"])
+    done = counted(status["done"], "video")
+    failed = (f"; {counted(status['failed'], 'file')} could not be indexed (see /info)"
+              if status["failed"] else "")
+    if status["state"] == "unreadable":
+        return f"Your folder {name} cannot be read now: its {done} stay searchable{failed}."
+    if status["state"] == "starting":
+        return f"Looking at your folder {name}: {done} searchable so far."
+    if status["to_do"] or status["waiting"] or status["state"] in ("starting", "indexing"):
+        left = status["seconds_left"]
+        when = ", estimating the time left" if left is None else f", about {duration_words(left)} left" \
+            if left > 0 else ""
+        now = f" (now: {html.escape(status['current'])})" if status["current"] else ""
+        return (f"Indexing your folder {name} in the background: {done} searchable, {status['to_do']} to do"
+                f"{now}{when}; searches cover what is indexed so far{failed}.")
+    return f"Your folder {name}: {done} searchable, watched for new, changed and removed files{failed}."
+
+CSS += """
+#folder-status {font-size: 0.88em}
+"""

@@ -7,7 +7,7 @@ folder indexed); this module knows nothing of how. Then:
     predictor.search(query, k, clip_weight, session, offset) -> SearchResponse   # Contract 4 dicts
     predictor.add_video(path, session, progress)     -> {status, video_id, message}   (prvr.serve.ingest)
     predictor.ensure_session(session)                -> the session's private gallery (session uploads)
-    predictor.describe(session)                      -> model, profile, video counts, gallery
+    predictor.describe(session)                      -> model, profile, video counts, gallery (, folder)
     predictor.close()                                -> waits for background work, releases the gallery
 """
 
@@ -27,6 +27,7 @@ from prvr.index import Gallery, QueryError, Weights
 from prvr.results.confidence import Calibrator
 from prvr.results.response import SearchResponse
 from prvr.results.search import search_text
+from prvr.serve.folder import FolderSync
 from prvr.serve.ingest import IngestService
 from prvr.serve.media import MediaStore
 from prvr.serve.model_choice import ModelInfo
@@ -75,6 +76,7 @@ class Predictor:
     examples: list[str] = field(default_factory=list)  # demo captions offered as example queries
     owner: DataDirLock | None = None  # the lock on the data dir (one owner at a time), released by close
     tracing: threading.Thread | None = None  # the background trace of the text model, joined by close
+    folder: FolderSync | None = None  # --gallery, indexed and watched in the background (stopped by close)
     closed: bool = False
 
     def __post_init__(self) -> None:
@@ -84,6 +86,8 @@ class Predictor:
     def close(self) -> None:
         """Wait for background work, release the shared gallery (a Qdrant client, its lock) and the data
         dir. Safe to call twice."""
+        if self.folder is not None:  # first: it writes to the gallery
+            self.folder.stop()
         if self.tracing is not None:
             self.tracing.join()
             self.tracing = None
@@ -196,7 +200,8 @@ class Predictor:
                 "videos": shared + private, "shared_videos": shared, "session_videos": private,
                 "index": f"{self.index.describe()['mode']} search over all proposals, persistent in "
                          f"{self.gallery_words()}",
-                "uploads": uploads, "confidence": self.calibrator.describe(), "words": self.words_info()}
+                "uploads": uploads, "confidence": self.calibrator.describe(), "words": self.words_info(),
+                **({"folder": self.folder.status()} if self.folder is not None else {})}
 
     def words_info(self) -> dict:
         """Which words every way in reads: ``WordsReader.describe`` (mode, sources, models in use)."""

@@ -74,8 +74,10 @@ class AppSettings:
         "clip=hf-hub:google/siglip-base-patch16-224; give the flag once per backbone", (),
         metavar="BACKBONE=SPEC", default_words="each backbone's own default weights", repeatable=True)
     gallery: Path | None = option(
-        "a folder of your videos, indexed at start (later starts index only new or changed files, by "
-        "sha256) and shared with every visitor", None, metavar="DIR", default_words="none")
+        "a folder of your videos, subfolders included, shared with every visitor: indexed in the background "
+        "while the app serves (finished videos join in batches; a restart goes on where it stopped) and "
+        "kept up with (added, changed and removed files are picked up)", None, metavar="DIR",
+        default_words="none")
     uploads: str = option(
         "where uploads go: session (private to one browser session, deleted when it ends) or shared (they "
         "join the shared gallery, for everyone)", metavar="MODE", choices=UPLOAD_MODES,
@@ -108,6 +110,12 @@ class AppSettings:
     persist: Path | None = option(
         "a folder (a mounted Storage Bucket) that keeps the shared gallery across restarts, as write-once "
         "files", None, metavar="DIR", default_words="none: the shared gallery lives in the data dir only")
+    # prvr.serve.folder: --gallery in the background
+    folder_rescan_s: float = option("how often the folder of your videos (gallery) is looked at again for "
+                                    "added, changed or removed files, in seconds", 30.0, metavar="SECONDS")
+    folder_batch_s: float = option("the longest a finished video of the folder (gallery) waits to join the "
+                                   "search with others, in seconds (a batch also joins once 10 are finished; "
+                                   "0: each joins alone)", 60.0, metavar="SECONDS")
     # extract.words: what each video says and writes, read at ingest beside its pictures (prvr.serve.ingest)
     words: str = option(
         "which words of each video are read and searched beside its pictures: off, subtitles (subtitle "
@@ -123,12 +131,17 @@ class AppSettings:
             raise ValueError(f"uploads must be one of {UPLOAD_MODES}, got {self.uploads!r}")
         if self.words not in WORDS_MODES:
             raise ValueError(f"words must be one of {', '.join(WORDS_MODES)}, got {self.words!r}")
-        for name in ("max_upload_mb", "max_uploads_per_session", "max_duration_s", "port"):
+        for name in ("max_upload_mb", "max_uploads_per_session", "max_duration_s", "port", "folder_rescan_s"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
+        if self.folder_batch_s < 0:
+            raise ValueError(f"folder_batch_s must be 0 or more, got {self.folder_batch_s}")
         self.data_dir = Path(self.data_dir).expanduser()
         self.checkpoint = Path(self.checkpoint).expanduser() if self.checkpoint else None
         self.gallery = Path(self.gallery).expanduser() if self.gallery else None
+        if self.gallery is not None and not self.gallery.is_dir():
+            raise ValueError(f"--gallery must be a folder of videos, got {str(self.gallery)!r} "
+                             f"({'a file' if self.gallery.exists() else 'not found'})")
         self.persist = Path(self.persist).expanduser() if self.persist else None
         if self.index:
             from prvr.index import QdrantTarget  # numpy and the index: only to check a URL
