@@ -25,9 +25,10 @@ exact-score arrays fetched by id: the same kernels and the same bits as the buil
 the built-in index breaks them by position. ``approximate=True`` takes the ``candidate_videos`` best videos
 of the engine's HNSW graph over ``scenes`` (``scene_keys`` centres of each video's window directions per
 point: MAX_SIM groups a video's keys, so the graph's hits are videos) as the one page, bounded by the same
-balls, refined and scored exactly: how many points it reads does not grow with the gallery. CSA models are
-supported: their frame score comes from the stored frames and the query's tokens, so the frame balls do not
-bound it and the bound takes frame <= 1.
+balls, refined and scored exactly: how many points it reads does not grow with the gallery (below
+``key_scan_videos`` the engine scans the keys instead of walking the graph: it finds every video the graph
+misses, in milliseconds). CSA models are supported: their frame score comes from the stored frames and the
+query's tokens, so the frame balls do not bound it and the bound takes frame <= 1.
 """
 
 from __future__ import annotations
@@ -87,8 +88,11 @@ class QdrantConfig:
     upsert_bytes: int = 8 << 20  # bytes per upsert request (a server takes 32 MB per request)
     timeout: float = 10.0  # seconds a server request may take (connecting included)
     candidate_videos: int = 128  # approximate search: HNSW candidates bounded, refined, scored exactly
-    hnsw_ef: int = 1024  # approximate search: HNSW beam width (2,000 videos, 128 candidates: 256 found 0.98
-    # of the exact top 10, 1024 0.998; a multivector graph (MAX_SIM) needs a wide beam)
+    hnsw_ef: int = 2048  # approximate search: HNSW beam width (2,000 videos, 128 candidates: 256 found 0.98
+    # of the exact top 10, 1024 0.998, 2048 1.0; 10,000: 1024 0.976, 2048 0.988: a multivector graph (MAX_SIM)
+    # needs a wide beam and still misses some)
+    key_scan_videos: int = 20_000  # approximate search below this many videos: the engine scans every key
+    # (10,000 videos: 1.0 of the exact top 10 in 128 candidates, 3.2 ms); from it, the HNSW graph
     hnsw_m: int = 16  # edges per node of the scenes' graph
     frame_balls: int = 16  # balls over each video's frame-scale features in the bounds multivector
     scene_keys: int = 8  # keys a video in the HNSW-indexed ``scenes``: centres of its windows' directions
@@ -531,7 +535,8 @@ class QdrantView:
 
         if approximate:
             with reading:
-                near = videos.query(SCENES, [unit.tolist()], cfg.candidate_videos, exact=False,
+                near = videos.query(SCENES, [unit.tolist()], cfg.candidate_videos,
+                                    exact=self.live < cfg.key_scan_videos,
                                     hnsw_ef=max(cfg.hnsw_ef, cfg.candidate_videos))
                 hits = videos.query(BOUNDS, rows, len(near), ids=[h.id for h in near]) if near else []
             yield page(hits, -np.inf)
