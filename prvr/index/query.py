@@ -45,9 +45,9 @@ def check_k(k: object, limit: int = MAX_K) -> int:
 
 
 SEARCH_MODES = ("auto", "exact", "approximate")  # how a gallery is searched (the app's --search)
-# auto: approximate from this many videos of each store (benchmarks/RESULTS.md, issue #44: where the
-# approximate mode's p50 was below exact's at recall@10 >= 0.99 on the same run)
-APPROXIMATE_FROM = {"built-in": 10_000, "qdrant": 2_000}
+# auto: approximate from this many videos of each store (benchmarks/RESULTS.md, issue #44: at 10,000 the
+# approximate p50 was below exact's at recall@10 >= 0.99 in both stores, on the same run; at 2,000 it was not)
+APPROXIMATE_FROM = {"built-in": 10_000, "qdrant": 10_000}
 
 
 class SearchMode(NamedTuple):
