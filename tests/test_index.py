@@ -824,3 +824,36 @@ def test_an_index_of_the_previous_schema_is_upgraded_when_the_app_opens_it(tmp_p
     manifest = json.loads((older / store.MANIFEST).read_text())
     (older / store.MANIFEST).write_text(json.dumps({**manifest, "schema_version": 8}))
     assert len(open_gallery(model, refs, data_dir=tmp_path / "older", profile="p")) == 0
+
+
+def test_approximate_candidates_come_from_the_faiss_index(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+                                                           ) -> None:
+    """The built-in index's approximate search bounds, refines and scores only the videos faiss gives
+    (``candidate_videos``): 10x the videos, not 10x the videos a query reads (counted on the pages it ranks);
+    exact search of the same gallery reads every video's first pass. (Qdrant's: tests/test_qdrant.py.)"""
+    from prvr.index.video_index import BuiltinView
+    from prvr.results.search import encode_query
+
+    pages, read = BuiltinView.pages, []
+
+    def counted(self, *args, **kw):
+        for page in pages(self, *args, **kw):
+            read.append(len(page.positions))
+            yield page
+
+    monkeypatch.setattr(BuiltinView, "pages", counted)
+    model = small_model(map_size=8)
+    per_query: dict[int, dict[bool, float]] = {}
+    for n in (60, 600):
+        index = VideoIndex.create(tmp_path / str(n), model,
+                                  IndexConfig(candidate_videos=24, candidate_units=96, nprobe=4))
+        index.add(gallery(n, seed=11, max_rows=12))
+        per_query[n] = {}
+        for approx in (True, False):
+            read.clear()
+            for tokens in queries(5, seed=12):
+                got = index.rank(encode_query(model, tokens), 5, approximate=approx)
+                assert got.approximate == approx and len(got.hits) == 5
+            per_query[n][approx] = sum(read) / 5
+    assert per_query[600][True] <= 1.5 * per_query[60][True], per_query  # not 10x
+    assert per_query[600][True] < per_query[600][False] == 600, per_query

@@ -128,6 +128,24 @@ def test_bounds_stop_the_pages_early(tmp_path: Path) -> None:
             assert ev.scored_exactly < len(videos) and ev.searched == len(videos)
 
 
+def test_sketches_fetched_per_query_where_the_table_does_not_fit(tmp_path: Path) -> None:
+    """With no room for the decoded sketches (``sketch_cache_bytes`` 0) refining fetches them for each query:
+    the same evidence as the built-in index, and nothing kept."""
+    model = small_model(**TINY)
+    videos = gallery(80, max_rows=24)
+    refs = bank(model)
+    fixed, ragged = encode_for_index(model, videos, "exact", 64, refs)
+    builtin = VideoIndex.create(tmp_path / "builtin", model, IndexConfig(), refs)
+    builtin.add_encoded([v.record() for v in videos], fixed, ragged)
+    qdrant = QdrantIndex.create(MEMORY, model, QdrantConfig(sketch_cache_bytes=0), refs)
+    qdrant.add_encoded([v.record() for v in videos], fixed, ragged)
+    for tokens in queries(3):
+        q = encode_query(model, tokens)
+        assert_same_evidence(builtin.rank(q, 5), qdrant.rank(q, 5))
+    assert not qdrant.storage._sketch_table.have.any()
+    qdrant.close()
+
+
 def test_compact_and_approximate(tmp_path: Path) -> None:
     model = small_model()  # 32 units: compact keeps 32 medoids of 528 windows
     videos = gallery(30, max_rows=40)
@@ -168,7 +186,7 @@ def test_approximate_candidates_come_from_the_engines_index(tmp_path: Path) -> N
     the gallery: 10x the videos, not 10x the points (here: at most 1.5x); exact search of the same gallery
     reads more, and its totals equal the approximate ones on the videos both found."""
     model = small_model(**TINY)
-    cfg = QdrantConfig(candidate_videos=24, hnsw_ef=64)
+    cfg = QdrantConfig(candidate_videos=24, hnsw_ef=64, key_scan_videos=0)  # the graph, at any size
     read = {}
     for n in (60, 600):
         videos = gallery(n, seed=11, max_rows=12)

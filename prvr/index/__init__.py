@@ -29,7 +29,17 @@ from prvr.index.gallery import Gallery, IndexMismatchError
 from prvr.index.move import move as move_gallery
 from prvr.index.qdrant import QdrantConfig, QdrantIndex
 from prvr.index.qdrant_store import QdrantConnectionError, QdrantTarget
-from prvr.index.query import MAX_K, QueryError, Weights, check_k, check_weights
+from prvr.index.query import (
+    APPROXIMATE_FROM,
+    MAX_K,
+    SEARCH_MODES,
+    QueryError,
+    SearchMode,
+    Weights,
+    check_k,
+    check_weights,
+    search_mode,
+)
 from prvr.index.schema import FIXED, RAGGED, RECORD, SCHEMA_VERSION, WORDS
 from prvr.index.scoring import VideoArrays, query_vector
 from prvr.index.storage import DataFolder, GalleryStore
@@ -38,7 +48,8 @@ from prvr.index.store import media_paths as stored_media_paths
 from prvr.index.video_index import IndexConfig, VideoIndex
 from prvr.index.words import WORDS_MATCH, QueryTerms, WordMatch
 
-__all__ = ["FIXED", "MAX_K", "RAGGED", "RECORD", "SCHEMA_VERSION", "DataFolder", "Evidence", "Gallery",
+__all__ = ["APPROXIMATE_FROM", "FIXED", "MAX_K", "SEARCH_MODES", "SearchMode", "search_mode",
+           "RAGGED", "RECORD", "SCHEMA_VERSION", "DataFolder", "Evidence", "Gallery",
            "GalleryError", "GalleryStore", "GalleryVideo", "IndexConfig", "IndexMismatchError",
            "IndexStoreError", "QdrantConfig", "QdrantConnectionError", "QdrantIndex", "QdrantTarget",
            "QueryError", "QueryTerms", "ReferenceQueries", "VideoArrays", "VideoEvidence", "VideoIndex",

@@ -29,6 +29,19 @@ def scene_centres(units: np.ndarray, count: int = SCENES) -> np.ndarray:
     return scenes.astype(np.float16)
 
 
+def window_keys(units: np.ndarray, spans: np.ndarray, count: int) -> np.ndarray:
+    """(n, count, H) float16 unit-norm centres of the directions of each video's stored windows: units
+    (n, M, H), spans (n, P, 2) [start, end) units of each stored window. A clip score is a window's cosine,
+    so these keys follow it closer than the units' (``scene_centres``): at 2,000 synthetic videos
+    (``benchmarks.scale``) the best 64 videos by 8 window keys hold 0.998 of the exact top 10, by 8 unit
+    keys 0.912 (4 unit keys: 0.874; 0.974 at 256)."""
+    x = np.asarray(units, np.float32)
+    cum = np.concatenate([np.zeros_like(x[:, :1]), np.cumsum(x, axis=1)], axis=1)  # (n, M + 1, H)
+    rows = np.arange(len(x))[:, None]
+    sums = cum[rows, spans[..., 1]] - cum[rows, spans[..., 0]]  # (n, P, H): each window's sum of units
+    return scene_centres(sums, count)
+
+
 def build_ivf(scenes: np.ndarray, nlist: int = 0):
     """faiss IVF index (inner product, 8-bit scalar-quantised lists) over scene centres (n, SCENES, H)."""
     import faiss

@@ -18,13 +18,17 @@ reference bank or schema is refused.
 Exact ranking is the gallery's rank tail (``Gallery.rank``: ``rank.top_k``) fed by the engine
 (``QdrantView``): pages of the points with the best ``bounds`` scores (exhaustive scans: the score of a
 video's balls at the query's weights is an upper bound of its total; a page's last score bounds every point
-it does not hold), refined by the sketch in the payloads of the candidates that can still reach the k-th
-best, exact scores of those the sketch leaves (their exact-score arrays fetched by id: the same kernels and
-the same bits as the built-in store), the next page (twice as many) only while its bound can. Equal totals
-are broken by insertion order, as the built-in index breaks them by position. ``approximate=True`` takes the
-``candidate_videos`` best videos of the HNSW graph over ``scenes`` as the one page, bounded by the same balls
-and scored exactly. CSA models are supported: their frame score comes from the stored frames and the query's
-tokens, so the frame balls do not bound it and the bound takes frame <= 1.
+it does not hold), refined by the sketch of the candidates that can still reach the k-th best (decoded once
+per process into ``SketchTable``, then read in place), exact scores of those the sketch leaves (their
+exact-score arrays fetched by id: the same kernels and the same bits as the built-in store), the next page
+(``PAGE_GROWTH`` times as many) only while its bound can. Equal totals are broken by insertion order, as
+the built-in index breaks them by position. ``approximate=True`` takes the ``candidate_videos`` best videos
+of the engine's HNSW graph over ``scenes`` (``scene_keys`` centres of each video's window directions per
+point: MAX_SIM groups a video's keys, so the graph's hits are videos) as the one page, bounded by the same
+balls, refined and scored exactly: how many points it reads does not grow with the gallery (below
+``key_scan_videos`` the engine scans the keys instead of walking the graph: it finds every video the graph
+misses, in milliseconds). CSA models are supported: their frame score comes from the stored frames and the
+query's tokens, so the frame balls do not bound it and the bound takes frame <= 1.
 """
 
 from __future__ import annotations
@@ -63,7 +67,7 @@ from prvr.index.qdrant_store import (
     video_point,
 )
 from prvr.index.query import Weights
-from prvr.index.rank import FIRST_CHUNK, Page, Stored
+from prvr.index.rank import FIRST_CHUNK, SHORTLIST, Page, Stored
 from prvr.index.schema import FIXED, RAGGED, RECORD, SCHEMA_VERSION, WORDS
 from prvr.index.sketch import BoundQuery, frame_balls, quantize, window_factors
 from prvr.index.storage import Catalog, DataFolder, Fixed, Ragged, Refine
@@ -72,6 +76,8 @@ from prvr.index.words import Words, WordsTable
 from prvr.models.preprocess import window_table
 
 FORMAT = "prvr-qdrant"
+PAGE_GROWTH = 8  # each page of an exact rank asks for this many times the points of the one before
+KEYS = "windows"  # what the ``scenes`` keys are centres of (``approximate.window_keys``; before: "units")
 META = "prvr"  # the metadata point's payload key
 
 
@@ -81,12 +87,17 @@ class QdrantConfig:
     encode_batch: int = 64  # videos encoded at once
     upsert_bytes: int = 8 << 20  # bytes per upsert request (a server takes 32 MB per request)
     timeout: float = 10.0  # seconds a server request may take (connecting included)
-    candidate_videos: int = 256  # approximate search: HNSW candidates scored exactly
-    hnsw_ef: int = 256  # approximate search: HNSW beam width (at least candidate_videos)
+    candidate_videos: int = 128  # approximate search: HNSW candidates bounded, refined, scored exactly
+    hnsw_ef: int = 2048  # approximate search: HNSW beam width (2,000 videos, 128 candidates: 256 found 0.98
+    # of the exact top 10, 1024 0.998, 2048 1.0; 10,000: 1024 0.976, 2048 0.988: a multivector graph (MAX_SIM)
+    # needs a wide beam and still misses some)
+    key_scan_videos: int = 20_000  # approximate search below this many videos: the engine scans every key
+    # (10,000 videos: 1.0 of the exact top 10 in 128 candidates, 3.2 ms); from it, the HNSW graph
     hnsw_m: int = 16  # edges per node of the scenes' graph
     frame_balls: int = 16  # balls over each video's frame-scale features in the bounds multivector
-    scene_keys: int = 4  # keys a video in the HNSW-indexed ``scenes`` (16: recall@10 0.966, 4: 0.974, 2,000)
-    first_page: int = 64  # points of the first page of an exact rank (then doubling)
+    scene_keys: int = 8  # keys a video in the HNSW-indexed ``scenes``: centres of its windows' directions
+    sketch_cache_bytes: int = 256 << 20  # decoded sketches kept for refining (the built-in keeps all)
+    first_page: int = 64  # points of the first page of an exact rank (then PAGE_GROWTH times more)
     shards: int = 1  # a server's shards per collection (docs/scale.md); the engine in-process has one
     replicas: int = 1  # a server's copies of each shard
 
@@ -133,6 +144,89 @@ class Fetched:
         """Fetched points go with the query."""
 
 
+class SketchRows:
+    """Rows of the table of decoded sketches (``SketchTable``) as ``scoring.VideoArrays``: positions are
+    insertion numbers; what refining reads (``sketch.SKETCH``) is there, in place."""
+
+    def __init__(self, arrays: dict[str, np.ndarray], stored: Stored, table: np.ndarray,
+                 compact: bool) -> None:
+        self.arrays, self.stored, self.table, self.compact = arrays, stored, table, compact
+        self.videos: list[dict] = []  # (refining reads no record)
+        self.seg_start = np.array([0, len(next(iter(arrays.values())))], dtype=np.int64)
+
+    @property
+    def windows(self) -> np.ndarray | None:
+        """None when the videos store all windows in window_table order, else the table for ``pidx``."""
+        return self.table if self.compact else None
+
+    def gather(self, key: str, positions: np.ndarray) -> np.ndarray:
+        """Rows of the sketch array ``key``."""
+        return self.arrays[key][positions]
+
+    def ragged(self, key: str, position: int) -> np.ndarray:
+        """The sketch holds no ragged array."""
+        raise KeyError(f"{key!r} is not in a video's sketch")
+
+    def prefetch(self, keys: Sequence[str], positions: np.ndarray) -> None:
+        """The table is in memory: nothing to read ahead."""
+
+    def release(self, keys: Sequence[str], positions: np.ndarray) -> None:
+        """The table stays."""
+
+
+class SketchTable:
+    """Every video's decoded sketch (``GROUPS["sketch"]``), one row per insertion number, filled as ranks
+    refine videos (read once per process, then in place like the built-in index's in-memory sketch), grown by
+    doubling up to ``budget`` bytes; a removed video's row stays unused (its number is never given again)."""
+
+    def __init__(self, budget: int) -> None:
+        self.budget = budget
+        self.arrays: dict[str, np.ndarray] = {}
+        self.have = np.zeros(0, dtype=bool)
+        self.stored: Stored | None = None
+        self.row_bytes = 0
+        self.table, self.compact = np.zeros((0, 2), np.int64), False
+        self._lock = threading.Lock()
+
+    def missing(self, seqs: np.ndarray) -> np.ndarray:
+        """Those of these insertion numbers whose sketch is not in the table."""
+        have = self.have
+        inside = seqs < len(have)
+        return np.concatenate([seqs[inside][~have[seqs[inside]]], seqs[~inside]])
+
+    def fits(self, seqs: int) -> bool:
+        """Whether rows for this many insertion numbers fit the budget (before the first row: yes)."""
+        return self.row_bytes * seqs <= self.budget
+
+    def put(self, got: Mapping[int, Mapping[str, np.ndarray]]) -> SketchRows | None:
+        """These videos' sketches written to their rows (grown as needed); the table as it is now (None: their
+        rows would not fit the budget)."""
+        with self._lock:
+            if got:
+                top = max(got) + 1
+                first = next(iter(got.values()))
+                if not self.arrays:
+                    self.row_bytes = sum(a.nbytes for a in first.values())
+                if not self.fits(top):
+                    return None
+                if top > len(self.have):
+                    size = max(top, 2 * len(self.have), 64)
+                    size = max(top, min(size, self.budget // max(self.row_bytes, 1)))
+                    arrays = {n: np.zeros((size, *a.shape), a.dtype) for n, a in first.items()}
+                    for n, a in self.arrays.items():
+                        arrays[n][:len(a)] = a
+                    have = np.zeros(size, dtype=bool)
+                    have[:len(self.have)] = self.have
+                    self.arrays, self.have, self.stored = arrays, have, None
+                for s, video in got.items():
+                    for n, a in video.items():
+                        self.arrays[n][s] = a
+                self.have[list(got)] = True
+            if self.stored is None:
+                self.stored = Stored.of([self.arrays])
+            return SketchRows(self.arrays, self.stored, self.table, self.compact)
+
+
 class QdrantStore:
     """A Qdrant collection pair (``prvr.index.storage.GalleryStore``); see the module docstring. Its config is
     the given one with the stored data's mode and frame balls."""
@@ -148,11 +242,15 @@ class QdrantStore:
         self._reading = threading.Lock()  # one engine call at a time (its shard is not shared across threads)
         self._read: dict | None = None
         self.meta: dict = {}
+        self.keys = KEYS
         self._listing: tuple[Catalog, list[int]] = (Catalog.of([]), [])  # the catalogue, insertion numbers
         self._worded: set[int] = set()  # insertion numbers of the videos with words
         self._word_arrays: dict[int, dict[str, np.ndarray]] = {}  # their words arrays, read on first use
         self._words: Words | None = None  # the table of them all (rebuilt after a change)
         self._wording = threading.Lock()  # guards the three above (not the writer's lock: an add is long)
+        # decoded sketches by insertion number: every rank refines candidates by their sketch (an exact rank
+        # of a small gallery, most of it), and a point's arrays never change
+        self._sketch_table = SketchTable(self.cfg.sketch_cache_bytes)
 
     @property
     def mode(self) -> str:
@@ -184,7 +282,7 @@ class QdrantStore:
             self.stores.close()
             raise IndexStoreError(f"{self.where} already exists; open it instead")
         meta = {"format": FORMAT, "schema_version": SCHEMA_VERSION, "frame_balls": self.cfg.frame_balls,
-                "scene_keys": self.cfg.scene_keys,
+                "scene_keys": self.cfg.scene_keys, "keys": KEYS,
                 **identity, "next_seq": 0}
         self._start(meta)
         return meta
@@ -199,12 +297,14 @@ class QdrantStore:
         meta = self._read if self._read is not None else read_meta(self.videos)
         self.cfg = dataclasses.replace(self.cfg, mode=meta["mode"], frame_balls=meta["frame_balls"],
                                        scene_keys=int(meta.get("scene_keys", scenes_of.SCENES)))
+        self.keys = str(meta.get("keys", "units"))  # a gallery made before window keys keeps its kind
         self._start(meta)
 
     def _start(self, meta: dict) -> None:
         """Ready for reads and writes with this metadata."""
         self.meta, self._read = meta, None
         self.table = window_table(int(meta["map_size"])).numpy()
+        self._sketch_table.table, self._sketch_table.compact = self.table, self.cfg.mode == "compact"
         self._listing = self._load_listing()
 
     def close(self) -> None:
@@ -299,7 +399,8 @@ class QdrantStore:
             sketch = {"codes": codes, "scale": scale, "err": err, "norm": norm, "pinv": pinv,
                       "pinv_scale": pinv_scale, **balls}
             bounds = bound_rows(units, pnorm, spans, balls)
-            scenes = scenes_of.scene_centres(units, self.cfg.scene_keys)
+            scenes = (scenes_of.window_keys(units, spans, self.cfg.scene_keys) if self.keys == KEYS
+                      else scenes_of.scene_centres(units, self.cfg.scene_keys))
             for i in range(len(units)):
                 video = {**{k: fixed[k][a + i] for k in FIXED}, **{k: ragged[k][a + i] for k in RAGGED},
                          **{k: sketch[k][i] for k in SKETCH}}
@@ -384,6 +485,17 @@ class QdrantStore:
             self._listing = Catalog.of([catalog.videos[i] for i in keep]), [seqs[i] for i in keep]
             self._set_worded(self._worded & {seqs[i] for i in keep})
 
+    def sketches(self, seqs: np.ndarray) -> SketchRows | None:
+        """The sketch group of these videos (sorted insertion numbers) as rows of the table of decoded
+        sketches, the ones not read yet fetched into it; None when the gallery's insertion numbers outgrow
+        ``cfg.sketch_cache_bytes`` (the caller fetches them for the query alone)."""
+        table = self._sketch_table
+        missing = table.missing(seqs)
+        if len(missing) and not table.fits(int(self.meta["next_seq"])):
+            return None
+        got = self.fetch([int(s) for s in missing], "sketch") if len(missing) else {}
+        return table.put(got)
+
     def fetch(self, seqs: Sequence[int], group: str) -> dict[int, dict[str, np.ndarray]]:
         """One group of arrays (``qdrant_store.GROUPS``) of videos by insertion number."""
         with self._reading:
@@ -402,7 +514,10 @@ class QdrantView:
         self.cache: dict[str, dict[int, dict[str, np.ndarray]]] = {g: {} for g in GROUPS}
 
     def shortlist(self, k: int) -> int:
-        """Refining costs a fetch of the sketch: fewer than the built-in index refines."""
+        """As many as the built-in index refines while the sketches stay decoded in memory; where they do
+        not fit (``cfg.sketch_cache_bytes``), refining costs a fetch: fewer."""
+        if self.source._sketch_table.fits(int(self.source.meta.get("next_seq", 0))):
+            return SHORTLIST
         return 4 * max(FIRST_CHUNK, 2 * k)
 
     def pages(self, bq: BoundQuery, k: int, w: Weights, approximate: bool, refine: Refine,
@@ -420,7 +535,8 @@ class QdrantView:
 
         if approximate:
             with reading:
-                near = videos.query(SCENES, [unit.tolist()], cfg.candidate_videos, exact=False,
+                near = videos.query(SCENES, [unit.tolist()], cfg.candidate_videos,
+                                    exact=self.live < cfg.key_scan_videos,
                                     hnsw_ef=max(cfg.hnsw_ef, cfg.candidate_videos))
                 hits = videos.query(BOUNDS, rows, len(near), ids=[h.id for h in near]) if near else []
             yield page(hits, -np.inf)
@@ -438,11 +554,17 @@ class QdrantView:
             seen.update(h.id for h in hits)
             if not full:
                 return
-            limit *= 2
+            # every page is a scan of every point's bounds, whatever its limit: few, large pages (a candidate
+            # bounded below tau costs only its hit)
+            limit *= PAGE_GROWTH
 
     def arrays(self, ids: np.ndarray, names: Sequence[str]) -> tuple[Fetched, np.ndarray]:
         """These videos with every group of arrays that holds one of ``names`` (fetched once a rank)."""
         groups = [g for g, held in GROUPS.items() if any(n in held for n in names)]
+        if groups == ["sketch"] and len(ids) and np.all(np.diff(ids) > 0):  # refining: the table's rows
+            rows = self.source.sketches(np.asarray(ids, np.int64))
+            if rows is not None:
+                return rows, np.asarray(ids, np.int64)
         for g in groups:
             missing = [int(s) for s in ids if int(s) not in self.cache[g]]
             if missing:

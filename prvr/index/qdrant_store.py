@@ -22,8 +22,8 @@ breaks equal totals, as the built-in index's position does), its payload the rec
   upper bound of its total (Cauchy-Schwarz: q^.x <= q^.c + |x - c| for every row x of a ball); the radii are
   measured from the float16 centres, and ``engine_eps`` covers the float16 query and the sums' rounding;
 - ``scenes`` (float16, DOT + MAX_SIM, HNSW with int8 scalar quantization kept in RAM): ``scene_keys`` unit
-  centres of the directions of the video's clip units (``approximate.scene_centres``): what approximate
-  search asks the graph for.
+  centres of the directions of the video's windows (``approximate.window_keys``; a gallery made before them:
+  of its clip units, ``approximate.scene_centres``): what approximate search asks the engine for.
 
 One more point of ``NAME``, with no vectors, holds the gallery's metadata (``META_ID``).
 

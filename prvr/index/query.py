@@ -42,3 +42,31 @@ def check_k(k: object, limit: int = MAX_K) -> int:
     if not isinstance(k, int | np.integer) or isinstance(k, bool) or not 1 <= k <= limit:
         raise QueryError(f"k must be a whole number from 1 to {limit}, got {k!r}")
     return int(k)
+
+
+SEARCH_MODES = ("auto", "exact", "approximate")  # how a gallery is searched (the app's --search)
+# auto: approximate from this many videos of each store (benchmarks/RESULTS.md, issue #44: at 10,000 the
+# approximate p50 was below exact's at recall@10 >= 0.99 in both stores, on the same run; at 2,000 it was not)
+APPROXIMATE_FROM = {"built-in": 10_000, "qdrant": 10_000}
+
+
+class SearchMode(NamedTuple):
+    """Whether a gallery is searched approximately, and why (in words, for /info)."""
+
+    approximate: bool
+    why: str
+
+
+def search_mode(mode: str, videos: int, backend: str) -> SearchMode:
+    """How a gallery of ``videos`` videos in ``backend`` (``Gallery.describe()["backend"]``) is searched
+    under ``mode`` (``SEARCH_MODES``): as forced, or (auto) approximate from ``APPROXIMATE_FROM``."""
+    if mode not in SEARCH_MODES:
+        raise ValueError(f"search must be one of {', '.join(SEARCH_MODES)}, got {mode!r}")
+    if mode != "auto":
+        return SearchMode(mode == "approximate", f"{mode} search asked for (--search {mode})")
+    start = APPROXIMATE_FROM[backend]
+    if videos >= start:
+        return SearchMode(True, f"approximate: {videos} videos, at least {start} (from there it is faster "
+                                "than exact at recall@10 >= 0.99; --search exact forces every video scored)")
+    return SearchMode(False, f"exact: {videos} videos, fewer than {start} (exact is fast enough there and "
+                             "misses nothing; --search approximate forces candidates from the index)")

@@ -292,6 +292,8 @@ def info_markdown(info: dict) -> str:
                                                    if about["calibrated"] else about["reason"]))
     if "words" in info:  # prvr.serve.predictor.Predictor.words_info
         lines.append(f"**Words:** {words_info_words(info['words'])}")
+    if "search" in info:  # prvr.serve.predictor.Predictor.search_mode: exact or approximate, and why
+        lines.append(f"**Search:** {info['search']['why']}")
     return "\n\n".join(lines)
 
 

@@ -23,7 +23,7 @@ from pathlib import Path
 
 from extract.pipeline import TextEncoder
 from extract.profiles import get_profile
-from prvr.index import Gallery, QueryError, Weights
+from prvr.index import Gallery, QueryError, SearchMode, Weights, search_mode
 from prvr.results.confidence import Calibrator
 from prvr.results.response import SearchResponse
 from prvr.results.search import search_text
@@ -119,7 +119,8 @@ class Predictor:
         # cleaned and encoded once by the profile's text backbone, ranked in every gallery; one confidence
         # rule for all hits: each video's own cuts from its reference scores at these weights
         response = search_text(galleries, query, self.text.encode, k, Weights(weight, complement(weight)),
-                               confidence=self.confidence, offset=offset)
+                               approximate=self.search_mode().approximate, confidence=self.confidence,
+                               offset=offset)
         private = session.index.position if len(galleries) > 1 else {}
         located = [dict(r, path=str(self.media.locate(r["path"])),
                         **({"source": "session"} if r["video_id"] in private else {}))
@@ -127,6 +128,10 @@ class Predictor:
         query = dict(response.query, **self.query_reading(response.query["text"]))
         stats = {**response.stats, "total_ms": 1e3 * (time.perf_counter() - started)}
         return dataclasses.replace(response, results=located, query=query, stats=stats)
+
+    def search_mode(self) -> SearchMode:
+        """How the shared gallery is searched now (``--search``; auto: by its size and store), and why."""
+        return search_mode(self.settings.search, len(self.index), self.index.describe()["backend"])
 
     def query_reading(self, text: str) -> dict:
         """How much of a (cleaned) query the text model reads: ``tokens`` (the tokenizer's count, special
@@ -201,6 +206,7 @@ class Predictor:
                 "index": f"{self.index.describe()['mode']} search over all proposals, persistent in "
                          f"{self.gallery_words()}",
                 "uploads": uploads, "confidence": self.calibrator.describe(), "words": self.words_info(),
+                "search": self.search_mode()._asdict(),
                 **({"folder": self.folder.status()} if self.folder is not None else {})}
 
     def words_info(self) -> dict:

@@ -22,6 +22,7 @@ from prvr.paths import default_data_dir
 
 UPLOAD_MODES = ("session", "shared")
 WORDS_MODES = ("off", "subtitles", "all")  # --words (extract.words.reader.WordsConfig's modes)
+SEARCH_MODES = ("auto", "exact", "approximate")  # --search (prvr.index.SEARCH_MODES: no numpy here)
 ENV_PREFIX = "PRVR_"
 
 
@@ -106,6 +107,10 @@ class AppSettings:
     index: str | None = option(
         "the shared gallery in Qdrant: qdrant://HOST:PORT/COLLECTION (a server) or qdrant+local://DIR "
         "(embedded)", None, metavar="URL", default_words="the built-in index in the data dir")
+    search: str = option(
+        "how the shared gallery is searched: exact (every video can rank), approximate (candidates from the "
+        "index, recall@10 >= 0.99 measured) or auto (approximate from a size measured per index: /info says "
+        "which and why)", "auto", metavar="MODE", choices=SEARCH_MODES)
     # prvr.serve.persist
     persist: Path | None = option(
         "a folder (a mounted Storage Bucket) that keeps the shared gallery across restarts, as write-once "
@@ -131,6 +136,8 @@ class AppSettings:
             raise ValueError(f"uploads must be one of {UPLOAD_MODES}, got {self.uploads!r}")
         if self.words not in WORDS_MODES:
             raise ValueError(f"words must be one of {', '.join(WORDS_MODES)}, got {self.words!r}")
+        if self.search not in SEARCH_MODES:
+            raise ValueError(f"search must be one of {', '.join(SEARCH_MODES)}, got {self.search!r}")
         for name in ("max_upload_mb", "max_uploads_per_session", "max_duration_s", "port", "folder_rescan_s"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
