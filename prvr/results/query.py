@@ -91,9 +91,12 @@ def english_words() -> frozenset[str]:
 
 
 def _english(word: str, known: frozenset[str]) -> bool:
-    """Whether a lower-case word is on the list, as written or as the singular of a plural."""
-    return word in known or (word.endswith("s") and (word[:-1] in known or
-                                                     (word.endswith("es") and word[:-2] in known)))
+    """Whether a lower-case word is on the list: as written, as the singular of a plural, or as a compound of
+    two listed words of three letters or more ("lifeguard", "skateboarders")."""
+    def listed(w: str) -> bool:
+        return w in known or (w.endswith("s") and (w[:-1] in known or (w.endswith("es") and w[:-2] in known)))
+
+    return listed(word) or any(word[:i] in known and listed(word[i:]) for i in range(3, len(word) - 2))
 
 
 @dataclass(frozen=True)

@@ -165,14 +165,14 @@ def card_html(result: dict, clip_weight: float, score_range: tuple[float, float]
     """A result card: its text, heatmap and moment chips, and its player (``player_html``) beside them."""
     confidence = result["confidence"]
     # "stands out" compares a moment with the rest of its own video: evidence of where, never of whether.
-    # Only a strong match (the label's verdict on whether) shows the number on its chips.
+    # Only a strong match (the label's verdict on whether) shows the number on its chips; the others' chips
+    # give the moment and its time, their tooltips say why no number.
     sure = confidence == "high"
     chips = "".join(
         f'<button class="chip{" key" if i == 0 else ""}" data-t="{play_from(m):.2f}" '
         f'title="{html.escape(stands_out_words(m, result["confidence_label"], sure))}">'
         f'{"★ key moment" if i == 0 else f"moment {i + 1}"}{" (words)" if m.get("from") == "words" else ""} '
-        f'· {clock(m["start"])}-{clock(m["end"])} '
-        f'· {stands_out_chip(m) if sure else "closest in this video"}</button>'
+        f'· {clock(m["start"])}-{clock(m["end"])}{f" · {stands_out_chip(m)}" if sure else ""}</button>'
         for i, m in enumerate(moments_of(result)))
     mine = '<span class="badge badge-mine">your upload</span>' if result.get("source") == "session" else ""
     head = (f'<div class="card-head"><span class="rank">#{result["rank"]}</span>'
@@ -290,7 +290,7 @@ CARD_HELP = ('<details class="card-help"><summary>How to read the results</summa
              "rest of its own video, in standard errors (a t statistic): 0 is no better, "
              f"{CLEARLY_T:g} or more is clearly better than the rest of that video; moments are ordered by "
              "it. It says where in a video the query fits best, not whether the video shows it, so it is "
-             "shown only on strong matches; other cards say “closest in this video”.</p></details>")
+             "shown only on strong matches.</p></details>")
 
 
 def refusal_html(problem: Exception) -> str:
@@ -376,10 +376,11 @@ def clip_links(result: dict, root: str = "") -> str:
         start, end = max(0.0, moment["start"]), min(moment["end"], result["duration"])
         if end <= start:
             continue
-        name = "★ key moment" if i == 0 else f"moment {i + 1}"
+        name, mark = ("★ key moment", "★") if i == 0 else (f"moment {i + 1}", str(i + 1))
         href = html.escape(root + clip_url(result["video_id"], start, end))
+        # short (the chips above name each moment in full; a phone fits the links on one line)
         links.append(f'<a class="clip-link" href="{href}" download title="Download {name} ({clock(start)}-'
-                     f'{clock(end)}) as an MP4 clip">⬇ {name} · {clock(start)}-{clock(end)}</a>')
+                     f'{clock(end)}) as an MP4 clip">⬇ {mark} {clock(start)}-{clock(end)}</a>')
     return f'<div class="clip-links">Download: {" ".join(links)}</div>' if links else ""
 
 
