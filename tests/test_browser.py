@@ -415,7 +415,7 @@ def contrasts(page, selectors: tuple[str, ...]) -> dict[str, float]:
 
 OUR_COLOURS = (".summary.abstain b", ".summary.abstain", ".notice b", ".notice", ".chip.key",
                ".chip:not(.key)", ".card-head .title", ".card-head .rank", ".card-head .vid", ".badge",
-               ".scores", ".card-help summary", ".clip-link")
+               ".scores", ".axis", ".card-help summary", ".clip-link")
 
 
 def test_on_a_phone_in_dark_mode_the_page_says_what_is_true(page) -> None:

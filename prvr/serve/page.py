@@ -52,9 +52,9 @@ CSS = """
 .prvr-header p {margin-top: 0; opacity: 0.8}
 .result-card {padding: 10px 12px !important; border-radius: 12px !important}
 .card-head {display: flex; align-items: baseline; gap: 10px; flex-wrap: wrap}
-.card-head .rank {font-weight: 700; font-size: 1.25em; color: var(--color-accent)}
+.card-head .rank {font-weight: 700; font-size: 1.25em; color: #4338ca}
 .card-head .title {font-weight: 600; font-size: 1.1em}
-.card-head .vid {opacity: 0.6; font-size: 0.85em}
+.card-head .vid {opacity: 0.8; font-size: 0.85em}
 .badge {border-radius: 999px; padding: 1px 10px; font-size: 0.82em; font-weight: 600}
 .badge-high {background: #dcfce7; color: #166534}
 .badge-medium {background: #fef9c3; color: #854d0e}
@@ -68,13 +68,13 @@ CSS = """
 .mlabel {position: absolute; top: -9px; transform: translateX(-50%); font-size: 11px; font-weight: 700;
   background: #111827; color: white; border-radius: 999px; padding: 0 6px; cursor: pointer}
 .mlabel.key {background: #be123c}
-.axis {display: flex; justify-content: space-between; font-size: 0.78em; opacity: 0.65}
+.axis {display: flex; justify-content: space-between; font-size: 0.78em; opacity: 0.8}
 .chips {display: flex; flex-wrap: wrap; gap: 6px; margin-top: 8px}
 .chip {border: 1px solid var(--border-color-primary); border-radius: 999px; padding: 3px 11px;
   background: var(--background-fill-secondary); cursor: pointer; font-size: 0.86em}
 .chip.key {border-color: #be123c; color: #be123c; font-weight: 600}
 .chip:hover {filter: brightness(0.95)}
-.hint {font-size: 0.8em; opacity: 0.65; margin-top: 6px}
+.hint {font-size: 0.8em; opacity: 0.8; margin-top: 6px}
 .words {display: flex; flex-direction: column; gap: 4px; margin-top: 8px}
 .words .line {text-align: left; border: none; border-left: 3px solid #0d9488; padding: 2px 8px;
   background: var(--background-fill-secondary); cursor: pointer; font-size: 0.88em; border-radius: 4px}
@@ -398,8 +398,9 @@ CSS += """
 .clip-link {text-decoration: none; border-bottom: 1px dotted currentColor}
 .more-card {padding: 10px 12px; border-radius: 12px; margin-top: 10px;
   border: 1px solid var(--border-color-primary); background: var(--block-background-fill)}
-/* colours of our own in both themes (Gradio's dark theme sets .dark on the page); bold text inherits its
-   box's colour (the theme's strong colour is for its own backgrounds) */
+/* colours of our own in both themes (Gradio's dark theme sets .dark on the page), each with a WCAG
+   contrast of 4.5 or more (tests/test_browser.py); bold text inherits its box's colour (the theme's strong
+   colour is for its own backgrounds) */
 .summary.abstain b, .notice b {color: inherit}
 .notice {padding: 8px 12px; border-radius: 10px; margin-bottom: 6px; background: #fef3c7; color: #78350f;
   border-left: 4px solid #d97706}
@@ -409,4 +410,5 @@ CSS += """
 .dark .summary.abstain {background: #431407; color: #fed7aa}
 .dark .notice {background: #451a03; color: #fde68a}
 .dark .chip.key {border-color: #fb7185; color: #fda4af}
+.dark .card-head .rank, .dark .clip-link {color: #a5b4fc}
 """
