@@ -410,5 +410,5 @@ CSS += """
 .dark .summary.abstain {background: #431407; color: #fed7aa}
 .dark .notice {background: #451a03; color: #fde68a}
 .dark .chip.key {border-color: #fb7185; color: #fda4af}
-.dark .card-head .rank, .dark .clip-link {color: #a5b4fc}
+.dark .card-head .rank, .dark .clip-links a.clip-link {color: #a5b4fc}  /* over Gradio's .prose a */
 """
