@@ -48,6 +48,7 @@ from gradio import route_utils
 
 from extract.decode import MediaError
 from prvr.results.query import QueryError
+from prvr.results.response import SearchResponse
 from prvr.serve import clips, lifecycle
 from prvr.serve.bootstrap import start
 from prvr.serve.ingest import pair_sidecars
@@ -107,6 +108,17 @@ def card_updates(results: list[dict], clip_weight: float, root: str,
     return updates
 
 
+def search_updates(text: str, response: SearchResponse, clip_weight: float, root: str) -> list:
+    """The page after a search: the summary, the card slots and the further-results block. Top-k is the
+    server's (up to ``MAX_TOP_K``): the first ``MAX_CARDS`` results fill the slots, the rest the block under
+    them (as "more" adds them), all on one colour scale."""
+    span = score_range(response.results)
+    rest = more_cards_html(response.results[MAX_CARDS:], clip_weight, span, root, uuid.uuid4().hex[:12])
+    cards = card_updates(response.results[:MAX_CARDS], clip_weight, root, span)
+    return [summary_html(text, response)] + cards + more_after(response, text, clip_weight, root, list(span),
+                                                                rest)
+
+
 def page_root(request: gr.Request) -> str:
     """This app's URL as the browser reaches it (a proxy's forwarded host and scheme included), computed as
     Gradio computes the root of its own file URLs."""
@@ -158,13 +170,7 @@ def build_ui(predictor: Predictor, sessions: ClosedSessions | None = None) -> gr
             except QueryError as problem:
                 log.warning("search refused: %s", problem)
                 return [refusal_html(problem)] + card_updates([], w, "") + more_after(None)
-            root = page_root(request)
-            # the first MAX_CARDS in the card slots, the rest in the further-results block: one colour scale
-            span = score_range(response.results)
-            rest = more_cards_html(response.results[MAX_CARDS:], w, span, root, uuid.uuid4().hex[:12])
-            cards = card_updates(response.results[:MAX_CARDS], w, root, span)
-            more_cards = more_after(response, text, w, root, list(span), rest)
-            return [summary_html(text, response)] + cards + more_cards
+            return search_updates(text, response, w, page_root(request))
 
         outputs = [summary] + [c for s in slots for c in (s.group, s.info)] + more.outputs
         inputs = [query, top_k, clip_weight, session]
