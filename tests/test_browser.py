@@ -463,8 +463,9 @@ def test_on_a_phone_in_dark_mode_the_page_says_what_is_true(page) -> None:
 
 
 def test_top_k_takes_what_the_server_takes_and_says_when_not(page, tmp_path_factory) -> None:
-    """Issue #45 item 5: the page's top-k is the server's range (1-100), and a value outside it is a message
-    on the page, with no traceback in the server's log (it stopped at 10, 50 gave 10 silently)."""
+    """Issue #45 item 5: the page's top-k is the server's range (1-100), and a value outside it (or a clip
+    weight outside 0-1) is a message on the page, with no traceback in the server's log (it stopped at 10, 50
+    gave 10 silently, a weight of 5 left a traceback)."""
     number, summary = page.locator("#top-k input"), page.locator(".summary")
     search(page, QUERY)
     for bad in ("500", "0", "2.5"):
@@ -473,6 +474,13 @@ def test_top_k_takes_what_the_server_takes_and_says_when_not(page, tmp_path_fact
         refusal = f"top_k must be a whole number from 1 to 100, got {bad}"
         assert until(lambda r=refusal: r in summary.inner_text()), summary.inner_text()
         assert page.locator(".card-head").count() == 0
+    weight = page.get_by_label("number input for Clip-scale weight (the frame-scale branch gets the rest)")
+    weight.fill("5")
+    weight.press("Enter")
+    assert until(lambda: "clip_weight must be between 0 and 1, got 5" in summary.inner_text()), \
+        summary.inner_text()
+    weight.fill("0.7")
+    weight.press("Enter")
     number.fill("12")  # beyond the 10 card slots: all 8 demo videos
     number.press("Enter")
     assert until(lambda: page.locator(".card-head").count() == 8), page.locator(".card-head").count()
