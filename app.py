@@ -85,15 +85,12 @@ log = logging.getLogger(__name__)
 MAX_CARDS = 10  # card slots created at build time; results past them go to the further-results block
 
 
-class CheckedSlider(gr.Slider):
-    """A slider whose value the search checks (a typed value out of range: a one-line message on the page);
-    Gradio's own check raises before the handler, with a traceback in the server's log."""
-
-    is_template = True  # drawn by Gradio's slider
-
-    def preprocess(self, payload: float) -> float:
-        """The value as typed, for the handler to check."""
-        return payload
+def checked_by_the_handler(slider: gr.Slider) -> gr.Slider:
+    """``slider``, its value handed over as typed, for the handler to check (a value out of range: a
+    one-line message on the page); Gradio's own check raises before the handler, with a traceback in the
+    server's log. (Set on the instance: a subclass of a component makes Gradio write a .pyi beside app.py.)"""
+    slider.preprocess = lambda payload: payload
+    return slider
 
 
 @dataclass
@@ -162,8 +159,9 @@ def build_ui(predictor: Predictor, sessions: ClosedSessions | None = None) -> gr
                 # what the server takes (1-MAX_TOP_K), checked by it: a value out of range is a message
                 top_k = gr.Number(value=MAX_CARDS, step=1, label=f"Videos to show (top-k, 1-{MAX_TOP_K})",
                                   elem_id="top-k")
-                clip_weight = CheckedSlider(0.0, 1.0, value=predictor.default_clip_weight, step=0.05,
-                                            label="Clip-scale weight (the frame-scale branch gets the rest)")
+                clip_weight = checked_by_the_handler(gr.Slider(
+                    0.0, 1.0, value=predictor.default_clip_weight, step=0.05,
+                    label="Clip-scale weight (the frame-scale branch gets the rest)"))
             examples = gr.Examples(examples, inputs=[query], label="Try a demo caption", examples_per_page=8)
             summary = gr.HTML()
             slots = [result_card() for _ in range(MAX_CARDS)]

@@ -474,6 +474,8 @@ def test_top_k_takes_what_the_server_takes_and_says_when_not(page, tmp_path_fact
         refusal = f"top_k must be a whole number from 1 to 100, got {bad}"
         assert until(lambda r=refusal: r in summary.inner_text()), summary.inner_text()
         assert page.locator(".card-head").count() == 0
+    number.fill("10")
+    number.press("Enter")
     weight = page.get_by_label("number input for Clip-scale weight (the frame-scale branch gets the rest)")
     weight.fill("5")
     weight.press("Enter")
