@@ -476,6 +476,7 @@ def test_top_k_takes_what_the_server_takes_and_says_when_not(page, tmp_path_fact
         assert page.locator(".card-head").count() == 0
     number.fill("10")
     number.press("Enter")
+    assert until(lambda: page.locator(".card-head").count() == 8)  # that search done: one at a time
     weight = page.get_by_label("number input for Clip-scale weight (the frame-scale branch gets the rest)")
     weight.fill("5")
     weight.press("Enter")
@@ -483,6 +484,7 @@ def test_top_k_takes_what_the_server_takes_and_says_when_not(page, tmp_path_fact
         summary.inner_text()
     weight.fill("0.7")
     weight.press("Enter")
+    assert until(lambda: page.locator(".card-head").count() == 8)
     number.fill("12")  # beyond the 10 card slots: all 8 demo videos
     number.press("Enter")
     assert until(lambda: page.locator(".card-head").count() == 8), page.locator(".card-head").count()
