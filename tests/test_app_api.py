@@ -207,6 +207,7 @@ def test_closing_the_tab_deletes_its_uploads_within_seconds(served: tuple, tmp_p
         page.set_default_timeout(PATIENCE_MS)  # every action and wait: a busy machine is slow, not broken
         page.goto(url)
         page.get_by_role("tab", name="Add videos").click()
+        page.locator("#remove-upload").wait_for()  # the tab drawn whole: a file chosen earlier may be lost
         page.locator("#upload-files input[type=file]").set_input_files(str(clip))
         page.locator("#upload-files").get_by_text("tab clip.mp4").wait_for()
         page.get_by_role("button", name="Add to gallery").click()

@@ -328,6 +328,7 @@ def test_upload_in_the_page_names_the_file_and_empties_the_list(page, tmp_path: 
     image = tmp_path / "beach photo.mp4"  # an image renamed: rejected, named as the user named it
     Image.new("RGB", (64, 48), "orange").save(image, "JPEG")
     page.get_by_role("tab", name="Add videos").click()
+    page.locator("#remove-upload").wait_for()  # the tab drawn whole: a file chosen earlier may be lost
     chosen = page.locator("#upload-files")
     chosen.locator("input[type=file]").set_input_files(str(image))
     chosen.get_by_text("beach photo.mp4").wait_for(timeout=PATIENCE_MS)
@@ -368,6 +369,7 @@ def test_a_subtitle_file_chosen_with_the_video_is_searched_and_its_line_plays(pa
     srt = tmp_path / "giraffe night.srt"
     srt.write_text("1\n00:00:02,000 --> 00:00:03,500\nthe purple giraffe sings opera at midnight\n")
     page.get_by_role("tab", name="Add videos").click()
+    page.locator("#remove-upload").wait_for()  # the tab drawn whole: a file chosen earlier may be lost
     page.locator("#upload-title textarea, #upload-title input").first.fill("Opera at midnight")  # issue #45
     page.locator("#upload-files input[type=file]").set_input_files(str(clip))
     # the video's upload shown first: a second file chosen while the first one's upload re-renders the
@@ -398,6 +400,7 @@ def test_a_subtitle_file_chosen_with_the_video_is_searched_and_its_line_plays(pa
 
     # issue #45 item 5: the visitor removes the upload, and it is no longer found
     page.get_by_role("tab", name="Add videos").click()
+    page.locator("#remove-upload").wait_for()  # the tab drawn whole: a file chosen earlier may be lost
     page.locator("#your-uploads input").click()
     page.get_by_role("option", name="Opera at midnight").click()
     page.get_by_role("button", name="Remove from the gallery").click()
