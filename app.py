@@ -19,6 +19,7 @@ is ``prvr.serve.page`` (HTML, CSS, script), the app's own HTTP routes and the AP
 
 from __future__ import annotations
 
+import html
 import logging
 import os
 import sys
@@ -47,6 +48,7 @@ from gradio import route_utils
 
 from extract.decode import MediaError
 from prvr.results.query import QueryError
+from prvr.results.response import SearchResponse
 from prvr.serve import clips, lifecycle
 from prvr.serve.bootstrap import start
 from prvr.serve.ingest import pair_sidecars
@@ -55,9 +57,11 @@ from prvr.serve.owner import DataDirBusy
 from prvr.serve.page import (
     CSS,
     HEADER,
+    LIVE_WORDS,
     MORE_STEP,
     SEEK_JS,
     SUBTITLES_LABEL,
+    TITLE_LABEL,
     UPLOAD_TABLE_HEAD,
     card_html,
     folder_line,
@@ -79,7 +83,15 @@ from prvr.serve.visits import ClosedSessions, discard_upload_copy
 
 log = logging.getLogger(__name__)
 
-MAX_CARDS = 10  # card slots created at build time; the top-k slider cannot go beyond
+MAX_CARDS = 10  # card slots created at build time; results past them go to the further-results block
+
+
+def checked_by_the_handler(slider: gr.Slider) -> gr.Slider:
+    """``slider``, its value handed over as typed, for the handler to check (a value out of range: a
+    one-line message on the page); Gradio's own check raises before the handler, with a traceback in the
+    server's log. (Set on the instance: a subclass of a component makes Gradio write a .pyi beside app.py.)"""
+    slider.preprocess = lambda payload: payload
+    return slider
 
 
 @dataclass
@@ -90,18 +102,30 @@ class CardSlot:
     info: gr.HTML  # the card: text, heatmap, moments and the player
 
 
-def card_updates(results: list[dict], clip_weight: float, root: str) -> list:
-    """Updates for every card slot: shown and filled for a result, hidden otherwise. Each search's cards
-    carry a fresh id, so a card is drawn again, its player back at the key moment, even when a search
-    repeats the last one's results."""
+def card_updates(results: list[dict], clip_weight: float, root: str,
+                 span: tuple[float, float] | None = None) -> list:
+    """Updates for every card slot: shown and filled for a result, hidden otherwise (``span``: the colour
+    scale, default the results'). Each search's cards carry a fresh id, so a card is drawn again, its player
+    back at the key moment, even when a search repeats the last one's results."""
     updates: list = []
-    span, search_id = score_range(results), uuid.uuid4().hex[:12]
+    span, search_id = span or score_range(results), uuid.uuid4().hex[:12]
     for i in range(MAX_CARDS):
         if i >= len(results):
             updates += [gr.update(visible=False), gr.update()]
             continue
         updates += [gr.update(visible=True), card_html(results[i], clip_weight, span, root, search_id)]
     return updates
+
+
+def search_updates(text: str, response: SearchResponse, clip_weight: float, root: str) -> list:
+    """The page after a search: the summary, the card slots and the further-results block. Top-k is the
+    server's (up to ``MAX_TOP_K``): the first ``MAX_CARDS`` results fill the slots, the rest the block under
+    them (as "more" adds them), all on one colour scale."""
+    span = score_range(response.results)
+    rest = more_cards_html(response.results[MAX_CARDS:], clip_weight, span, root, uuid.uuid4().hex[:12])
+    cards = card_updates(response.results[:MAX_CARDS], clip_weight, root, span)
+    return [summary_html(text, response)] + cards + more_after(response, text, clip_weight, root, list(span),
+                                                                rest)
 
 
 def page_root(request: gr.Request) -> str:
@@ -134,9 +158,12 @@ def build_ui(predictor: Predictor, sessions: ClosedSessions | None = None) -> gr
                                    "describe what happens in the moment, in a few words")
                 search_btn = gr.Button("Search", variant="primary", scale=1, min_width=120)
             with gr.Row():
-                top_k = gr.Slider(1, MAX_CARDS, value=MAX_CARDS, step=1, label="Videos to show (top-k)")
-                clip_weight = gr.Slider(0.0, 1.0, value=predictor.default_clip_weight, step=0.05,
-                                        label="Clip-scale weight (the frame-scale branch gets the rest)")
+                # what the server takes (1-MAX_TOP_K), checked by it: a value out of range is a message
+                top_k = gr.Number(value=MAX_CARDS, step=1, label=f"Videos to show (top-k, 1-{MAX_TOP_K})",
+                                  elem_id="top-k")
+                clip_weight = checked_by_the_handler(gr.Slider(
+                    0.0, 1.0, value=predictor.default_clip_weight, step=0.05,
+                    label="Clip-scale weight (the frame-scale branch gets the rest)"))
             examples = gr.Examples(examples, inputs=[query], label="Try a demo caption", examples_per_page=8)
             summary = gr.HTML()
             slots = [result_card() for _ in range(MAX_CARDS)]
@@ -150,13 +177,11 @@ def build_ui(predictor: Predictor, sessions: ClosedSessions | None = None) -> gr
                        request: gr.Request) -> list:
             """Search and fill the cards; a bad query becomes a message, not an error dialog."""
             try:
-                response = predictor.search(text, top_k_value(k, MAX_CARDS), w, state)
+                response = predictor.search(text, top_k_value(k), w, state)
             except QueryError as problem:
                 log.warning("search refused: %s", problem)
                 return [refusal_html(problem)] + card_updates([], w, "") + more_after(None)
-            root = page_root(request)
-            return [summary_html(text, response)] + card_updates(response.results, w, root) + \
-                more_after(response, text, w, root)
+            return search_updates(text, response, w, page_root(request))
 
         outputs = [summary] + [c for s in slots for c in (s.group, s.info)] + more.outputs
         inputs = [query, top_k, clip_weight, session]
@@ -214,36 +239,83 @@ def add_videos_tab(predictor: Predictor, session: gr.State, sessions: ClosedSess
     files = gr.File(file_count="multiple", file_types=["video"], label="Videos", elem_id="upload-files")
     subtitles = gr.File(file_count="multiple", file_types=[".srt", ".vtt"], elem_id="upload-subtitles",
                         label=SUBTITLES_LABEL)
+    title = gr.Textbox(label=TITLE_LABEL, max_lines=1, elem_id="upload-title")
     add_btn = gr.Button("Add to gallery", variant="primary")
     status = gr.Markdown("One row per file will appear here.", min_height=90,  # room for the progress bar
                          elem_id="upload-status")
+    owned = gr.State([])  # [title, video id] of each video this browser session added: what it may remove
+    with gr.Row(equal_height=True):
+        yours = gr.Dropdown([], label="Your uploads", scale=3, elem_id="your-uploads")
+        remove_btn = gr.Button("Remove from the gallery", scale=1, elem_id="remove-upload")
 
-    def add_files(paths: list[str] | None, subtitle_paths: list[str] | None, state: SessionGallery | None,
-                  request: gr.Request, progress: gr.Progress = gr.Progress()  # noqa: B008
-                  ) -> tuple[str, SessionGallery | None, None, None]:
+    def add_files(paths: list[str] | None, subtitle_paths: list[str] | None, wanted: str | None,
+                  state: SessionGallery | None, mine: list, request: gr.Request,
+                  progress: gr.Progress = gr.Progress()  # noqa: B008
+                  ) -> tuple:
         """Add every file (with its subtitle file, matched by name), one after the other, and report per
         file; the file lists are emptied (the server's copies are deleted once handled, so a second click
-        could not read them)."""
+        could not read them). A title (``wanted``) names one video: it is the name the video is found by."""
+        unchanged = (state, gr.update(), subtitle_paths, mine, gr.update(), gr.update())
         if not paths:
-            return "Choose one or more video files first.", state, None, subtitle_paths
-        rows = list(UPLOAD_TABLE_HEAD)
+            return ("Choose one or more video files first.", *unchanged)
+        wanted = (wanted or "").strip()
+        if wanted and len(paths) > 1:
+            return (f"A title names one video, and {len(paths)} files are chosen: add them one at a time to "
+                    "title each, or leave the title empty.", state, paths, *unchanged[2:])
+        rows, mine = list(UPLOAD_TABLE_HEAD), list(mine or [])
         # Gradio keeps the user's file names on its copies
         sidecars, unmatched = pair_sidecars([os.path.basename(p) for p in paths], subtitle_paths or [])
         for i, path in enumerate(paths):
             state = sessions.track(request, predictor.ensure_session(state))
             name = os.path.basename(path)
             report = file_progress(progress, i, len(paths), name)
-            outcome = predictor.add_video(path, state, progress=report, name=name,
+            # the API's way to name an upload: the name it is known by, its stem the title
+            known_as = titled_name(name, wanted) if wanted else name
+            outcome = predictor.add_video(path, state, progress=report, name=known_as,
                                           subtitles=sidecars.get(name))
             discard_upload_copy(path)
             rows.append(upload_row(name, outcome))
+            record = predictor.video_record(outcome["video_id"], [state] if state is not None else []) \
+                if outcome["status"] == "added" else None
+            if record is not None:
+                mine.append([record.get("title") or record["id"], record["id"]])
         rows += [unmatched_row(os.path.basename(p)) for p in unmatched]
         for path in subtitle_paths or []:
             discard_upload_copy(path)
-        return "\n".join(rows), state, None, None
+        return "\n".join(rows), state, None, None, mine, owned_choices(mine), "" if wanted else gr.update()
 
-    return add_btn.click(add_files, [files, subtitles, session], [status, session, files, subtitles],
+    def remove(video_id: str | None, state: SessionGallery | None, mine: list) -> tuple:
+        """Remove one of this session's own uploads from the gallery it joined (no other video: the id must
+        be one this session added)."""
+        mine = list(mine or [])
+        chosen = next((entry for entry in mine if entry[1] == video_id), None)
+        if chosen is None:
+            return "Choose one of your uploads to remove first.", mine, owned_choices(mine)
+        try:
+            predictor.remove_upload(video_id, state)
+        except QueryError as problem:
+            log.warning("remove refused: %s", problem)
+            return html.escape(str(problem)), mine, owned_choices(mine)
+        mine.remove(chosen)
+        return (f"Removed “{html.escape(chosen[0])}”: it is no longer in the gallery.", mine,
+                owned_choices(mine))
+
+    remove_btn.click(remove, [yours, session, owned], [status, owned, yours], api_visibility="private",
+                     concurrency_id="heavy", concurrency_limit=1)
+    return add_btn.click(add_files, [files, subtitles, title, session, owned],
+                         [status, session, files, subtitles, owned, yours, title],
                          api_visibility="private", concurrency_id="heavy", concurrency_limit=1)
+
+
+def owned_choices(mine: list) -> dict:
+    """The "Your uploads" list: this session's uploads by title (their ids as values), none chosen."""
+    return gr.update(choices=[(title, video_id) for title, video_id in mine], value=None)
+
+
+def titled_name(name: str, title: str) -> str:
+    """The name an upload titled ``title`` is known by: the title with the file's extension (its stem is the
+    title, whatever dots the title holds; a path separator would cut it, so it becomes a dash)."""
+    return title.replace("/", "-").replace("\\", "-") + os.path.splitext(name)[1]
 
 
 def file_progress(progress: gr.Progress, index: int, total: int, name: str) -> Callable[[float, str], None]:
@@ -465,7 +537,7 @@ def serve(predictor: Predictor, settings: AppSettings) -> int:
         demo.launch(server_name=settings.host, server_port=settings.port, css=CSS,
                     theme=gr.themes.Soft(primary_hue="indigo"),
                     max_file_size=settings.max_upload_mb * gr.FileSize.MB, footer_links=["api", "gradio"],
-                    mcp_server=settings.mcp, prevent_thread_lock=True,
+                    mcp_server=settings.mcp, prevent_thread_lock=True, i18n=gr.I18n(en=LIVE_WORDS),
                     app_kwargs={"routes": routes(predictor, sessions)})
     except OSError as err:  # the port was free at start-up, taken since
         print(f"error: {PortBusy(settings.host, settings.port, str(err).split('.')[0]).message}",

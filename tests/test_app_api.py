@@ -17,6 +17,7 @@ import pytest
 import app
 from prvr.results.query import clean_query
 from prvr.results.response import SearchResponse
+from prvr.serve.page import CARD_HELP
 from tests.clips import write_clip
 from tests.servers import PATIENCE_MS
 
@@ -30,7 +31,7 @@ def response_for(query: str | bytes, confidence: str = "low") -> SearchResponse:
 def test_summary_shows_the_searched_text_not_the_input() -> None:
     long_query = "a cat looks at the camera " * 400  # 10,400 characters
     page = app.summary_html(long_query, response_for(long_query))
-    assert len(page) < 1500 and "shortened" in page and "10,400-character" in page
+    assert len(page.replace(CARD_HELP, "")) < 1500 and "shortened" in page and "10,400-character" in page
     assert "a cat looks at the camera" in page
     weird = "a cat\x00 on\x1b[31m a <b>mat</b>\u202e"
     page = app.summary_html(weird, response_for(weird, "high"))
@@ -206,6 +207,7 @@ def test_closing_the_tab_deletes_its_uploads_within_seconds(served: tuple, tmp_p
         page.set_default_timeout(PATIENCE_MS)  # every action and wait: a busy machine is slow, not broken
         page.goto(url)
         page.get_by_role("tab", name="Add videos").click()
+        page.locator("#remove-upload").wait_for()  # the tab drawn whole: a file chosen earlier may be lost
         page.locator("#upload-files input[type=file]").set_input_files(str(clip))
         page.locator("#upload-files").get_by_text("tab clip.mp4").wait_for()
         page.get_by_role("button", name="Add to gallery").click()
@@ -340,3 +342,42 @@ def test_search_answers_one_plain_http_request(served: tuple) -> None:
     assert direct == queued
     refused = httpx.post(url + "gradio_api/run/search", json={"data": ["   ", 3, 0.7, 0, None]}, timeout=120)
     assert refused.status_code == 500 and "query is empty" in refused.json()["error"]
+
+
+def test_the_api_says_when_the_text_model_cannot_read_the_query(served: tuple) -> None:
+    """Issue #45 item 5: "!!!" or "un perro en la playa" got ordinary-looking results with no word that the
+    text model reads English only; the API's ``notice`` (and MCP's, the same answer) says it."""
+    from gradio_client import Client
+
+    client = Client(served[0], verbose=False)
+    signs = client.predict("!!!", 5, 0.7, api_name="/search")
+    assert signs["results"] and signs["notice"]["kind"] == "no_words", signs["notice"]
+    spanish = client.predict("un perro en la playa", 5, 0.7, api_name="/search")["notice"]
+    assert spanish["kind"] == "unknown_words" and spanish["words"] == ["perro", "playa"], spanish
+    assert "English" in spanish["message"]
+    assert client.predict("a colourful gradient", 5, 0.7, api_name="/search")["notice"] is None
+
+
+def test_a_visitor_removes_an_upload_of_theirs_and_nothing_else(served: tuple, tmp_path: Path) -> None:
+    """Issue #45 item 5: an upload could not be removed on the page; ``Predictor.remove_upload`` takes it out
+    of the session's gallery with its playable copy, and refuses, changing nothing, any other id."""
+    predictor = served[1]
+    session = predictor.ensure_session(None)
+    added = predictor.add_video(write_clip(tmp_path / "mine.mp4", frames=30, size=(80, 48)), session)
+    assert added["status"] == "added", added
+    copy = predictor.media.locate(session.index.record(added["video_id"])["path"])
+    assert copy.is_file() and copy.is_relative_to(session.root.resolve())
+    shared = list(predictor.index.ids)
+    with pytest.raises(app.QueryError, match=f"no upload of yours has the id {shared[0]!r}"):
+        predictor.remove_upload(shared[0], session)  # a shared video, in session mode: not the visitor's
+    predictor.remove_upload(added["video_id"], session)
+    assert session.index.record(added["video_id"]) is None and not copy.exists()
+    assert list(predictor.index.ids) == shared  # the shared gallery is as it was
+    with pytest.raises(app.QueryError, match="removed already"):
+        predictor.remove_upload(added["video_id"], session)
+    session.close()
+
+
+def test_an_upload_title_is_the_name_it_is_known_by() -> None:
+    assert app.titled_name("clip.final.mp4", "Our day v2.0") == "Our day v2.0.mp4"
+    assert app.titled_name("a.mkv", "a/b") == "a-b.mkv"  # a separator would cut the title

@@ -30,7 +30,7 @@ def test_the_api_offset_gives_exactly_the_later_ranks(app_url: str) -> None:
 
 
 def test_more_adds_the_next_cards_under_the_first_and_a_moment_downloads(page) -> None:  # noqa: F811
-    number = page.get_by_label("number input for Videos to show (top-k)")
+    number = page.locator("#top-k input")
     search(page, QUERY)
     number.fill("3")
     number.press("Enter")

@@ -146,3 +146,20 @@ def test_more_adds_the_next_results_under_those_shown() -> None:
     assert [a[3] for a in many.asked[1:]] == list(range(10, 100, 10)) and state["shown"] == 100
     assert button["visible"] is False  # 100 at most
     assert app.more_after(None) == ["", None, app.gr.update(visible=False)]
+
+
+def test_top_k_past_the_card_slots_fills_the_further_results_block() -> None:
+    """Issue #45 item 5: the page's top-k stopped at 10 (50 gave 10 silently); it takes the server's 1-100,
+    the results past the card slots shown under them, and "more" goes on after the last one shown."""
+    import app
+
+    predictor = FakePredictor(40)
+    response = predictor.search("a dog", 25, 0.6, None)
+    updates = app.search_updates("a dog", response, 0.6, "http://host")
+    slots, (shown, state, button) = updates[1:-3], updates[-3:]
+    assert [u.get("visible") for u in slots[::2]] == [True] * app.MAX_CARDS  # every slot filled
+    assert [f"#{r}<" in slots[2 * (r - 1) + 1] for r in (1, 10)] == [True, True]
+    assert shown.count('class="more-card"') == 15 and "#11<" in shown and "#25<" in shown
+    assert state["shown"] == 25 and button["visible"] is True
+    app.show_more(predictor, state, shown, None)
+    assert predictor.asked[-1] == ("a dog", 10, 0.6, 25)  # the next ten after the 25 shown

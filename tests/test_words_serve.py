@@ -32,7 +32,7 @@ SUBTITLE = {"source": "subtitles", "start": 31.0, "end": 34.0, "text": "Q3 reven
 
 # ------------------------------------------------------------------------------- item 3: what a person sees
 def test_a_card_shows_its_matched_lines_with_source_and_time_and_a_click_plays_there() -> None:
-    from prvr.serve.page import card_html, words_html
+    from prvr.serve.page import CARD_HELP, card_html, words_html
 
     card = card_html(a_result([SUBTITLE, SAID], key_from="words"), 0.7, (0.0, 1.0))
     lines = re.findall(r'<button class="line" data-t="([\d.]+)"[^>]*>(.*?)</button>', card)
@@ -43,7 +43,7 @@ def test_a_card_shows_its_matched_lines_with_source_and_time_and_a_click_plays_t
     # the strip marks each line's time (a click seeks there too); the key moment says it came from the words
     marks = re.findall(r'<rect class="word" data-t="([\d.]+)" x="([\d.]+)"', card)
     assert marks == [("31.00", "258.3"), ("65.00", "541.7")]
-    assert "★ key moment (words)" in card and "teal marks" in card
+    assert "★ key moment (words)" in card and "teal marks" in CARD_HELP  # the help is said once, above
     assert words_html(a_result([])) == "" and words_html({"rank": 1}) == ""
     plain = card_html(a_result([]), 0.7, (0.0, 1.0))
     assert 'class="word"' not in plain and 'class="words"' not in plain and "teal" not in plain

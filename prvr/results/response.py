@@ -132,6 +132,7 @@ class SearchResponse:
     approximate: bool
     stats: dict = field(default_factory=dict)  # scanned / exactly scored videos, milliseconds
     calibrated: bool = True  # False: the model's labels were never calibrated (no strong match, no "none")
+    notice: dict | None = None  # prvr.results.query.Notice.to_dict(): the text model cannot read the query
 
     @property
     def no_match(self) -> bool:
@@ -151,4 +152,4 @@ class SearchResponse:
         """Everything as one JSON-able dict."""
         return {"results": self.results, "query": self.query, "no_strong_match": self.no_strong_match,
                 "no_match": self.no_match, "calibrated": self.calibrated, "weights": list(self.weights),
-                "approximate": self.approximate, "stats": self.stats}
+                "approximate": self.approximate, "stats": self.stats, "notice": self.notice}

@@ -23,7 +23,7 @@ import torch
 from prvr.index import MAX_K, Evidence, Gallery, QueryError, check_k, check_weights
 from prvr.models.branches import EncodedQueries
 from prvr.results.confidence import UNCALIBRATED, CalibratedConfidence
-from prvr.results.query import clean_query
+from prvr.results.query import clean_query, reading_notice
 from prvr.results.response import Confidence, SearchResponse, result_dicts
 
 __all__ = ["check_offset", "encode_query", "search", "search_text"]
@@ -87,15 +87,17 @@ def search_text(indexes: Sequence[Gallery], text: str | bytes, text_encoder: Tex
                 confidence: Confidence | None = None, offset: int = 0) -> SearchResponse:
     """``search`` for a text: validated and cleaned (``clean_query``), then encoded by ``text_encoder``; the
     cleaned text goes to every gallery's rank too (the words' lexical match). Its ``stats`` add
-    ``text_ms`` (cleaning and the text encoder) and count it in ``total_ms``."""
+    ``text_ms`` (cleaning and the text encoder) and count it in ``total_ms``; its ``notice`` says when the
+    text model cannot read the text as English (``reading_notice``)."""
     t0 = time.perf_counter()
     cleaned = clean_query(text)
     tokens = text_encoder([cleaned.text])[0]
     text_ms = 1e3 * (time.perf_counter() - t0)
     response = search(indexes, tokens, k, weights, approximate, confidence, cleaned.to_dict(), cleaned.text,
                       offset)
+    notice = reading_notice(cleaned.text)
     stats = {**response.stats, "text_ms": text_ms, "total_ms": 1e3 * (time.perf_counter() - t0)}
-    return dataclasses.replace(response, stats=stats)
+    return dataclasses.replace(response, stats=stats, notice=notice.to_dict() if notice else None)
 
 
 def check_offset(offset: object, k: int) -> int:

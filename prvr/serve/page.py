@@ -28,15 +28,18 @@ HEADER = ('<div class="prvr-header"><h1>Find the moment in long videos</h1><p>Pa
           "Retrieval with MS-SL: type what happens; every video that contains it is ranked, with where it "
           "happens and how sure the model is.</p></div>")
 
-# In the browser, per card (no round trip): clicking a heatmap bin, a moment's outline or a moment chip seeks
-# the card's player; a new search (its id on the card) puts the player back at its start. Gradio redraws an
+# In the browser, per card (no round trip): clicking a heatmap bin, a moment's outline, a moment chip or a
+# matched line seeks the card's player and plays it from there; a new search (its id on the card) puts the
+# player back at its start. Gradio redraws an
 # HTML value by patching the old DOM, so a player showing the same video again is the same element, at the
 # position it was left at; a new element starts at its src's media fragment (#t=) by itself.
 SEEK_JS = """
 element.addEventListener('click', (event) => {
   const target = event.target.closest('[data-t]');  // the player of the card clicked (one HTML may hold more)
   const player = target && (target.closest('.card-body') || element).querySelector('video.player');
-  if (target && player) player.currentTime = parseFloat(target.dataset.t);
+  if (!target || !player) return;
+  player.currentTime = parseFloat(target.dataset.t);
+  player.play().catch(() => {});  // a click plays from there (a browser may refuse: it stays paused there)
 });
 new MutationObserver(() => element.querySelectorAll('video.player').forEach((player) => {
   const start = () => { player.currentTime = parseFloat(player.dataset.start); };
@@ -49,9 +52,9 @@ CSS = """
 .prvr-header p {margin-top: 0; opacity: 0.8}
 .result-card {padding: 10px 12px !important; border-radius: 12px !important}
 .card-head {display: flex; align-items: baseline; gap: 10px; flex-wrap: wrap}
-.card-head .rank {font-weight: 700; font-size: 1.25em; color: var(--color-accent)}
+.card-head .rank {font-weight: 700; font-size: 1.25em; color: #4338ca}
 .card-head .title {font-weight: 600; font-size: 1.1em}
-.card-head .vid {opacity: 0.6; font-size: 0.85em}
+.card-head .vid {opacity: 0.8; font-size: 0.85em}
 .badge {border-radius: 999px; padding: 1px 10px; font-size: 0.82em; font-weight: 600}
 .badge-high {background: #dcfce7; color: #166534}
 .badge-medium {background: #fef9c3; color: #854d0e}
@@ -65,13 +68,13 @@ CSS = """
 .mlabel {position: absolute; top: -9px; transform: translateX(-50%); font-size: 11px; font-weight: 700;
   background: #111827; color: white; border-radius: 999px; padding: 0 6px; cursor: pointer}
 .mlabel.key {background: #be123c}
-.axis {display: flex; justify-content: space-between; font-size: 0.78em; opacity: 0.65}
+.axis {display: flex; justify-content: space-between; font-size: 0.78em; opacity: 0.8}
 .chips {display: flex; flex-wrap: wrap; gap: 6px; margin-top: 8px}
 .chip {border: 1px solid var(--border-color-primary); border-radius: 999px; padding: 3px 11px;
   background: var(--background-fill-secondary); cursor: pointer; font-size: 0.86em}
 .chip.key {border-color: #be123c; color: #be123c; font-weight: 600}
 .chip:hover {filter: brightness(0.95)}
-.hint {font-size: 0.8em; opacity: 0.65; margin-top: 6px}
+.hint {font-size: 0.8em; opacity: 0.8; margin-top: 6px}
 .words {display: flex; flex-direction: column; gap: 4px; margin-top: 8px}
 .words .line {text-align: left; border: none; border-left: 3px solid #0d9488; padding: 2px 8px;
   background: var(--background-fill-secondary); cursor: pointer; font-size: 0.88em; border-radius: 4px}
@@ -89,6 +92,10 @@ CSS = """
 """
 
 UPLOAD_TABLE_HEAD = ["| file | result | details |", "|---|---|---|"]
+TITLE_LABEL = "Title (optional): the name the video is found by (default: its file name)"
+# Gradio's screen-reader live region says the translation of "common.complete" when an event ends, a key its
+# English dictionary lacks (the key itself was read out): a sentence for it, given to launch(i18n=...)
+LIVE_WORDS = {"common": {"complete": "Done: the page has been updated."}}
 SUBTITLES_LABEL = ("Subtitles (optional): .srt or .vtt files, each read with the video of the same name "
                    "(with one video, any name)")
 
@@ -157,20 +164,16 @@ def card_html(result: dict, clip_weight: float, score_range: tuple[float, float]
               search_id: str = "") -> str:
     """A result card: its text, heatmap and moment chips, and its player (``player_html``) beside them."""
     confidence = result["confidence"]
+    # "stands out" compares a moment with the rest of its own video: evidence of where, never of whether.
+    # Only a strong match (the label's verdict on whether) shows the number on its chips; the others' chips
+    # give the moment and its time, their tooltips say why no number.
+    sure = confidence == "high"
     chips = "".join(
         f'<button class="chip{" key" if i == 0 else ""}" data-t="{play_from(m):.2f}" '
-        f'title="{html.escape(stands_out_words(m))}">'
+        f'title="{html.escape(stands_out_words(m, result["confidence_label"], sure))}">'
         f'{"★ key moment" if i == 0 else f"moment {i + 1}"}{" (words)" if m.get("from") == "words" else ""} '
-        f'· {clock(m["start"])}-{clock(m["end"])} '
-        f'· stands out {m["contrast"]:.1f}</button>'
+        f'· {clock(m["start"])}-{clock(m["end"])}{f" · {stands_out_chip(m)}" if sure else ""}</button>'
         for i, m in enumerate(moments_of(result)))
-    hint = ("The player starts at the key moment. Click the strip or a moment to jump. “Stands out” says how "
-            "much better the query matches inside a moment than in the rest of the video, in standard "
-            f"errors (a t statistic): 0 is no better, {CLEARLY_T:g} or more is clearly better; moments are "
-            "ordered by it. Strip: similarity of each second of the video (longer videos: of each stretch; "
-            "darker is closer); ★ key moment; orange line: where the frame branch looked"
-            + ("; teal marks: where the matched words are said or shown (click a line to play it)."
-               if result.get("words") else "."))
     mine = '<span class="badge badge-mine">your upload</span>' if result.get("source") == "session" else ""
     head = (f'<div class="card-head"><span class="rank">#{result["rank"]}</span>'
             f'<span class="title">{html.escape(result["title"])}</span>'
@@ -178,8 +181,8 @@ def card_html(result: dict, clip_weight: float, score_range: tuple[float, float]
             f'<span class="vid">{html.escape(result["video_id"])} · {clock(result["duration"])}</span></div>')
     scores = (f'<div class="scores">score <b>{result["score"]:.3f}</b> = {clip_weight:.2f} × clip '
               f'{result["clip_score"]:.3f} + {1 - clip_weight:.2f} × frame {result["frame_score"]:.3f}</div>')
-    text = (f'{head}{scores}{heatmap_svg(result, score_range)}<div class="chips">{chips}</div>'
-            f'{words_html(result)}<div class="hint">{hint}</div>')
+    strip = heatmap_svg(result, score_range)
+    text = f'{head}{scores}{strip}<div class="chips">{chips}</div>{words_html(result)}'
     return (f'<div class="card-body" data-search="{search_id}"><div class="card-text">{text}</div>'
             f'{player_html(result, root)}</div>')
 
@@ -218,14 +221,26 @@ def start_position(result: dict) -> float:
     return play_from(result["key_moment"])
 
 
-def stands_out_words(moment: dict) -> str:
-    """A moment chip's tooltip: what its "stands out" number means, on what scale."""
+def stands_out_chip(moment: dict) -> str:
+    """A strong match's chip ends with its number: "stands out 6.3"."""
+    return f"stands out {moment['contrast']:.1f}"
+
+
+def stands_out_words(moment: dict, label: str = "strong match", sure: bool = True) -> str:
+    """A moment chip's tooltip: what its "stands out" number means, on what scale; for a result that is not
+    a strong match (``sure`` False; ``label``: its confidence words), that it says where this video comes
+    closest to the query, not that the video shows it."""
     t = moment["contrast"]
     how = (f"clearly better than in the rest of the video, by {t:.1f} standard errors" if t >= CLEARLY_T else
            f"better than in the rest of the video, by {t:.1f} standard errors" if t > 0 else
            "no better than in the rest of the video")
+    play = f"Click to play from {clock(play_from(moment))}."
+    if not sure:
+        return (f"Where this video comes closest to the query: it stands out {t:.1f} within this video only "
+                f"(a t statistic against the rest of the same video). That is no evidence the video shows "
+                f"what you asked: this result is “{label}”, not a strong match. {play}")
     return (f"Stands out {t:.1f}: the query matches here {how} (a t statistic: 0 is no better, "
-            f"{CLEARLY_T:g} or more is clearly better). Click to play from {clock(play_from(moment))}.")
+            f"{CLEARLY_T:g} or more is clearly better). {play}")
 
 
 def searched_note(query: dict) -> str:
@@ -248,16 +263,34 @@ def searched_note(query: dict) -> str:
 
 
 def summary_html(query: str, response: SearchResponse) -> str:
-    """One line above the cards: what was searched (as cleaned) and plainly when nothing matches well."""
+    """One line above the cards: what was searched (as cleaned) and plainly when nothing matches well; the
+    text model's notice when it cannot read the query (``response.notice``); then, once for every card,
+    how to read them (``CARD_HELP``, folded)."""
     if not response.results:
         return '<div class="summary">The gallery is empty: add videos in the "Add videos" tab.</div>'
     searched = response.query.get("text", query)  # the cleaned, possibly shortened text
     q, note = html.escape(searched), searched_note(response.query)
+    notice = (f'<div class="notice" role="note"><b>Not read as English.</b> '
+              f'{html.escape(response.notice["message"])}</div>' if response.notice else "")
     kind, words = summary_words([r["confidence"] for r in response.results], response.calibrated)
     if kind != "strong":  # the words come from prvr.results.confidence, one vocabulary with the labels
         title = {"none": "No match", "uncalibrated": "Unconfirmed"}.get(kind, "No confident match")
-        return f'<div class="summary abstain"><b>{title}</b> for “{q}”: {words}{note}</div>'
-    return f'<div class="summary">{words} for “{q}”.{note}</div>'
+        line = f'<div class="summary abstain"><b>{title}</b> for “{q}”: {words}{note}</div>'
+    else:
+        line = f'<div class="summary">{words} for “{q}”.{note}</div>'
+    return f"{notice}{line}{CARD_HELP}"
+
+
+CARD_HELP = ('<details class="card-help"><summary>How to read the results</summary><p>Each card: the player '
+             "starts at the key moment (★); click the strip, a moment or a matched line to play from there. "
+             "Strip: how close each second of the video is to the query (longer videos: each stretch; darker "
+             "is closer), the moments outlined, the orange line where the frame branch looked, teal marks "
+             "where matched words are said or shown. The label says whether a video shows what you asked: "
+             "strong match, possible match, unconfirmed, no match. “Stands out” compares a moment with the "
+             "rest of its own video, in standard errors (a t statistic): 0 is no better, "
+             f"{CLEARLY_T:g} or more is clearly better than the rest of that video; moments are ordered by "
+             "it. It says where in a video the query fits best, not whether the video shows it, so it is "
+             "shown only on strong matches.</p></details>")
 
 
 def refusal_html(problem: Exception) -> str:
@@ -345,10 +378,11 @@ def clip_links(result: dict, root: str = "") -> str:
         start, end = max(0.0, moment["start"]), min(moment["end"], result["duration"])
         if end <= start:
             continue
-        name = "★ key moment" if i == 0 else f"moment {i + 1}"
+        name, mark = ("★ key moment", "★") if i == 0 else (f"moment {i + 1}", str(i + 1))
         href = html.escape(root + clip_url(result["video_id"], start, end))
+        # short (the chips above name each moment in full; a phone fits the links on one line)
         links.append(f'<a class="clip-link" href="{href}" download title="Download {name} ({clock(start)}-'
-                     f'{clock(end)}) as an MP4 clip">⬇ {name} · {clock(start)}-{clock(end)}</a>')
+                     f'{clock(end)}) as an MP4 clip">⬇ {mark} {clock(start)}-{clock(end)}</a>')
     return f'<div class="clip-links">Download: {" ".join(links)}</div>' if links else ""
 
 
@@ -366,6 +400,19 @@ CSS += """
 .clip-link {text-decoration: none; border-bottom: 1px dotted currentColor}
 .more-card {padding: 10px 12px; border-radius: 12px; margin-top: 10px;
   border: 1px solid var(--border-color-primary); background: var(--block-background-fill)}
+/* colours of our own in both themes (Gradio's dark theme sets .dark on the page), each with a WCAG
+   contrast of 4.5 or more (tests/test_browser.py); bold text inherits its box's colour (the theme's strong
+   colour is for its own backgrounds) */
+.summary.abstain b, .notice b {color: inherit}
+.notice {padding: 8px 12px; border-radius: 10px; margin-bottom: 6px; background: #fef3c7; color: #78350f;
+  border-left: 4px solid #d97706}
+.card-help {margin-top: 6px; font-size: 0.86em}
+.card-help summary {cursor: pointer}
+.card-help p {margin: 4px 0 0}
+.dark .summary.abstain {background: #431407; color: #fed7aa}
+.dark .notice {background: #451a03; color: #fde68a}
+.dark .chip.key {border-color: #fb7185; color: #fda4af}
+.dark .card-head .rank, .dark .clip-links a.clip-link {color: #a5b4fc}  /* over Gradio's .prose a */
 """
 
 

@@ -6,6 +6,7 @@ folder indexed); this module knows nothing of how. Then:
 
     predictor.search(query, k, clip_weight, session, offset) -> SearchResponse   # Contract 4 dicts
     predictor.add_video(path, session, progress)     -> {status, video_id, message}   (prvr.serve.ingest)
+    predictor.remove_upload(video_id, session)       -> a visitor's upload removed (QueryError: no such one)
     predictor.ensure_session(session)                -> the session's private gallery (session uploads)
     predictor.describe(session)                      -> model, profile, video counts, gallery (, folder)
     predictor.close()                                -> waits for background work, releases the gallery
@@ -165,6 +166,22 @@ class Predictor:
         the file name the visitor knows (messages name it); ``subtitles``: a sidecar .srt / .vtt sent with
         it."""
         return self.ingest.upload(path, session, progress, name, subtitles).to_dict()
+
+    def remove_upload(self, video_id: str, session: SessionGallery | None = None) -> None:
+        """Remove a visitor's upload: from ``session``'s gallery (its playable copy deleted with it), or with
+        shared uploads from the shared gallery (``IngestService.remove``: --persist records it). Which videos
+        a visitor may remove is the caller's to decide (the page: those its session added); an id in neither
+        is a QueryError naming it, and nothing changes."""
+        if session is not None and session.index.record(video_id) is not None:
+            path = self.media.locate(session.index.record(video_id).get("path") or "")
+            session.index.remove([video_id])
+            if path.resolve().is_relative_to(session.root.resolve()):  # never a file outside the session
+                path.unlink(missing_ok=True)
+        elif self.settings.uploads == "shared" and self.index.record(video_id) is not None:
+            self.ingest.remove([video_id])
+        else:
+            raise QueryError(f"no upload of yours has the id {video_id!r}: it was removed already, or its "
+                             "session has ended")
 
     def gpu_words(self) -> str:
         """What an upload asks of a visitor's GPU quota, in words ("" where uploads spend no quota)."""

@@ -91,7 +91,8 @@ def top_k_value(top_k: object, limit: int = MAX_TOP_K) -> int:
     try:
         return check_k(k, limit)
     except QueryError:
-        raise QueryError(f"top_k must be a whole number from 1 to {limit}, got {top_k!r}") from None
+        # a whole number as one: "got 500", not "got 500.0"
+        raise QueryError(f"top_k must be a whole number from 1 to {limit}, got {k!r}") from None
 
 
 def offset_value(offset: object, top_k: int, limit: int = MAX_TOP_K) -> int:
