@@ -526,6 +526,24 @@ def main(argv: list[str] | None = None) -> int:
         predictor.close()
 
 
+def launch(demo: gr.Blocks, predictor: Predictor, sessions: ClosedSessions, host: str, port: int,
+           quiet: bool = False) -> None:
+    """Start the web server of ``demo`` over ``predictor`` in a thread, with the app's routes (and MCP's
+    tools where ``--mcp`` asks); returns once it answers."""
+    settings = predictor.settings
+    demo.launch(server_name=host, server_port=port, css=CSS, theme=gr.themes.Soft(primary_hue="indigo"),
+                max_file_size=settings.max_upload_mb * gr.FileSize.MB, footer_links=["api", "gradio"],
+                mcp_server=settings.mcp, prevent_thread_lock=True, i18n=gr.I18n(en=LIVE_WORDS), quiet=quiet,
+                app_kwargs={"routes": routes(predictor, sessions)},
+                # Gradio then probes the page with a HEAD that it gives up on after one 3 s timeout, and
+                # fails the launch as "localhost is not accessible" (seen on a busy 2-core machine, where the
+                # first page can take longer). launch() has fetched its startup events from this very
+                # server already, which is what the probe wants to know; the private flag only skips it.
+                _frontend=False)
+    if settings.mcp:
+        install_mcp(demo, predictor)
+
+
 def serve(predictor: Predictor, settings: AppSettings) -> int:
     """Launch the app over ``predictor`` and block until a stop signal (SIGINT or SIGTERM) or the server's
     end; 0, or 2 if the port was taken meanwhile."""
@@ -534,17 +552,11 @@ def serve(predictor: Predictor, settings: AppSettings) -> int:
     demo.queue(max_size=64, default_concurrency_limit=2)
     log.info("starting the web server")
     try:
-        demo.launch(server_name=settings.host, server_port=settings.port, css=CSS,
-                    theme=gr.themes.Soft(primary_hue="indigo"),
-                    max_file_size=settings.max_upload_mb * gr.FileSize.MB, footer_links=["api", "gradio"],
-                    mcp_server=settings.mcp, prevent_thread_lock=True, i18n=gr.I18n(en=LIVE_WORDS),
-                    app_kwargs={"routes": routes(predictor, sessions)})
+        launch(demo, predictor, sessions, settings.host, settings.port)
     except OSError as err:  # the port was free at start-up, taken since
         print(f"error: {PortBusy(settings.host, settings.port, str(err).split('.')[0]).message}",
               file=sys.stderr)
         return 2
-    if settings.mcp:
-        install_mcp(demo, predictor)
     stop_heartbeat()
     life = lifecycle.install()
     life.serving()  # before the line that says so: a signal after it stops a serving app (exit 0)

@@ -86,13 +86,12 @@ def served(tmp_path_factory: pytest.TempPathFactory, make_predictor: Callable):
     assert predictor.add_video(write_clip(tmp / "gradient.mp4"))["status"] == "added"
     predictor.settings.uploads = "session"
     predictor.settings.mcp_allow_paths = str(tmp / "allowed")
+    predictor.settings.mcp = True
     sessions = app.ClosedSessions(grace_s=1.0)
     demo = app.build_ui(predictor, sessions)
     demo.queue()
     port = free_port()
-    demo.launch(server_name="127.0.0.1", server_port=port, prevent_thread_lock=True, mcp_server=True,
-                quiet=True, app_kwargs={"routes": app.routes(predictor, sessions)})
-    app.install_mcp(demo, predictor)
+    app.launch(demo, predictor, sessions, "127.0.0.1", port, quiet=True)  # the app's own launch
     with contextlib.ExitStack() as stack:
         stack.callback(demo.close)
         yield f"http://127.0.0.1:{port}/", predictor, sessions

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from tests.clips import write_clip
-from tests.servers import client
+from tests.servers import client, free_port
 
 SHARED = Path(__file__).resolve().parents[2] / "shared"
 
@@ -223,3 +223,29 @@ def test_settings_come_from_flags_then_environment_then_defaults(monkeypatch: py
     monkeypatch.setenv("PRVR_MAX_UPLOAD_MB", "0")
     with pytest.raises(SystemExit):
         AppSettings.from_args([])
+
+
+def test_the_app_launches_where_its_first_page_is_slow(tmp_path: Path, make_predictor,
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """On a busy machine the first page can take longer than Gradio's reachability probe waits (one HEAD,
+    3 s): the app still starts and serves (it failed the launch with "localhost is not accessible" before)."""
+    import httpx
+
+    import app
+
+    def slow_head(url: str, **kwargs: object) -> httpx.Response:
+        raise httpx.ReadTimeout(f"no answer from {url} within 3 s")  # what a loaded machine gives the probe
+
+    predictor = make_predictor(tmp_path / "data")
+    sessions = app.ClosedSessions()
+    demo = app.build_ui(predictor, sessions)
+    demo.queue()
+    monkeypatch.setattr(httpx, "head", slow_head)
+    try:
+        app.launch(demo, predictor, sessions, "127.0.0.1", free_port(), quiet=True)
+        monkeypatch.undo()
+        info = httpx.get(f"{demo.local_url}info", timeout=30).json()
+        assert info["videos"] == 0 and demo.is_running
+    finally:
+        demo.close()
+        predictor.close()

@@ -98,8 +98,8 @@ class AppSettings:
         "which demo videos to index, comma-separated ids such as demo01,demo05 (fewer start faster)", None,
         metavar="IDS", default_words="all 8 demo videos")
     mcp: bool = option(
-        "also serve search, add_video and info as MCP tools at /gradio_api/mcp/; yes or no, the flag alone "
-        "means yes", False, metavar="yes|no", default_words="no")
+        "also serve search, add_video, info and clip as MCP tools at /gradio_api/mcp/; yes or no, the flag "
+        "alone means yes", False, metavar="yes|no", default_words="no")
     mcp_allow_paths: str | None = option(
         "comma-separated server folders whose files MCP's add_video may read by path (they join the shared "
         "gallery)", None, metavar="DIR[,DIR]", default_words="none: MCP clients send the file or a URL")
