@@ -58,16 +58,15 @@ from prvr.serve.page import (
     MORE_STEP,
     SEEK_JS,
     SUBTITLES_LABEL,
-    UPLOAD_TABLE_HEAD,
     card_html,
     info_markdown,
     more_cards_html,
     refusal_html,
     score_range,
     summary_html,
-    unmatched_row,
     upload_intro,
-    upload_row,
+    upload_table,
+    words_following,
 )
 from prvr.serve.predictor import Predictor
 from prvr.serve.routes import MAX_TOP_K, api_response, offset_value, routes, top_k_value
@@ -199,16 +198,18 @@ def add_videos_tab(predictor: Predictor, session: gr.State, sessions: ClosedSess
     add_btn = gr.Button("Add to gallery", variant="primary")
     status = gr.Markdown("One row per file will appear here.", min_height=90,  # room for the progress bar
                          elem_id="upload-status")
+    # the table's rows, told again each second while a video's words follow it (it joined by its pictures)
+    shown, follow = gr.State([]), gr.Timer(1.0, active=False)
 
     def add_files(paths: list[str] | None, subtitle_paths: list[str] | None, state: SessionGallery | None,
                   request: gr.Request, progress: gr.Progress = gr.Progress()  # noqa: B008
-                  ) -> tuple[str, SessionGallery | None, None, None]:
+                  ) -> tuple[str, SessionGallery | None, None, None, list, gr.Timer]:
         """Add every file (with its subtitle file, matched by name), one after the other, and report per
         file; the file lists are emptied (the server's copies are deleted once handled, so a second click
         could not read them)."""
         if not paths:
-            return "Choose one or more video files first.", state, None, subtitle_paths
-        rows = list(UPLOAD_TABLE_HEAD)
+            return "Choose one or more video files first.", state, None, subtitle_paths, [], gr.Timer()
+        rows: list[tuple[str, dict | None]] = []
         # Gradio keeps the user's file names on its copies
         sidecars, unmatched = pair_sidecars([os.path.basename(p) for p in paths], subtitle_paths or [])
         for i, path in enumerate(paths):
@@ -218,13 +219,23 @@ def add_videos_tab(predictor: Predictor, session: gr.State, sessions: ClosedSess
             outcome = predictor.add_video(path, state, progress=report, name=name,
                                           subtitles=sidecars.get(name))
             discard_upload_copy(path)
-            rows.append(upload_row(name, outcome))
-        rows += [unmatched_row(os.path.basename(p)) for p in unmatched]
+            rows.append((name, outcome))
+        rows += [(os.path.basename(p), None) for p in unmatched]
         for path in subtitle_paths or []:
             discard_upload_copy(path)
-        return "\n".join(rows), state, None, None
+        following = any(words_following(o) for _, o in rows)
+        return upload_table(rows), state, None, None, rows, gr.Timer(active=following)
 
-    return add_btn.click(add_files, [files, subtitles, session], [status, session, files, subtitles],
+    def words_progress(rows: list, state: SessionGallery | None) -> tuple[str, list, gr.Timer]:
+        """The upload table with its videos' words as they are now (read, or joined)."""
+        rows = [(name, (predictor.upload_outcome(o["video_id"], state) or o) if words_following(o) else o)
+                for name, o in rows]
+        return upload_table(rows), rows, gr.Timer(active=any(words_following(o) for _, o in rows))
+
+    follow.tick(words_progress, [shown, session], [status, shown, follow], api_visibility="private",
+                show_progress="hidden", concurrency_limit=None)
+    return add_btn.click(add_files, [files, subtitles, session], [status, session, files, subtitles, shown,
+                                                                   follow],
                          api_visibility="private", concurrency_id="heavy", concurrency_limit=1)
 
 

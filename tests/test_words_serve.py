@@ -98,8 +98,9 @@ class ScriptedReader:
     one skipped source for every video, records what it was asked and when, and reads for ``seconds``."""
 
     def __init__(self, text: str = "a purple giraffe sings opera", seconds: float = 0.0,
-                 fail: bool = False) -> None:
-        self.text, self.seconds, self.fail = text, seconds, fail
+                 fail: bool = False, gate: threading.Event | None = None) -> None:
+        """``gate``: the reading ends once it is set (instead of after ``seconds``)."""
+        self.text, self.seconds, self.fail, self.gate = text, seconds, fail, gate
         self.calls: list[dict] = []
 
     def describe(self) -> dict:
@@ -114,12 +115,37 @@ class ScriptedReader:
         self.calls.append(call)
         if progress is not None:
             progress(0.4)
+        if self.gate is not None:
+            assert self.gate.wait(60)
         time.sleep(self.seconds)
         call["t1"] = time.monotonic()
         if self.fail:
             raise RuntimeError("a bug in a words source")
         return WordsReport(segments=(WordSegment("subtitles", 0.5, 1.5, self.text),),
                            skipped=("speech: the file has no audio stream",), sources=("subtitles",))
+
+
+def joined(predictor, out: dict, session=None, within_s: float = 60.0) -> dict:
+    """The upload's outcome once its words no longer follow the video (asked again as the page does)."""
+    deadline = time.monotonic() + within_s
+    while (out.get("words") or {}).get("state") == "following":
+        assert time.monotonic() < deadline, out
+        time.sleep(0.05)
+        out = predictor.upload_outcome(out["video_id"], session) or out
+    return out
+
+
+def joined_api(client, out: dict, within_s: float = 60.0) -> dict:
+    """An API caller's wait for an upload's words: /info's ``words_follow`` until they joined; the upload's
+    ``words`` then."""
+    deadline = time.monotonic() + within_s
+    while (out.get("words") or {}).get("state") == "following":
+        assert time.monotonic() < deadline, out
+        time.sleep(0.1)
+        info = client.predict(api_name="/info")
+        now = [o for o in info["words_follow"] if o["video_id"] == out["video_id"]]
+        out = now[-1] if now else out
+    return out
 
 
 def timed_extractor(predictor) -> list[tuple[float, float]]:
@@ -151,6 +177,7 @@ def test_an_upload_reads_its_words_beside_its_pictures_and_is_found_by_them(tmp_
         out = predictor.add_video(clip, progress=lambda _, stage: stages.append(stage), name="talk.mp4",
                                   subtitles=srt)
         assert out["status"] == "added", out
+        out = joined(predictor, out)  # (with it, or after it when the pictures were done first)
         (call,) = reader.calls
         assert call["path"] == clip and call["sidecar"] == srt  # the original file (its tracks), the sidecar
         assert call["thread"] != threading.current_thread().name
@@ -168,6 +195,68 @@ def test_an_upload_reads_its_words_beside_its_pictures_and_is_found_by_them(tmp_
         assert hit["words"][0]["source"] == "subtitles"
     finally:
         predictor.close()
+
+
+def test_a_video_is_searchable_by_its_pictures_first_and_its_words_join_it(tmp_path: Path, make_predictor,
+                                                                          caplog: pytest.LogCaptureFixture
+                                                                          ) -> None:
+    """Issue #43 item 4: an upload whose words take longer than its pictures is added at once, searchable by
+    its pictures, and says "words: 40 %" (its outcome, /info's words_follow); once read, the words join it
+    in one gallery update and rank it first, and --persist keeps them (a restore has them). A reading that
+    fails after the video joined is one skipped line; a video removed meanwhile is one log line."""
+    bucket = tmp_path / "bucket"
+    predictor = make_predictor(tmp_path / "data", uploads="shared", persist=bucket)
+    try:
+        plain = predictor.add_video(write_clip(tmp_path / "plain.mp4", frames=30), name="plain.mp4")
+        gate = threading.Event()
+        predictor.ingest.words = ScriptedReader(gate=gate)
+        talk = write_clip(tmp_path / "talk.mp4", frames=36, size=(80, 48))
+        out = predictor.add_video(talk, name="talk.mp4")
+        assert out["status"] == "added" and out["words"]["state"] == "following", out
+        assert out["words"]["percent"] == 40
+        assert "searchable now by its pictures, its words follow (words: 40 %)." in out["message"]
+        query = "purple giraffe sings opera"
+        hits = predictor.search(query, k=5).results
+        assert {h["video_id"] for h in hits} == {plain["video_id"], out["video_id"]}
+        assert all(h["words"] == [] for h in hits)  # meanwhile: its pictures' evidence only
+        assert predictor.describe()["words_follow"] == [out]
+        gate.set()
+        done = joined(predictor, out)
+        assert done["words"]["state"] == "joined" and done["words"]["segments"] == 1, done
+        assert "then its words joined with 1 line of words (subtitles)." in done["message"]
+        assert done["message"].endswith(" Words skipped: speech: the file has no audio stream.")
+        assert predictor.describe()["words_follow"] == [done]
+        hit = predictor.search(query, k=5).results[0]
+        assert hit["video_id"] == out["video_id"] and hit["words"][0]["text"] == ScriptedReader().text
+        # a reading that fails after the video joined, and a video removed before its words joined
+        failing = threading.Event()
+        predictor.ingest.words = ScriptedReader(gate=failing, fail=True)
+        broken = predictor.add_video(write_clip(tmp_path / "x.mp4", frames=26, size=(64, 48)), name="x.mp4")
+        failing.set()
+        broken = joined(predictor, broken)
+        assert broken["words"]["state"] == "joined" and broken["video_id"] in predictor.index.ids
+        assert "no words were found" in broken["message"]
+        assert "Words skipped: words: unexpected server error (error id " in broken["message"]
+        late = threading.Event()
+        predictor.ingest.words = ScriptedReader(gate=late)
+        gone = write_clip(tmp_path / "gone.mp4", frames=28, size=(48, 48))
+        gone = predictor.add_video(gone, name="gone.mp4")
+        predictor.ingest.remove([gone["video_id"]])
+        with caplog.at_level(logging.INFO):
+            late.set()
+            gone = joined(predictor, gone)
+        assert gone["words"]["state"] == "failed" and "its words could not join it" in gone["message"]
+        assert [r.levelno for r in caplog.records if "gone.mp4 could not join" in r.getMessage()] == [
+            logging.WARNING]
+    finally:
+        predictor.close()
+    again = make_predictor(tmp_path / "fresh", uploads="shared", persist=bucket)
+    try:
+        assert again.ingest.restore() == 3
+        hit = again.search(query, k=5).results[0]
+        assert hit["video_id"] == out["video_id"] and hit["words"][0]["text"] == ScriptedReader().text
+    finally:
+        again.close()
 
 
 def test_a_failing_reader_still_indexes_the_video_by_its_pictures(tmp_path: Path, make_predictor,
@@ -239,6 +328,7 @@ def test_the_api_takes_a_sidecar_and_a_query_naming_its_line_finds_the_video_fir
     client = Client(url, verbose=False)
     added = client.predict(handle_file(str(clip)), "", handle_file(str(srt)), api_name="/add_video")
     assert added["status"] == "added", added
+    added = joined_api(client, added)
     assert "subtitles" in added["words"]["sources"] and added["words"]["segments"] >= 2, added
     hits = client.predict("purple giraffe sings opera", 5, 0.7, api_name="/search")["results"]
     assert hits[0]["video_id"] == added["video_id"]
@@ -258,9 +348,10 @@ def test_a_bad_subtitle_file_is_one_skipped_line_and_the_video_is_added(served: 
     clip = write_clip(tmp_path / "broken subs.mp4", frames=40, size=(64, 64))
     bad = tmp_path / "broken subs.srt"
     bad.write_bytes(b"\xff\xfe\x00garbage \x00\x01 not subtitles at all" * 10)
-    added = Client(served[0], verbose=False).predict(handle_file(str(clip)), "", handle_file(str(bad)),
-                                                     api_name="/add_video")
+    client = Client(served[0], verbose=False)
+    added = client.predict(handle_file(str(clip)), "", handle_file(str(bad)), api_name="/add_video")
     assert added["status"] == "added", added
+    added = joined_api(client, added)
     assert any(s.startswith("subtitles") for s in added["words"]["skipped"]), added["words"]
     assert "Words skipped: subtitles" in added["message"]
     assert "Traceback" not in capfd.readouterr().err
@@ -282,16 +373,19 @@ def test_mcp_add_video_takes_a_sidecar_in_the_videos_forms(served: tuple, tmp_pa
                               ("add_video", {"video": video, "subtitles": str(outside)}))
     assert not added.isError, added.content[0].text
     out = json.loads(added.content[0].text)  # a session upload (each MCP call is a session of its own)
-    assert out["status"] == "added" and out["words"]["segments"] >= 2, out
+    assert out["status"] == "added", out
+    # its words joined with it, or follow it in that session (which no later call can see)
+    assert out["words"]["segments"] >= 2 or out["words"]["state"] == "following", out
     assert refused.isError and "outside the allowed dirs" in refused.content[0].text  # the one path check
     # an allowed server path joins the shared gallery, with its sidecar: any later call finds it by its line
     allowed = Path(predictor.settings.mcp_allow_paths)
     shared = write_clip(allowed / "operator opera.mp4", frames=50, size=(72, 72))
     keeper = "the lighthouse keeper counts seven ships"
     (allowed / "operator opera.vtt").write_text(f"WEBVTT\n\n00:00:01.000 --> 00:00:02.500\n{keeper}\n")
-    added, found = call_mcp(url, ("add_video", {"video": str(shared), "subtitles": str(allowed /
-                                                                                    "operator opera.vtt")}),
-                            ("search", {"query": "lighthouse keeper counts seven ships", "top_k": 3}))
+    (added,) = call_mcp(url, ("add_video", {"video": str(shared), "subtitles": str(allowed /
+                                                                                "operator opera.vtt")}))
     assert added.structuredContent["status"] == "added", added.content[0].text
+    joined(predictor, added.structuredContent)  # its words joined (with it, or after it)
+    (found,) = call_mcp(url, ("search", {"query": "lighthouse keeper counts seven ships", "top_k": 3}))
     first = found.structuredContent["results"][0]
     assert first["video_id"] == added.structuredContent["video_id"] and first["words"][0]["text"] == keeper

@@ -6,6 +6,7 @@ folder indexed); this module knows nothing of how. Then:
 
     predictor.search(query, k, clip_weight, session, offset) -> SearchResponse   # Contract 4 dicts
     predictor.add_video(path, session, progress)     -> {status, video_id, message}   (prvr.serve.ingest)
+    predictor.upload_outcome(video_id, session)      -> the same as of now, where its words follow the video
     predictor.ensure_session(session)                -> the session's private gallery (session uploads)
     predictor.describe(session)                      -> model, profile, video counts, gallery
     predictor.close()                                -> waits for background work, releases the gallery
@@ -89,6 +90,7 @@ class Predictor:
             self.tracing = None
         if not self.closed:
             self.closed = True
+            self.ingest.close()  # no words join the gallery once it is closed
             self.index.close()
         if self.owner is not None:
             self.owner.release()
@@ -157,6 +159,21 @@ class Predictor:
         it."""
         return self.ingest.upload(path, session, progress, name, subtitles).to_dict()
 
+    def upload_outcome(self, video_id: str, session: SessionGallery | None = None) -> dict | None:
+        """An upload's outcome as of now where its words follow the video (joined by its pictures first):
+        ``{status, video_id, message, words: {state, percent...}}``; None where no words followed it."""
+        outcome = self.ingest.outcome_now(video_id, self.galleries(session))
+        return outcome.to_dict() if outcome is not None else None
+
+    def words_following(self, session: SessionGallery | None = None) -> list[dict]:
+        """The recent uploads of the shared gallery and the session's whose words followed them, oldest
+        first (/info's ``words_follow``): each upload's outcome as of now (``upload_outcome``)."""
+        return [f.outcome().to_dict() for f in self.ingest.follows(self.galleries(session))]
+
+    def galleries(self, session: SessionGallery | None) -> list[Gallery]:
+        """The shared gallery and the session's."""
+        return [self.index] + ([session.index] if session is not None else [])
+
     def gpu_words(self) -> str:
         """What an upload asks of a visitor's GPU quota, in words ("" where uploads spend no quota)."""
         return self.ingest.extractor.quota_words()
@@ -196,7 +213,8 @@ class Predictor:
                 "videos": shared + private, "shared_videos": shared, "session_videos": private,
                 "index": f"{self.index.describe()['mode']} search over all proposals, persistent in "
                          f"{self.gallery_words()}",
-                "uploads": uploads, "confidence": self.calibrator.describe(), "words": self.words_info()}
+                "uploads": uploads, "confidence": self.calibrator.describe(), "words": self.words_info(),
+                "words_follow": self.words_following(session)}
 
     def words_info(self) -> dict:
         """Which words every way in reads: ``WordsReader.describe`` (mode, sources, models in use)."""
