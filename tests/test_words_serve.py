@@ -248,15 +248,15 @@ def test_a_video_is_searchable_by_its_pictures_first_and_its_words_join_it(tmp_p
         assert gone["words"]["state"] == "failed" and "its words could not join it" in gone["message"]
         assert [r.levelno for r in caplog.records if "gone.mp4 could not join" in r.getMessage()] == [
             logging.WARNING]
+        profile = predictor.ingest.persist.profile
     finally:
         predictor.close()
-    again = make_predictor(tmp_path / "fresh", uploads="shared", persist=bucket)
-    try:
-        assert again.ingest.restore() == 3
-        hit = again.search(query, k=5).results[0]
-        assert hit["video_id"] == out["video_id"] and hit["words"][0]["text"] == ScriptedReader().text
-    finally:
-        again.close()
+    from prvr.serve.persist import PersistentStore
+
+    restored = {v.id: v.words for v in PersistentStore(bucket, profile).restore()}  # what a restart adds
+    assert [w.text for w in restored[out["video_id"]]] == [ScriptedReader().text]
+    assert restored[plain["video_id"]] == restored[broken["video_id"]] == ()
+    assert gone["video_id"] not in restored
 
 
 def test_a_failing_reader_still_indexes_the_video_by_its_pictures(tmp_path: Path, make_predictor,
@@ -389,3 +389,42 @@ def test_mcp_add_video_takes_a_sidecar_in_the_videos_forms(served: tuple, tmp_pa
     (found,) = call_mcp(url, ("search", {"query": "lighthouse keeper counts seven ships", "top_k": 3}))
     first = found.structuredContent["results"][0]
     assert first["video_id"] == added.structuredContent["video_id"] and first["words"][0]["text"] == keeper
+
+
+def test_the_page_says_words_follow_and_when_they_joined(served: tuple, tmp_path: Path) -> None:
+    """Issue #43 item 4 on the page: an upload whose words take longer than its pictures shows, in its row
+    of the upload table, that it is searchable and "words: 40 %", then (asked again each second) that its
+    words joined; /info tells its session, not another."""
+    from gradio_client import Client
+
+    from tests.servers import PATIENCE_MS
+    from tests.test_browser import CHROMIUM, CHROMIUM_ARGS, until
+
+    if not Path(CHROMIUM).exists():
+        pytest.skip("no chromium: install Debian's chromium package to run the browser test")
+    sync_api = pytest.importorskip("playwright.sync_api", reason="the playwright package is not installed")
+    url, predictor, _ = served
+    gate, reader = threading.Event(), predictor.ingest.words
+    predictor.ingest.words = ScriptedReader(text="the walrus recites a sonnet", gate=gate)
+    clip = write_clip(tmp_path / "walrus.mp4", frames=40, size=(72, 48))
+    try:
+        with sync_api.sync_playwright() as p:
+            browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+            page = browser.new_page()
+            page.set_default_timeout(PATIENCE_MS)
+            page.goto(url)
+            page.get_by_role("tab", name="Add videos").click()
+            page.locator("#upload-files input[type=file]").set_input_files(str(clip))
+            page.locator("#upload-files").get_by_text("walrus.mp4").wait_for()
+            page.get_by_role("button", name="Add to gallery").click()
+            row = page.locator("#upload-status table tr", has_text="walrus.mp4").first
+            row.wait_for()
+            assert "searchable now by its pictures, its words follow (words: 40 %)" in row.inner_text()
+            gate.set()
+            joined_row = "then its words joined with 1 line of words (subtitles)"
+            assert until(lambda: joined_row in row.inner_text()), row.inner_text()
+            browser.close()
+    finally:
+        gate.set()
+        predictor.ingest.words = reader
+    assert Client(url, verbose=False).predict(api_name="/info")["words_follow"] == []  # another session's
