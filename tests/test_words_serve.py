@@ -102,6 +102,7 @@ class ScriptedReader:
         """``gate``: the reading ends once it is set (instead of after ``seconds``)."""
         self.text, self.seconds, self.fail, self.gate = text, seconds, fail, gate
         self.calls: list[dict] = []
+        self.told = threading.Event()  # set once the reading told its progress
 
     def describe(self) -> dict:
         return {"mode": "all", "sources": ["subtitles"], "models": {}}
@@ -115,6 +116,7 @@ class ScriptedReader:
         self.calls.append(call)
         if progress is not None:
             progress(0.4)
+        self.told.set()
         if self.gate is not None:
             assert self.gate.wait(60)
         time.sleep(self.seconds)
@@ -209,10 +211,14 @@ def test_a_video_is_searchable_by_its_pictures_first_and_its_words_join_it(tmp_p
     try:
         plain = predictor.add_video(write_clip(tmp_path / "plain.mp4", frames=30), name="plain.mp4")
         gate = threading.Event()
-        predictor.ingest.words = ScriptedReader(gate=gate)
+        reader = predictor.ingest.words = ScriptedReader(gate=gate)
         talk = write_clip(tmp_path / "talk.mp4", frames=36, size=(80, 48))
         out = predictor.add_video(talk, name="talk.mp4")
         assert out["status"] == "added" and out["words"]["state"] == "following", out
+        assert re.search(r"searchable now by its pictures, its words follow \(words: (waiting|\d+ %)\)\.",
+                         out["message"]), out["message"]
+        assert reader.told.wait(30)  # (its reading may not have begun when the pictures were done)
+        out = predictor.upload_outcome(out["video_id"])
         assert out["words"]["percent"] == 40
         assert "searchable now by its pictures, its words follow (words: 40 %)." in out["message"]
         query = "purple giraffe sings opera"
@@ -419,7 +425,8 @@ def test_the_page_says_words_follow_and_when_they_joined(served: tuple, tmp_path
             page.get_by_role("button", name="Add to gallery").click()
             row = page.locator("#upload-status table tr", has_text="walrus.mp4").first
             row.wait_for()
-            assert "searchable now by its pictures, its words follow (words: 40 %)" in row.inner_text()
+            following = "searchable now by its pictures, its words follow (words: 40 %)"
+            assert until(lambda: following in row.inner_text()), row.inner_text()
             gate.set()
             joined_row = "then its words joined with 1 line of words (subtitles)"
             assert until(lambda: joined_row in row.inner_text()), row.inner_text()
