@@ -28,6 +28,7 @@ import contextlib
 import contextvars
 import dataclasses
 import logging
+import os
 import threading
 import time
 import uuid
@@ -116,6 +117,18 @@ class _Ready:
     follow: Follow | None = None  # its words, following it (joined by its pictures first)
 
 
+# the words' threads run at this niceness (Linux: per thread, and the threads they start inherit it): where
+# the cores are busy the pictures go first, so a video is searchable by them as soon as without words, and
+# its words take the cores the pictures leave (benchmarks/RESULTS.md, issue #43 item 4)
+WORDS_NICE = 10
+
+
+def lower_priority(nice: int = WORDS_NICE) -> None:
+    """Lower the calling thread's CPU priority (a no-op where the platform has no per-thread niceness)."""
+    with contextlib.suppress(AttributeError, OSError):
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), nice)
+
+
 class WordsAbandoned(Exception):
     """Raised into a words reader's progress to stop it: the video it reads for was not added."""
 
@@ -152,6 +165,7 @@ class WordsRun:
     def _read(self, path: Path, sidecar: Path | None) -> None:
         """The thread: ``WordsReader.read``, its report kept (or the one line of an unexpected failure)."""
         t0 = time.perf_counter()
+        lower_priority()
         try:
             with self.slots or contextlib.nullcontext():
                 self.waiting = False
