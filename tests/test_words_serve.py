@@ -209,6 +209,7 @@ def test_a_video_is_searchable_by_its_pictures_first_and_its_words_join_it(tmp_p
     bucket = tmp_path / "bucket"
     predictor = make_predictor(tmp_path / "data", uploads="shared", persist=bucket)
     try:
+        predictor.ingest.words = None  # a video without words beside it
         plain = predictor.add_video(write_clip(tmp_path / "plain.mp4", frames=30), name="plain.mp4")
         gate = threading.Event()
         reader = predictor.ingest.words = ScriptedReader(gate=gate)
