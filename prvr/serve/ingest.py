@@ -121,6 +121,17 @@ class _Ready:
 # the cores are busy the pictures go first, so a video is searchable by them as soon as without words, and
 # its words take the cores the pictures leave (benchmarks/RESULTS.md, issue #43 item 4)
 WORDS_NICE = 10
+# Where the words are read beside the pictures: with at least this many cores for the process. The reader's
+# sources hold the GIL in steps (pocketsphinx's 20 ms calls, PyAV decoding, numpy), so on 2 cores the
+# pictures beside them took 8x as long whatever the words' niceness (benchmarks/RESULTS.md, issue #43 item
+# 4); there an upload's words are read once its pictures are done and the video is searchable.
+BESIDE_MIN_CORES = 4
+
+
+def words_beside() -> bool:
+    """Whether the cores allow reading an upload's words beside its pictures (``BESIDE_MIN_CORES``)."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return cores >= BESIDE_MIN_CORES
 
 
 def lower_priority(nice: int = WORDS_NICE) -> None:
@@ -139,11 +150,15 @@ class WordsRun:
     bug), the video still goes in by its pictures, with one line saying so (its stack in the log only)."""
 
     def __init__(self, reader: WordsReader | None, path: Path, sidecar: Path | None, shown: str,
-                 slots: threading.Semaphore | None = None) -> None:
+                 slots: threading.Semaphore | None = None, after: bool = False) -> None:
         """``slots``: words readings at once (a reading waits for one: words that follow a video added by
-        its pictures read on while the next upload's pictures are extracted, never more at a time)."""
+        its pictures read on while the next upload's pictures are extracted, never more at a time);
+        ``after``: the reading starts once the pictures are done (``detach``), not beside them."""
         self.reader, self.shown, self.slots = reader, shown, slots
         self.waiting = slots is not None
+        self.go = threading.Event()  # the reading may start
+        if not after:
+            self.go.set()
         self.fraction = 0.0  # of the reading done, as the reader reports it
         self.report: WordsReport | None = None
         self.failed: str | None = None  # the line for an unexpected failure of the reader
@@ -167,8 +182,10 @@ class WordsRun:
         t0 = time.perf_counter()
         lower_priority()
         try:
+            self.go.wait()
             with self.slots or contextlib.nullcontext():
                 self.waiting = False
+                t0 = time.perf_counter()  # (the reading's own time, not its wait)
                 if self.abandoned:
                     return
                 self.report = self.reader.read(path, sidecar, progress=self._progress)
@@ -198,6 +215,8 @@ class WordsRun:
 
     def words(self) -> str:
         """The reading's progress in words: "words: 40 %" ("words: waiting" for another video's)."""
+        if not self.go.is_set():
+            return "words: after the pictures"
         return "words: waiting" if self.waiting else f"words: {100 * self.fraction:.0f} %"
 
     @property
@@ -206,10 +225,11 @@ class WordsRun:
         return self.thread is None or not self.thread.is_alive()
 
     def detach(self) -> None:
-        """The upload's call has ended: the reading no longer tells its progress (``words()`` still
-        does)."""
+        """The pictures are done: the reading no longer tells the upload's progress (``words()`` still
+        does), and starts now if it waited for them."""
         with self.lock:
             self.sink = None
+        self.go.set()
 
     def beside(self, report: Progress) -> Progress:
         """``report`` (the upload's progress) with the words' share after each stage while they are read;
@@ -235,6 +255,7 @@ class WordsRun:
     def abandon(self) -> None:
         """The video failed: its words are not wanted (the thread ends on its own, reporting nothing)."""
         self.abandoned = True
+        self.go.set()
 
     @property
     def segments(self) -> tuple:
@@ -537,7 +558,7 @@ class IngestService:
                                f"{shown}: already in the gallery as “{duplicate['title']}”.")
         # the words from the original file (a re-encoded copy keeps no subtitle track), beside the copy and
         # the pictures
-        words = WordsRun(self.words, path, arrival.sidecar, shown, self._slots)
+        words = WordsRun(self.words, path, arrival.sidecar, shown, self._slots, after=not words_beside())
         both = words.beside(report)
         try:
             copy, playable, reencoded = self._playable(path, sha, way, session, both)
