@@ -16,10 +16,13 @@ their gallery in one update, then, where the way persists and the gallery is the
 ``--persist``. Upload progress moves at least once a second (``prvr.serve.progress``).
 
 Words (``extract.words.reader.WordsReader``, ``--words``): every arrival's words (subtitle tracks, a sidecar
-.srt / .vtt, speech, text on screen) are read from its original file in a thread beside its visual extraction,
-and join the gallery with it (``GalleryVideo.words``, embedded by the text encoder); a source that cannot be
-read is one line of the outcome's message ("words skipped: ..."), never a failure of the video. A restored
-video keeps the words --persist stored with it (nothing is read again).
+.srt / .vtt, speech, text on screen) are read from its original file in a thread (``WordsRun``, at a lower CPU
+priority), beside its visual extraction where the cores allow (``words_beside``), else once the pictures are
+done. Pictures first: a video whose words are read when its pictures are joins its gallery with them
+(``GalleryVideo.words``, embedded by the text encoder); otherwise it joins by its pictures at once, searchable,
+and its words join it when read (``Gallery.set_words``, one update; ``Follow``, its outcome as of now: "words:
+40 %"). A source that cannot be read is one line of the outcome's message ("words skipped: ..."), never a
+failure of the video. A restored video keeps the words --persist stored with it (nothing is read again).
 """
 
 from __future__ import annotations
