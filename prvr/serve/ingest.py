@@ -19,7 +19,7 @@ Words (``extract.words.reader.WordsReader``, ``--words``): every arrival's words
 .srt / .vtt, speech, text on screen) are read from its original file in a thread (``WordsRun``, at a lower CPU
 priority), beside its visual extraction where the cores allow (``words_beside``), else once the pictures are
 done. Pictures first: a video whose words are read when its pictures are joins its gallery with them
-(``GalleryVideo.words``, embedded by the text encoder); otherwise it joins by its pictures at once, searchable,
+(``GalleryVideo.words``, embedded by the text encoder); else it joins by its pictures at once (searchable)
 and its words join it when read (``Gallery.set_words``, one update; ``Follow``, its outcome as of now: "words:
 40 %"). A source that cannot be read is one line of the outcome's message ("words skipped: ..."), never a
 failure of the video. A restored video keeps the words --persist stored with it (nothing is read again).
