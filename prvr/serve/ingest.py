@@ -157,6 +157,8 @@ class WordsRun:
         """``slots``: words readings at once (a reading waits for one: words that follow a video added by
         its pictures read on while the next upload's pictures are extracted, never more at a time);
         ``after``: the reading starts once the pictures are done (``detach``), not beside them."""
+        if reader is not None and not reader.describe().get("sources"):
+            reader = None  # (--words off: nothing to read, nothing to say about words)
         self.reader, self.shown, self.slots = reader, shown, slots
         self.waiting = slots is not None
         self.go = threading.Event()  # the reading may start
