@@ -32,6 +32,8 @@ import contextvars
 import dataclasses
 import logging
 import os
+import shutil
+import tempfile
 import threading
 import time
 import uuid
@@ -143,6 +145,17 @@ def lower_priority(nice: int = WORDS_NICE) -> None:
         os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), nice)
 
 
+def kept_copy(path: Path, folder: Path) -> Path:
+    """``path`` under the same name in ``folder``: a hard link where the file system allows, else a copy."""
+    folder.mkdir(parents=True, exist_ok=True)
+    kept = folder / Path(path).name
+    try:
+        os.link(path, kept)
+    except OSError:
+        shutil.copyfile(path, kept)
+    return kept
+
+
 class WordsAbandoned(Exception):
     """Raised into a words reader's progress to stop it: the video it reads for was not added."""
 
@@ -153,12 +166,22 @@ class WordsRun:
     bug), the video still goes in by its pictures, with one line saying so (its stack in the log only)."""
 
     def __init__(self, reader: WordsReader | None, path: Path, sidecar: Path | None, shown: str,
-                 slots: threading.Semaphore | None = None, after: bool = False) -> None:
+                 slots: threading.Semaphore | None = None, after: bool = False,
+                 keep_in: Path | None = None) -> None:
         """``slots``: words readings at once (a reading waits for one: words that follow a video added by
         its pictures read on while the next upload's pictures are extracted, never more at a time);
-        ``after``: the reading starts once the pictures are done (``detach``), not beside them."""
+        ``after``: the reading starts once the pictures are done (``detach``), not beside them; ``keep_in``:
+        a folder to keep the files in while they are read (an upload's caller deletes its own once the
+        upload returns, and the words may follow it): linked (else copied) into a work folder there, removed
+        after."""
         if reader is not None and not reader.describe().get("sources"):
             reader = None  # (--words off: nothing to read, nothing to say about words)
+        self.kept: Path | None = None
+        if reader is not None and keep_in is not None:
+            keep_in.mkdir(parents=True, exist_ok=True)
+            self.kept = Path(tempfile.mkdtemp(prefix="work-", dir=keep_in))  # (swept after a crash)
+            path = kept_copy(path, self.kept)
+            sidecar = kept_copy(sidecar, self.kept / "sidecar") if sidecar is not None else None
         self.reader, self.shown, self.slots = reader, shown, slots
         self.waiting = slots is not None
         self.go = threading.Event()  # the reading may start
@@ -203,6 +226,8 @@ class WordsRun:
                                "by its pictures only")
         finally:
             self.seconds = time.perf_counter() - t0
+            if self.kept is not None:
+                shutil.rmtree(self.kept, ignore_errors=True)
 
     def _progress(self, fraction: float) -> None:
         """The reader's progress (its thread): the upload's latest stage is told again with the words' new
@@ -563,7 +588,8 @@ class IngestService:
                                f"{shown}: already in the gallery as “{duplicate['title']}”.")
         # the words from the original file (a re-encoded copy keeps no subtitle track), beside the copy and
         # the pictures
-        words = WordsRun(self.words, path, arrival.sidecar, shown, self._slots, after=not words_beside())
+        words = WordsRun(self.words, path, arrival.sidecar, shown, self._slots, after=not words_beside(),
+                         keep_in=self.media.dir if way.copy == "store" else None)
         both = words.beside(report)
         try:
             copy, playable, reencoded = self._playable(path, sha, way, session, both)
