@@ -184,7 +184,9 @@ def test_an_upload_reads_its_words_beside_its_pictures_and_is_found_by_them(
         assert out["status"] == "added", out
         out = joined(predictor, out)  # (with it, or after it when the pictures were done first)
         (call,) = reader.calls
-        assert call["path"] == clip and call["sidecar"] == srt  # the original file (its tracks), the sidecar
+        # the original file (its tracks) and the sidecar, kept as links while read (the caller deletes its)
+        assert (call["path"].name, call["sidecar"].name) == (clip.name, srt.name)
+        assert call["path"].parent.name.startswith("work-") and not call["path"].exists()  # removed after
         assert call["thread"] != threading.current_thread().name
         (span,) = spans
         assert call["t0"] < span[1] and span[0] < call["t1"]  # read while the pictures were extracted
