@@ -283,9 +283,12 @@ class WordsRun:
         return self
 
     def abandon(self) -> None:
-        """The video failed: its words are not wanted (the thread ends on its own, reporting nothing)."""
+        """The video failed: its words are not wanted (the thread ends on its own, reporting nothing) and
+        the files kept for them go now (a failed upload leaves no file behind)."""
         self.abandoned = True
         self.go.set()
+        if self.kept is not None:
+            shutil.rmtree(self.kept, ignore_errors=True)
 
     @property
     def segments(self) -> tuple:
