@@ -62,7 +62,6 @@ from prvr.serve.page import (
     SEEK_JS,
     SUBTITLES_LABEL,
     TITLE_LABEL,
-    UPLOAD_TABLE_HEAD,
     card_html,
     folder_line,
     info_markdown,
@@ -70,9 +69,9 @@ from prvr.serve.page import (
     refusal_html,
     score_range,
     summary_html,
-    unmatched_row,
     upload_intro,
-    upload_row,
+    upload_table,
+    words_following,
 )
 from prvr.serve.predictor import Predictor
 from prvr.serve.routes import MAX_TOP_K, api_response, offset_value, routes, top_k_value
@@ -247,6 +246,8 @@ def add_videos_tab(predictor: Predictor, session: gr.State, sessions: ClosedSess
     with gr.Row(equal_height=True):
         yours = gr.Dropdown([], label="Your uploads", scale=3, elem_id="your-uploads")
         remove_btn = gr.Button("Remove from the gallery", scale=1, elem_id="remove-upload")
+    # the table's rows, told again each second while a video's words follow it (it joined by its pictures)
+    shown, follow = gr.State([]), gr.Timer(1.0, active=False)
 
     def add_files(paths: list[str] | None, subtitle_paths: list[str] | None, wanted: str | None,
                   state: SessionGallery | None, mine: list, request: gr.Request,
@@ -255,14 +256,16 @@ def add_videos_tab(predictor: Predictor, session: gr.State, sessions: ClosedSess
         """Add every file (with its subtitle file, matched by name), one after the other, and report per
         file; the file lists are emptied (the server's copies are deleted once handled, so a second click
         could not read them). A title (``wanted``) names one video: it is the name the video is found by."""
-        unchanged = (state, gr.update(), subtitle_paths, mine, gr.update(), gr.update())
+        unchanged = (state, gr.update(), subtitle_paths, mine, gr.update(), gr.update(), gr.update(),
+                     gr.update())
         if not paths:
             return ("Choose one or more video files first.", *unchanged)
         wanted = (wanted or "").strip()
         if wanted and len(paths) > 1:
             return (f"A title names one video, and {len(paths)} files are chosen: add them one at a time to "
                     "title each, or leave the title empty.", state, paths, *unchanged[2:])
-        rows, mine = list(UPLOAD_TABLE_HEAD), list(mine or [])
+        rows: list[tuple[str, dict | None]] = []
+        mine = list(mine or [])
         # Gradio keeps the user's file names on its copies
         sidecars, unmatched = pair_sidecars([os.path.basename(p) for p in paths], subtitle_paths or [])
         for i, path in enumerate(paths):
@@ -274,15 +277,17 @@ def add_videos_tab(predictor: Predictor, session: gr.State, sessions: ClosedSess
             outcome = predictor.add_video(path, state, progress=report, name=known_as,
                                           subtitles=sidecars.get(name))
             discard_upload_copy(path)
-            rows.append(upload_row(name, outcome))
+            rows.append((name, outcome))
             record = predictor.video_record(outcome["video_id"], [state] if state is not None else []) \
                 if outcome["status"] == "added" else None
             if record is not None:
                 mine.append([record.get("title") or record["id"], record["id"]])
-        rows += [unmatched_row(os.path.basename(p)) for p in unmatched]
+        rows += [(os.path.basename(p), None) for p in unmatched]
         for path in subtitle_paths or []:
             discard_upload_copy(path)
-        return "\n".join(rows), state, None, None, mine, owned_choices(mine), "" if wanted else gr.update()
+        following = any(words_following(o) for _, o in rows)
+        return (upload_table(rows), state, None, None, mine, owned_choices(mine),
+                "" if wanted else gr.update(), rows, gr.Timer(active=following))
 
     def remove(video_id: str | None, state: SessionGallery | None, mine: list) -> tuple:
         """Remove one of this session's own uploads from the gallery it joined (no other video: the id must
@@ -300,10 +305,18 @@ def add_videos_tab(predictor: Predictor, session: gr.State, sessions: ClosedSess
         return (f"Removed “{html.escape(chosen[0])}”: it is no longer in the gallery.", mine,
                 owned_choices(mine))
 
+    def words_progress(rows: list, state: SessionGallery | None) -> tuple[str, list, gr.Timer]:
+        """The upload table with its videos' words as they are now (read, or joined)."""
+        rows = [(name, (predictor.upload_outcome(o["video_id"], state) or o) if words_following(o) else o)
+                for name, o in rows]
+        return upload_table(rows), rows, gr.Timer(active=any(words_following(o) for _, o in rows))
+
     remove_btn.click(remove, [yours, session, owned], [status, owned, yours], api_visibility="private",
                      concurrency_id="heavy", concurrency_limit=1)
+    follow.tick(words_progress, [shown, session], [status, shown, follow], api_visibility="private",
+                show_progress="hidden", concurrency_limit=None)
     return add_btn.click(add_files, [files, subtitles, title, session, owned],
-                         [status, session, files, subtitles, owned, yours, title],
+                         [status, session, files, subtitles, owned, yours, title, shown, follow],
                          api_visibility="private", concurrency_id="heavy", concurrency_limit=1)
 
 

@@ -14,8 +14,11 @@ the upload is removed before the next mode adds it again), so ``all`` against ``
 words adds to the wait. Besides the footage (no audio), real recorded speech: ``--clips`` files as they are
 (default: ``../shared``'s NASA narration with its subtitle track, where present) and a ``--talk-seconds``
 long copy of the first of them (its video, audio and subtitle packets looped, not re-encoded). Prints JSON:
-per upload the seconds waited, the video's seconds and their ratio, the words read (segments, sources,
-skipped, seconds) and the machine's load (the numbers move with it); ``words_added_s`` per clip.
+per upload the seconds waited until it was searchable (``searchable_s``: by its pictures, its words
+following where they take longer) and until its words joined (``words_joined_s``, polled as the page does:
+``Predictor.upload_outcome``), the video's seconds and their ratio, the words read (segments, sources,
+skipped, seconds) and the machine's load (the numbers move with it); ``words_added_s`` per clip: what the
+words added to the wait until searchable and until they joined, against the video's own duration.
 """
 
 from __future__ import annotations
@@ -108,10 +111,15 @@ def main() -> None:
                 waited = time.perf_counter() - t0
                 assert outcome["status"] == "added", outcome
                 assert outcome["video_id"] in [h["video_id"] for h in hits]
+                while ((outcome.get("words") or {}).get("state")) == "following":
+                    time.sleep(0.1)
+                    outcome = predictor.upload_outcome(outcome["video_id"]) or outcome
+                joined = time.perf_counter() - t0
                 seconds = predictor.index.record(outcome["video_id"])["duration"]
                 predictor.ingest.remove([outcome["video_id"]])  # the next mode adds the same bytes again
                 rows.append({"clip": clip.name, "words": mode, "video_s": round(seconds, 2),
                              "added_s": round(added, 2), "searchable_s": round(waited, 2),
+                             "words_joined_s": round(joined, 2),
                              "video_s_per_s": round(seconds / waited, 2), "read": outcome.get("words"),
                              "load_avg_1min": round(load, 2)})
     finally:
@@ -120,6 +128,7 @@ def main() -> None:
     if "off" in args.words:
         off = {r["clip"]: r["searchable_s"] for r in rows if r["words"] == "off"}
         added = {r["clip"]: {"words": r["words"], "added_s": round(r["searchable_s"] - off[r["clip"]], 2),
+                             "joined_added_s": round(r["words_joined_s"] - off[r["clip"]], 2),
                              "video_s": r["video_s"]} for r in rows if r["words"] != "off"}
     print(json.dumps({"cpu_cores": len(os.sched_getaffinity(0)), "torch_threads": torch.get_num_threads(),
                       "profile": profile, "start_s": round(started, 1),

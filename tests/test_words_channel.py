@@ -321,3 +321,69 @@ def test_real_subtitles_match_their_lines_and_off_topic_queries_get_no_strong_ma
     for text in queries:
         response = search_text([g], text, encode_text, k=3, confidence=CalibratedConfidence(cfg))
         assert response.no_strong_match, (text, [r["words"] for r in response.results])
+
+
+# ------------------------------------------------------------------ words after pictures (issue #43 item 4)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_words_join_a_video_added_by_its_pictures_in_one_update(backend: str, tmp_path: Path, model,
+                                                                bank) -> None:
+    """``Gallery.set_words``: a video added without words gains them in one update and ranks by them (its
+    exact scores, record and place unchanged), after reopening too; they can be replaced and cleared; an
+    unknown id, bad words or words without a text encoder change nothing."""
+    vs = videos(6, seed=11)
+    g = open_place(backend, tmp_path, model, bank)
+    g.add(vs)
+    text = LINES[1][0].text
+    q = query(model, text)
+    before = g.rank(q, k=6, text=text)
+    assert not any(h.words for h in before.hits)
+    ids = g.ids
+    with pytest.raises(GalleryError, match="no text_encoder"):
+        g.set_words(vs[4].id, LINES[1])
+    with pytest.raises(GalleryError, match="no video with id 'nope'"):
+        g.set_words("nope", LINES[1], text_encoder=encode_text)
+    with pytest.raises(GalleryError, match=r"words\[0\] is a str"):
+        g.set_words(vs[4].id, ["Q3 revenue"], text_encoder=encode_text)
+    assert not any(h.words for h in g.rank(q, k=6, text=text).hits)
+    g.set_words(vs[4].id, LINES[1], text_encoder=encode_text)
+    for reopen in (False, True):
+        if reopen:
+            g.close()
+            g = open_place(backend, tmp_path, model, bank)
+        ev = g.rank(q, k=6, text=text)
+        assert ev.hits[0].id == vs[4].id and ev.hits[0].words[0].text == text
+        assert {h.id: h.total for h in ev.hits} == {h.id: h.total for h in before.hits}
+        assert g.ids == ids and g.record(vs[4].id) == vs[4].record()
+    g.set_words(vs[4].id, LINES[3], text_encoder=encode_text)  # replaced: the old lines are gone
+    assert not any(h.words for h in g.rank(q, k=6, text=text).hits)
+    other = LINES[3][0].text
+    assert g.rank(query(model, other), k=6, text=other).hits[0].id == vs[4].id
+    g.set_words(vs[4].id, (), text_encoder=encode_text)  # cleared
+    assert g.storage.view().words() is None
+    g.close()
+
+
+def test_a_words_update_cut_short_leaves_the_old_words(tmp_path: Path, model, bank,
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """The built-in store's words update is one manifest swap: a write that fails before it changes
+    nothing a reader or a reopened gallery sees, and a search that started before it keeps its view."""
+    from prvr.index import store
+
+    vs = videos(4, seed=12)
+    g = open_place("builtin", tmp_path, model, bank)
+    g.add(vs)
+    view = g.storage.view()
+
+    def fail(*args: object, **kwargs: object) -> None:
+        raise OSError("disk full")
+
+    with monkeypatch.context() as patched:
+        patched.setattr(store, "commit_manifest", fail)
+        with pytest.raises(OSError, match="disk full"):
+            g.set_words(vs[0].id, LINES[2], text_encoder=encode_text)
+    assert g.storage.view().words() is None
+    assert open_place("builtin", tmp_path, model, bank).storage.view().words() is None
+    g.set_words(vs[0].id, LINES[2], text_encoder=encode_text)
+    assert view.words() is None and g.storage.view().words() is not None  # the old view: old words

@@ -98,9 +98,11 @@ class ScriptedReader:
     one skipped source for every video, records what it was asked and when, and reads for ``seconds``."""
 
     def __init__(self, text: str = "a purple giraffe sings opera", seconds: float = 0.0,
-                 fail: bool = False) -> None:
-        self.text, self.seconds, self.fail = text, seconds, fail
+                 fail: bool = False, gate: threading.Event | None = None) -> None:
+        """``gate``: the reading ends once it is set (instead of after ``seconds``)."""
+        self.text, self.seconds, self.fail, self.gate = text, seconds, fail, gate
         self.calls: list[dict] = []
+        self.told = threading.Event()  # set once the reading told its progress
 
     def describe(self) -> dict:
         return {"mode": "all", "sources": ["subtitles"], "models": {}}
@@ -114,12 +116,38 @@ class ScriptedReader:
         self.calls.append(call)
         if progress is not None:
             progress(0.4)
+        self.told.set()
+        if self.gate is not None:
+            assert self.gate.wait(60)
         time.sleep(self.seconds)
         call["t1"] = time.monotonic()
         if self.fail:
             raise RuntimeError("a bug in a words source")
         return WordsReport(segments=(WordSegment("subtitles", 0.5, 1.5, self.text),),
                            skipped=("speech: the file has no audio stream",), sources=("subtitles",))
+
+
+def joined(predictor, out: dict, session=None, within_s: float = 60.0) -> dict:
+    """The upload's outcome once its words no longer follow the video (asked again as the page does)."""
+    deadline = time.monotonic() + within_s
+    while (out.get("words") or {}).get("state") == "following":
+        assert time.monotonic() < deadline, out
+        time.sleep(0.05)
+        out = predictor.upload_outcome(out["video_id"], session) or out
+    return out
+
+
+def joined_api(client, out: dict, within_s: float = 60.0) -> dict:
+    """An API caller's wait for an upload's words: /info's ``words_follow`` until they joined; the upload's
+    ``words`` then."""
+    deadline = time.monotonic() + within_s
+    while (out.get("words") or {}).get("state") == "following":
+        assert time.monotonic() < deadline, out
+        time.sleep(0.1)
+        info = client.predict(api_name="/info")
+        now = [o for o in info["words_follow"] if o["video_id"] == out["video_id"]]
+        out = now[-1] if now else out
+    return out
 
 
 def timed_extractor(predictor) -> list[tuple[float, float]]:
@@ -138,8 +166,11 @@ def timed_extractor(predictor) -> list[tuple[float, float]]:
     return spans
 
 
-def test_an_upload_reads_its_words_beside_its_pictures_and_is_found_by_them(tmp_path: Path,
-                                                                            make_predictor) -> None:
+def test_an_upload_reads_its_words_beside_its_pictures_and_is_found_by_them(
+        tmp_path: Path, make_predictor, monkeypatch: pytest.MonkeyPatch) -> None:
+    from prvr.serve import ingest
+
+    monkeypatch.setattr(ingest, "BESIDE_MIN_CORES", 1)  # cores that allow it (this machine has 2)
     predictor = make_predictor(tmp_path / "data", uploads="shared")
     try:
         reader = predictor.ingest.words = ScriptedReader(seconds=1.5)
@@ -151,8 +182,11 @@ def test_an_upload_reads_its_words_beside_its_pictures_and_is_found_by_them(tmp_
         out = predictor.add_video(clip, progress=lambda _, stage: stages.append(stage), name="talk.mp4",
                                   subtitles=srt)
         assert out["status"] == "added", out
+        out = joined(predictor, out)  # (with it, or after it when the pictures were done first)
         (call,) = reader.calls
-        assert call["path"] == clip and call["sidecar"] == srt  # the original file (its tracks), the sidecar
+        # the original file (its tracks) and the sidecar, kept as links while read (the caller deletes its)
+        assert (call["path"].name, call["sidecar"].name) == (clip.name, srt.name)
+        assert call["path"].parent.name.startswith("work-") and not call["path"].exists()  # removed after
         assert call["thread"] != threading.current_thread().name
         (span,) = spans
         assert call["t0"] < span[1] and span[0] < call["t1"]  # read while the pictures were extracted
@@ -170,6 +204,79 @@ def test_an_upload_reads_its_words_beside_its_pictures_and_is_found_by_them(tmp_
         predictor.close()
 
 
+def test_a_video_is_searchable_by_its_pictures_first_and_its_words_join_it(
+        tmp_path: Path, make_predictor, caplog: pytest.LogCaptureFixture,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue #43 item 4: an upload whose words take longer than its pictures is added at once, searchable by
+    its pictures, and says "words: 40 %" (its outcome, /info's words_follow); once read, the words join it
+    in one gallery update and rank it first, and --persist keeps them (a restore has them). A reading that
+    fails after the video joined is one skipped line; a video removed meanwhile is one log line. Where the
+    cores do not allow reading beside the pictures (2 here), the words are read once they are done."""
+    from prvr.serve import ingest
+
+    monkeypatch.setattr(ingest, "BESIDE_MIN_CORES", 10**6)
+    bucket = tmp_path / "bucket"
+    predictor = make_predictor(tmp_path / "data", uploads="shared", persist=bucket)
+    try:
+        predictor.ingest.words = None  # a video without words beside it
+        plain = predictor.add_video(write_clip(tmp_path / "plain.mp4", frames=30), name="plain.mp4")
+        gate = threading.Event()
+        reader = predictor.ingest.words = ScriptedReader(gate=gate)
+        spans = timed_extractor(predictor)
+        talk = write_clip(tmp_path / "talk.mp4", frames=36, size=(80, 48))
+        out = predictor.add_video(talk, name="talk.mp4")
+        assert out["status"] == "added" and out["words"]["state"] == "following", out
+        assert re.search(r"searchable now by its pictures, its words follow \(words: (waiting|\d+ %)\)\.",
+                         out["message"]), out["message"]
+        assert reader.told.wait(30)  # (its reading may not have begun when the pictures were done)
+        assert reader.calls[0]["t0"] >= spans[0][1]  # after the pictures
+        out = predictor.upload_outcome(out["video_id"])
+        assert out["words"]["percent"] == 40
+        assert "searchable now by its pictures, its words follow (words: 40 %)." in out["message"]
+        query = "purple giraffe sings opera"
+        hits = predictor.search(query, k=5).results
+        assert {h["video_id"] for h in hits} == {plain["video_id"], out["video_id"]}
+        assert all(h["words"] == [] for h in hits)  # meanwhile: its pictures' evidence only
+        assert predictor.describe()["words_follow"] == [out]
+        gate.set()
+        done = joined(predictor, out)
+        assert done["words"]["state"] == "joined" and done["words"]["segments"] == 1, done
+        assert "then its words joined with 1 line of words (subtitles)." in done["message"]
+        assert done["message"].endswith(" Words skipped: speech: the file has no audio stream.")
+        assert predictor.describe()["words_follow"] == [done]
+        hit = predictor.search(query, k=5).results[0]
+        assert hit["video_id"] == out["video_id"] and hit["words"][0]["text"] == ScriptedReader().text
+        # a reading that fails after the video joined, and a video removed before its words joined
+        failing = threading.Event()
+        predictor.ingest.words = ScriptedReader(gate=failing, fail=True)
+        broken = predictor.add_video(write_clip(tmp_path / "x.mp4", frames=26, size=(64, 48)), name="x.mp4")
+        failing.set()
+        broken = joined(predictor, broken)
+        assert broken["words"]["state"] == "joined" and broken["video_id"] in predictor.index.ids
+        assert "no words were found" in broken["message"]
+        assert "Words skipped: words: unexpected server error (error id " in broken["message"]
+        late = threading.Event()
+        predictor.ingest.words = ScriptedReader(gate=late)
+        gone = write_clip(tmp_path / "gone.mp4", frames=28, size=(48, 48))
+        gone = predictor.add_video(gone, name="gone.mp4")
+        predictor.ingest.remove([gone["video_id"]])
+        with caplog.at_level(logging.INFO):
+            late.set()
+            gone = joined(predictor, gone)
+        assert gone["words"]["state"] == "failed" and "its words could not join it" in gone["message"]
+        assert [r.levelno for r in caplog.records if "gone.mp4 could not join" in r.getMessage()] == [
+            logging.WARNING]
+        profile = predictor.ingest.persist.profile
+    finally:
+        predictor.close()
+    from prvr.serve.persist import PersistentStore
+
+    restored = {v.id: v.words for v in PersistentStore(bucket, profile).restore()}  # what a restart adds
+    assert [w.text for w in restored[out["video_id"]]] == [ScriptedReader().text]
+    assert restored[plain["video_id"]] == restored[broken["video_id"]] == ()
+    assert gone["video_id"] not in restored
+
+
 def test_a_failing_reader_still_indexes_the_video_by_its_pictures(tmp_path: Path, make_predictor,
                                                                   caplog: pytest.LogCaptureFixture) -> None:
     predictor = make_predictor(tmp_path / "data", uploads="shared")
@@ -177,10 +284,11 @@ def test_a_failing_reader_still_indexes_the_video_by_its_pictures(tmp_path: Path
         predictor.ingest.words = ScriptedReader(fail=True)
         with caplog.at_level(logging.INFO):
             out = predictor.add_video(write_clip(tmp_path / "x.mp4", frames=30), name="x.mp4")
+            out = joined(predictor, out)  # (with it, or after it)
         assert out["status"] == "added" and out["video_id"] in predictor.index.ids
         assert re.search(r"Words skipped: words: unexpected server error \(error id \w{8}\); the video is "
                          r"searched by its pictures only\.", out["message"]), out["message"]
-        assert "no words found" in out["message"] and out["words"]["segments"] == 0
+        assert re.search("no words (were )?found", out["message"]) and out["words"]["segments"] == 0
         errors = [r for r in caplog.records if r.levelno >= logging.ERROR]
         assert len(errors) == 1 and "reading the words of x.mp4 failed" in errors[0].getMessage()
     finally:
@@ -241,6 +349,7 @@ def test_the_api_takes_a_sidecar_and_a_query_naming_its_line_finds_the_video_fir
     client = Client(url, verbose=False)
     added = client.predict(handle_file(str(clip)), "", handle_file(str(srt)), api_name="/add_video")
     assert added["status"] == "added", added
+    added = joined_api(client, added)
     assert "subtitles" in added["words"]["sources"] and added["words"]["segments"] >= 2, added
     hits = client.predict("purple giraffe sings opera", 5, 0.7, api_name="/search")["results"]
     assert hits[0]["video_id"] == added["video_id"]
@@ -260,9 +369,10 @@ def test_a_bad_subtitle_file_is_one_skipped_line_and_the_video_is_added(served: 
     clip = write_clip(tmp_path / "broken subs.mp4", frames=40, size=(64, 64))
     bad = tmp_path / "broken subs.srt"
     bad.write_bytes(b"\xff\xfe\x00garbage \x00\x01 not subtitles at all" * 10)
-    added = Client(served[0], verbose=False).predict(handle_file(str(clip)), "", handle_file(str(bad)),
-                                                     api_name="/add_video")
+    client = Client(served[0], verbose=False)
+    added = client.predict(handle_file(str(clip)), "", handle_file(str(bad)), api_name="/add_video")
     assert added["status"] == "added", added
+    added = joined_api(client, added)
     assert any(s.startswith("subtitles") for s in added["words"]["skipped"]), added["words"]
     assert "Words skipped: subtitles" in added["message"]
     assert "Traceback" not in capfd.readouterr().err
@@ -284,16 +394,64 @@ def test_mcp_add_video_takes_a_sidecar_in_the_videos_forms(served: tuple, tmp_pa
                               ("add_video", {"video": video, "subtitles": str(outside)}))
     assert not added.isError, added.content[0].text
     out = json.loads(added.content[0].text)  # a session upload (each MCP call is a session of its own)
-    assert out["status"] == "added" and out["words"]["segments"] >= 2, out
+    assert out["status"] == "added", out
+    # its words joined with it, or follow it in that session (which no later call can see)
+    assert out["words"]["segments"] >= 2 or out["words"]["state"] == "following", out
     assert refused.isError and "outside the allowed dirs" in refused.content[0].text  # the one path check
     # an allowed server path joins the shared gallery, with its sidecar: any later call finds it by its line
     allowed = Path(predictor.settings.mcp_allow_paths)
     shared = write_clip(allowed / "operator opera.mp4", frames=50, size=(72, 72))
     keeper = "the lighthouse keeper counts seven ships"
     (allowed / "operator opera.vtt").write_text(f"WEBVTT\n\n00:00:01.000 --> 00:00:02.500\n{keeper}\n")
-    added, found = call_mcp(url, ("add_video", {"video": str(shared), "subtitles": str(allowed /
-                                                                                    "operator opera.vtt")}),
-                            ("search", {"query": "lighthouse keeper counts seven ships", "top_k": 3}))
+    (added,) = call_mcp(url, ("add_video", {"video": str(shared), "subtitles": str(allowed /
+                                                                                "operator opera.vtt")}))
     assert added.structuredContent["status"] == "added", added.content[0].text
+    joined(predictor, added.structuredContent)  # its words joined (with it, or after it)
+    (found,) = call_mcp(url, ("search", {"query": "lighthouse keeper counts seven ships", "top_k": 3}))
     first = found.structuredContent["results"][0]
     assert first["video_id"] == added.structuredContent["video_id"] and first["words"][0]["text"] == keeper
+
+
+def test_the_page_says_words_follow_and_when_they_joined(served: tuple, tmp_path: Path) -> None:
+    """Issue #43 item 4 on the page: an upload whose words take longer than its pictures shows, in its row
+    of the upload table, that it is searchable and "words: 40 %", then (asked again each second) that its
+    words joined; /info tells its session, not another."""
+    from gradio_client import Client
+
+    from tests.servers import PATIENCE_MS
+    from tests.test_browser import CHROMIUM, CHROMIUM_ARGS, until
+
+    if not Path(CHROMIUM).exists():
+        pytest.skip("no chromium: install Debian's chromium package to run the browser test")
+    sync_api = pytest.importorskip("playwright.sync_api", reason="the playwright package is not installed")
+    url, predictor, _ = served
+    gate, reader = threading.Event(), predictor.ingest.words
+    predictor.ingest.words = ScriptedReader(text="the walrus recites a sonnet", gate=gate)
+    clip = write_clip(tmp_path / "walrus.mp4", frames=40, size=(72, 48))
+    try:
+        with sync_api.sync_playwright() as p:
+            browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+            page = browser.new_page()
+            page.set_default_timeout(PATIENCE_MS)
+            page.goto(url)
+            page.get_by_role("tab", name="Add videos").click()
+            page.get_by_role("button", name="Add to gallery").wait_for()  # the tab drawn, its inputs wired
+            page.locator("#upload-files input[type=file]").set_input_files(str(clip))
+            chosen = page.locator("#upload-files")
+            assert until(lambda: "walrus.mp4" in chosen.inner_text()), chosen.inner_text()
+            page.get_by_role("button", name="Add to gallery").click()
+            row = page.locator("#upload-status table tr", has_text="walrus.mp4").first
+            row.wait_for()
+            following = "searchable now by its pictures, its words follow (words: 40 %)"
+            assert until(lambda: following in row.inner_text()), row.inner_text()
+            gate.set()
+            joined_row = "then its words joined with 1 line of words (subtitles)"
+            assert until(lambda: joined_row in row.inner_text()), row.inner_text()
+            browser.close()
+    finally:
+        gate.set()
+        predictor.ingest.words = reader
+    from extract.decode import sha256_file
+
+    others = Client(url, verbose=False).predict(api_name="/info")["words_follow"]  # another session's /info
+    assert f"upload:{sha256_file(clip)[:12]}" not in [o["video_id"] for o in others]

@@ -114,16 +114,20 @@ def check_videos(videos: Sequence[GalleryVideo], existing: Container[str]) -> No
 
 def check_words(video: GalleryVideo) -> None:
     """GalleryError unless the video's words are ``WordSegment``s, each with some text."""
-    words = video.words
+    check_segments(video.id, video.words)
+
+
+def check_segments(video_id: str, words: object) -> None:
+    """GalleryError unless ``words`` (video ``video_id``'s) are ``WordSegment``s, each with some text."""
     if not isinstance(words, Sequence) or isinstance(words, str | bytes):
-        raise GalleryError(f"video {video.id!r}: words must be a sequence of WordSegment, got "
+        raise GalleryError(f"video {video_id!r}: words must be a sequence of WordSegment, got "
                            f"{type(words).__name__}")
     for i, segment in enumerate(words):
         if not isinstance(segment, WordSegment):
-            raise GalleryError(f"video {video.id!r}: words[{i}] is a {type(segment).__name__}, not a "
+            raise GalleryError(f"video {video_id!r}: words[{i}] is a {type(segment).__name__}, not a "
                                "WordSegment")
         if not segment.text.strip():
-            raise GalleryError(f"video {video.id!r}: words[{i}] at {segment.start:g} s has no text")
+            raise GalleryError(f"video {video_id!r}: words[{i}] at {segment.start:g} s has no text")
 
 
 @dataclass(frozen=True)

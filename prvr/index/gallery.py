@@ -16,6 +16,7 @@ gallery = open_gallery(model, references, url=url, data_dir=data_dir, profile=pr
 gallery = private_gallery(model, references, directory)    # a new built-in one of its own (sessions, warm-up)
 len(gallery); gallery.ids; gallery.record(video_id); gallery.find_sha256(sha)
 gallery.add([GalleryVideo(..., words=segments)], text_encoder=encode); gallery.remove([video_id])
+gallery.set_words(video_id, segments, text_encoder=encode)   # a video's words, after it (one update)
 evidence = gallery.rank(q, k=10, weights=None, text=None)   # exact, best first (the same bits over both
                                                   # stores); text: the query's, for the words' lexical match
 gallery.describe(); gallery.data_folder(data_dir); gallery.media_paths(); gallery.close()
@@ -32,13 +33,16 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from extract.words.segment import WordSegment
 from prvr.index.encoding import (
     CONTEXT_BETA,
     GalleryError,
     GalleryVideo,
     ReferenceQueries,
+    bank_vectors,
     check_encoded,
     check_ids,
+    check_segments,
     check_videos,
     encode_for_index,
 )
@@ -50,7 +54,7 @@ from prvr.index.scoring import evidence_of, exact_of, is_csa, query_vector, refi
 from prvr.index.sketch import SKETCH, BoundQuery
 from prvr.index.storage import Catalog, DataFolder, Fixed, GalleryStore, Ragged, StoreView
 from prvr.index.store import IndexStoreError
-from prvr.index.words import TextEncoder, match_words
+from prvr.index.words import TextEncoder, encode_words, match_words
 from prvr.models.branches import EncodedQueries
 from prvr.plural import counted
 
@@ -239,6 +243,28 @@ class Gallery:
                                f"{fixed['ref_clip'].shape[1:]}")
         ids = [r["id"] for r in records]
         self.storage.append(records, fixed, ragged, lambda cat: check_ids(ids, cat.position))
+
+    def set_words(self, video_id: str, words: Sequence[WordSegment],
+                  text_encoder: TextEncoder | None = None) -> None:
+        """Give a live video these words (``WordSegment``s, replacing any it had) in one atomic update of its
+        store: a video added by its pictures first gains its words when they are read, and a search sees it
+        with the old words or the new, never half of them. An unknown id, bad words, or words without a
+        ``text_encoder`` (the profile's, as for ``add``) are a GalleryError and change nothing."""
+        check_segments(video_id, words)
+        words = tuple(words)
+        if words and text_encoder is None:
+            raise GalleryError(f"video {video_id!r}: words but no text_encoder was given to embed them "
+                               "(Gallery.set_words(video_id, words, text_encoder=...))")
+
+        def check(cat: Catalog) -> None:
+            if video_id not in cat.position:
+                raise GalleryError(f"no video with id {video_id!r} in {self.storage.where}")
+
+        check(self.catalog)  # before encoding: an unknown id costs nothing
+        # (an empty words_vec's width is the store's: a video without words stores none)
+        arrays = encode_words(self.model, words, text_encoder, 0, bank_vectors(self.references))
+        self.storage.set_words(video_id, arrays, check)  # checked again under the store's writer lock
+        log.info("the words of %s joined it: %s", video_id, counted(len(words), "line"))
 
     def remove(self, ids: Sequence[str]) -> None:
         """Remove videos by id in one update; an unknown id is a GalleryError and changes nothing (an id

@@ -62,6 +62,7 @@ from prvr.index.qdrant_store import (
     bound_rows,
     collection_spec,
     engine_eps,
+    pack,
     payload_bytes,
     unpack,
     video_point,
@@ -317,6 +318,12 @@ class QdrantStore:
         with self._reading:
             found = [p for i, p in self.videos.scroll([*RECORD, "seq", "words"]) if i != META_ID]
         found.sort(key=lambda p: p["seq"])
+        with self._wording:  # words another process replaced (``set_words``: a new count) are read again
+            changed = {int(p["seq"]) for p in found if int(p["seq"]) in self._word_arrays
+                       and len(self._word_arrays[int(p["seq"])]["words_start"]) != int(p.get("words", 0))}
+            if changed:
+                self._word_arrays = {s: a for s, a in self._word_arrays.items() if s not in changed}
+                self._words = None
         self._set_worded({int(p["seq"]) for p in found if p.get("words")})
         records = [{k: p[k] for k in RECORD if k in p} for p in found]
         return Catalog.of(records), [int(p["seq"]) for p in found]
@@ -495,6 +502,31 @@ class QdrantStore:
             return None
         got = self.fetch([int(s) for s in missing], "sketch") if len(missing) else {}
         return table.put(got)
+
+    def set_words(self, video_id: str, words: dict[str, np.ndarray],
+                  check: Callable[[Catalog], None]) -> None:
+        """Replace the video's words point (one upsert: the engine swaps a point whole) and its ``words``
+        count: the count says whether the point is read, so with words it is set after the point, without
+        words before it; either way one write makes the change visible."""
+        with self._writing:
+            check(self.catalog)
+            catalog, seqs = self._listing
+            seq, n = seqs[catalog.position[video_id]], len(words["words_start"])
+            point = PointData(array_id(seq, "words"), {}, pack({k: words[k] for k in WORDS}))
+            with self._reading:
+                if not n:
+                    self.videos.set_payload(seq, {"words": 0})
+                self.stores.arrays.upsert([point])
+                if n:
+                    self.videos.set_payload(seq, {"words": n})
+                self.stores.arrays.settle()
+                self.videos.settle()
+            with self._wording:
+                self._word_arrays.pop(seq, None)
+                if n:
+                    self._word_arrays[seq] = {k: words[k] for k in WORDS}  # (just written: not read back)
+                self._words = None
+            self._set_worded(self._worded | {seq} if n else self._worded - {seq})
 
     def fetch(self, seqs: Sequence[int], group: str) -> dict[int, dict[str, np.ndarray]]:
         """One group of arrays (``qdrant_store.GROUPS``) of videos by insertion number."""

@@ -114,6 +114,13 @@ class GalleryStore(Protocol):
     def remove(self, ids: Sequence[str], check: Callable[[Catalog], None]) -> None:
         """Remove live videos by id in one update; ``check(catalog)`` as for ``append``."""
 
+    def set_words(self, video_id: str, words: dict[str, np.ndarray],
+                  check: Callable[[Catalog], None]) -> None:
+        """Replace one live video's words arrays (``schema.WORDS``, one video's: ``words.encode_words``; an
+        empty ``words_vec`` may have any width) in one atomic, durable update: a read sees the old words or
+        the new, never a mix; the video's other arrays, record and id in the view stay as they were.
+        ``check(catalog)`` as for ``append``."""
+
     def view(self) -> StoreView:
         """A consistent view for one rank."""
 

@@ -39,7 +39,7 @@ from prvr.index.encoding import ReferenceQueries, segment_arrays
 from prvr.index.gallery import Gallery
 from prvr.index.query import Weights
 from prvr.index.rank import SHORTLIST, Exact, HeadQuery, Page, head_bounds
-from prvr.index.schema import FIXED, RAGGED, SCHEMA_VERSION
+from prvr.index.schema import FIXED, RAGGED, SCHEMA_VERSION, WORDS
 from prvr.index.scoring import VideoArrays, exact_of
 from prvr.index.sketch import BoundQuery, head_basis, sketch
 from prvr.index.snapshot import BASIS, Snapshot
@@ -218,6 +218,33 @@ class BuiltinStore:
                 seg = int(snap.segment_of(pos))
                 manifest["segments"][seg]["removed"].append(int(pos - snap.seg_start[seg]))
             manifest["segments"] = [s for s in manifest["segments"] if len(s["removed"]) < s["count"]]
+            return manifest
+
+        self._commit(change)
+
+    def set_words(self, video_id: str, words: dict[str, np.ndarray],
+                  check: Callable[[Catalog], None]) -> None:
+        """Rewrite the segment holding the video with its new words arrays, in its place in the manifest
+        (every position, removed row and other array as it was), in one manifest update; the old segment
+        is retired as any other."""
+        def change(snap: Snapshot, manifest: dict) -> dict:
+            check(snap.catalog)
+            pos = snap.position[video_id]
+            s = int(snap.segment_of(pos))
+            row, entry, seg = int(pos - snap.seg_start[s]), manifest["segments"][s], snap.segments[s]
+            arrays = {f[:-4]: seg[f[:-4]] for f in entry["files"] if f.endswith(".npy")}
+            for key in WORDS:
+                offset = seg[f"{RAGGED[key]}_offset"]
+                new = np.asarray(words[key], dtype=seg[key].dtype)
+                if not len(new):  # (an empty words_vec of any width: this segment's)
+                    new = new.reshape((0, *seg[key].shape[1:]))
+                arrays[key] = np.concatenate([seg[key][:offset[row]], new, seg[key][offset[row + 1]:]])
+                counts = np.array(seg[RAGGED[key]], dtype=np.int64)
+                counts[row] = len(new)
+                arrays[RAGGED[key]] = counts
+            written = store.write_segment(self.root, arrays, snap.opened[entry["name"]][1])
+            manifest["segments"] = list(manifest["segments"])
+            manifest["segments"][s] = dict(written, removed=list(entry["removed"]))
             return manifest
 
         self._commit(change)

@@ -18,10 +18,13 @@ their gallery in one update, then, where the way persists and the gallery is the
 ``--persist``. Upload progress moves at least once a second (``prvr.serve.progress``).
 
 Words (``extract.words.reader.WordsReader``, ``--words``): every arrival's words (subtitle tracks, a sidecar
-.srt / .vtt, speech, text on screen) are read from its original file in a thread beside its visual extraction,
-and join the gallery with it (``GalleryVideo.words``, embedded by the text encoder); a source that cannot be
-read is one line of the outcome's message ("words skipped: ..."), never a failure of the video. A restored
-video keeps the words --persist stored with it (nothing is read again).
+.srt / .vtt, speech, text on screen) are read from its original file in a thread (``WordsRun``, at a lower CPU
+priority), beside its visual extraction where the cores allow (``words_beside``), else once the pictures are
+done. Pictures first: a video whose words are read when its pictures are joins its gallery with them
+(``GalleryVideo.words``, embedded by the text encoder); else it joins by its pictures at once (searchable)
+and its words join it when read (``Gallery.set_words``, one update; ``Follow``, its outcome as of now: "words:
+40 %"). A source that cannot be read is one line of the outcome's message ("words skipped: ..."), never a
+failure of the video. A restored video keeps the words --persist stored with it (nothing is read again).
 """
 
 from __future__ import annotations
@@ -30,6 +33,9 @@ import contextlib
 import contextvars
 import dataclasses
 import logging
+import os
+import shutil
+import tempfile
 import threading
 import time
 import uuid
@@ -113,6 +119,42 @@ class _Ready:
     playable: Path  # the file the gallery serves
     notes: str  # for the outcome's message (decoder warnings, GPU seconds asked, words skipped)
     words: dict | None = None  # its words' ``WordsRun.summary``
+    run: WordsRun | None = None  # its words, read beside its pictures (``IngestService._index`` decides)
+    follow: Follow | None = None  # its words, following it (joined by its pictures first)
+
+
+# the words' threads run at this niceness (Linux: per thread, and the threads they start inherit it): where
+# the cores are busy the pictures go first, so a video is searchable by them as soon as without words, and
+# its words take the cores the pictures leave (benchmarks/RESULTS.md, issue #43 item 4)
+WORDS_NICE = 10
+# Where the words are read beside the pictures: with at least this many cores for the process. The reader's
+# sources hold the GIL in steps (pocketsphinx's 20 ms calls, PyAV decoding, numpy), so on 2 cores the
+# pictures beside them took 8x as long whatever the words' niceness (benchmarks/RESULTS.md, issue #43 item
+# 4); there an upload's words are read once its pictures are done and the video is searchable.
+BESIDE_MIN_CORES = 4
+
+
+def words_beside() -> bool:
+    """Whether the cores allow reading an upload's words beside its pictures (``BESIDE_MIN_CORES``)."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return cores >= BESIDE_MIN_CORES
+
+
+def lower_priority(nice: int = WORDS_NICE) -> None:
+    """Lower the calling thread's CPU priority (a no-op where the platform has no per-thread niceness)."""
+    with contextlib.suppress(AttributeError, OSError):
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), nice)
+
+
+def kept_copy(path: Path, folder: Path) -> Path:
+    """``path`` under the same name in ``folder``: a hard link where the file system allows, else a copy."""
+    folder.mkdir(parents=True, exist_ok=True)
+    kept = folder / Path(path).name
+    try:
+        os.link(path, kept)
+    except OSError:
+        shutil.copyfile(path, kept)
+    return kept
 
 
 Ready = _Ready  # a prepared arrival, as ``prepare`` answers it and ``commit`` takes it
@@ -127,8 +169,28 @@ class WordsRun:
     of None reads nothing). The reader never raises for bad words input; should it raise all the same (a
     bug), the video still goes in by its pictures, with one line saying so (its stack in the log only)."""
 
-    def __init__(self, reader: WordsReader | None, path: Path, sidecar: Path | None, shown: str) -> None:
-        self.reader, self.shown = reader, shown
+    def __init__(self, reader: WordsReader | None, path: Path, sidecar: Path | None, shown: str,
+                 slots: threading.Semaphore | None = None, after: bool = False,
+                 keep_in: Path | None = None) -> None:
+        """``slots``: words readings at once (a reading waits for one: words that follow a video added by
+        its pictures read on while the next upload's pictures are extracted, never more at a time);
+        ``after``: the reading starts once the pictures are done (``detach``), not beside them; ``keep_in``:
+        a folder to keep the files in while they are read (an upload's caller deletes its own once the
+        upload returns, and the words may follow it): linked (else copied) into a work folder there, removed
+        after."""
+        if reader is not None and not reader.describe().get("sources"):
+            reader = None  # (--words off: nothing to read, nothing to say about words)
+        self.kept: Path | None = None
+        if reader is not None and keep_in is not None:
+            keep_in.mkdir(parents=True, exist_ok=True)
+            self.kept = Path(tempfile.mkdtemp(prefix="work-", dir=keep_in))  # (swept after a crash)
+            path = kept_copy(path, self.kept)
+            sidecar = kept_copy(sidecar, self.kept / "sidecar") if sidecar is not None else None
+        self.reader, self.shown, self.slots = reader, shown, slots
+        self.waiting = slots is not None
+        self.go = threading.Event()  # the reading may start
+        if not after:
+            self.go.set()
         self.fraction = 0.0  # of the reading done, as the reader reports it
         self.report: WordsReport | None = None
         self.failed: str | None = None  # the line for an unexpected failure of the reader
@@ -150,8 +212,15 @@ class WordsRun:
     def _read(self, path: Path, sidecar: Path | None) -> None:
         """The thread: ``WordsReader.read``, its report kept (or the one line of an unexpected failure)."""
         t0 = time.perf_counter()
+        lower_priority()
         try:
-            self.report = self.reader.read(path, sidecar, progress=self._progress)
+            self.go.wait()
+            with self.slots or contextlib.nullcontext():
+                self.waiting = False
+                t0 = time.perf_counter()  # (the reading's own time, not its wait)
+                if self.abandoned:
+                    return
+                self.report = self.reader.read(path, sidecar, progress=self._progress)
         except Exception as error:
             if not self.abandoned:
                 error_id = uuid.uuid4().hex[:8]
@@ -161,6 +230,8 @@ class WordsRun:
                                "by its pictures only")
         finally:
             self.seconds = time.perf_counter() - t0
+            if self.kept is not None:
+                shutil.rmtree(self.kept, ignore_errors=True)
 
     def _progress(self, fraction: float) -> None:
         """The reader's progress (its thread): the upload's latest stage is told again with the words' new
@@ -177,8 +248,22 @@ class WordsRun:
             self.context.copy().run(sink, latest[0], f"{latest[1]}; {self.words()}")
 
     def words(self) -> str:
-        """The reading's progress in words: "words: 40 %"."""
-        return f"words: {100 * self.fraction:.0f} %"
+        """The reading's progress in words: "words: 40 %" ("words: waiting" for another video's)."""
+        if not self.go.is_set():
+            return "words: after the pictures"
+        return "words: waiting" if self.waiting else f"words: {100 * self.fraction:.0f} %"
+
+    @property
+    def done(self) -> bool:
+        """Whether the reading has ended (or there is none)."""
+        return self.thread is None or not self.thread.is_alive()
+
+    def detach(self) -> None:
+        """The pictures are done: the reading no longer tells the upload's progress (``words()`` still
+        does), and starts now if it waited for them."""
+        with self.lock:
+            self.sink = None
+        self.go.set()
 
     def beside(self, report: Progress) -> Progress:
         """``report`` (the upload's progress) with the words' share after each stage while they are read;
@@ -202,8 +287,12 @@ class WordsRun:
         return self
 
     def abandon(self) -> None:
-        """The video failed: its words are not wanted (the thread ends on its own, reporting nothing)."""
+        """The video failed: its words are not wanted (the thread ends on its own, reporting nothing) and
+        the files kept for them go now (a failed upload leaves no file behind)."""
         self.abandoned = True
+        self.go.set()
+        if self.kept is not None:
+            shutil.rmtree(self.kept, ignore_errors=True)
 
     @property
     def segments(self) -> tuple:
@@ -216,13 +305,18 @@ class WordsRun:
         lines = tuple(self.report.skipped) if self.report is not None else ()
         return lines + ((self.failed,) if self.failed else ())
 
-    def summary(self) -> dict | None:
-        """``{sources, segments, skipped, seconds}`` for the outcome (None where no words are read)."""
+    def summary(self, state: str = "joined") -> dict | None:
+        """``{state, sources, segments, skipped, seconds}`` for the outcome (None where no words are read);
+        ``state``: "joined" (with the video), "following" (read on after it joined by its pictures; then
+        ``percent`` says how far) or "failed" (read, but could not join it)."""
         if self.reader is None:
             return None
+        if state == "following":
+            return {"state": state, "percent": round(100 * self.fraction), "sources": [], "segments": 0,
+                    "skipped": [], "seconds": 0.0}
         sources = list(self.report.sources) if self.report is not None else []
-        return {"sources": sources, "segments": len(self.segments), "skipped": list(self.skipped),
-                "seconds": round(self.seconds, 2)}
+        return {"state": state, "sources": sources, "segments": len(self.segments),
+                "skipped": list(self.skipped), "seconds": round(self.seconds, 2)}
 
 
 def words_words(summary: dict | None) -> str:
@@ -237,6 +331,34 @@ def words_words(summary: dict | None) -> str:
 def skipped_words(run: WordsRun) -> str:
     """The outcome's sentences for the sources not read: " Words skipped: speech: no audio stream."."""
     return "".join(f" Words skipped: {line.rstrip('.')}." for line in run.skipped)
+
+
+@dataclass(eq=False)
+class Follow:
+    """A video added by its pictures whose words are still read: they join it when read
+    (``IngestService._follow``); ``outcome()`` is its upload's outcome as of now."""
+
+    video_id: str
+    gallery: Gallery
+    run: WordsRun
+    added: str  # the outcome's message up to the words: "talk.mp4: added in ... as “talk” (130 s)"
+    notes: str  # the outcome's notes (decoder warnings, GPU seconds asked)
+    state: str = "following"  # "following" | "joined" | "failed"
+    thread: threading.Thread | None = None
+
+    def outcome(self) -> Outcome:
+        """The upload's outcome now: searchable by its pictures and its words' progress, or what joined."""
+        if self.state == "following":
+            return Outcome("added", self.video_id, f"{self.added}; searchable now by its pictures, its words "
+                                                   f"follow ({self.run.words()}).{self.notes}",
+                           self.run.summary("following"))
+        words = self.run.summary(self.state)
+        if self.state == "failed":
+            joined = "its words could not join it (it is searched by its pictures only)"
+        else:
+            joined = f"its words joined{words_words(words)}" if words["segments"] else "no words were found"
+        return Outcome("added", self.video_id, f"{self.added}; searchable by its pictures, then {joined}."
+                                               f"{self.notes}{skipped_words(self.run)}", words)
 
 
 class UploadRefused(MediaError):
@@ -265,6 +387,12 @@ class IngestService:
         self.settings, self.persist = settings, persist
         self.words, self.text_encoder = words, text_encoder
         self._start: Extractor | None = None  # the start-up extractor, while ``starting`` lasts
+        # words read after their video joined by its pictures: one reading at a time (each reads its
+        # sources in parallel threads already), the recent ones kept for their uploads' progress
+        self._slots = threading.Semaphore(1)
+        self._follows: list[Follow] = []
+        self._joining = threading.Lock()  # a join, or ``close``: no words join a closed gallery
+        self._closed = False
 
     @contextlib.contextmanager
     def starting(self) -> Iterator[None]:
@@ -462,7 +590,8 @@ class IngestService:
                                f"{shown}: already in the gallery as “{duplicate['title']}”.")
         # the words from the original file (a re-encoded copy keeps no subtitle track), beside the copy and
         # the pictures
-        words = WordsRun(self.words, path, arrival.sidecar, shown)
+        words = WordsRun(self.words, path, arrival.sidecar, shown, self._slots, after=not words_beside(),
+                         keep_in=self.media.dir if way.copy == "store" else None)
         both = words.beside(report)
         try:
             copy, playable, reencoded = self._playable(path, sha, way, session, both)
@@ -475,7 +604,6 @@ class IngestService:
                 # the copy has the probed bytes unless it was re-encoded (then it is probed again)
                 features = extractor.extract(playable, None if reencoded else info, sha, work,
                                              Throttled(both))
-            found = words.wait(report)
         except BaseException:
             words.abandon()
             if copy is not None:
@@ -484,9 +612,9 @@ class IngestService:
         video_id = arrival.video_id or f"{way.prefix}{sha[:12]}"
         title = distinct_title(arrival.titles, taken) if arrival.titles else unique_title(shown, taken)
         video = GalleryVideo.from_features(video_id, features, title, self.media.portable(playable))
-        video = dataclasses.replace(video, words=found.segments)
-        notes = "".join(f" Note: {w}." for w in features.warnings) + notes + skipped_words(found)
-        return _Ready(video, shown, copy, playable, notes, found.summary())
+        words.detach()  # the pictures are done: the video joins now, its words with it or after it (_index)
+        notes = "".join(f" Note: {w}." for w in features.warnings) + notes
+        return _Ready(video, shown, copy, playable, notes, run=words)
 
     def _playable(self, path: Path, sha: str, way: Way, session: SessionGallery | None,
                   report: Progress) -> tuple[Path | None, Path, bool]:
@@ -502,12 +630,19 @@ class IngestService:
 
     def _index(self, ready: list[_Ready], gallery: Gallery, way: Way, report: Progress) -> None:
         """Add the ready videos in one update (raises, deleting their copies, when it fails), then persist
-        them."""
+        them. A video whose words are read joins with them; one whose words are still being read joins by
+        its pictures, searchable at once, and its words follow it (``_follow``)."""
         report(0.9, "indexing")
+        for r in ready:
+            if r.run is not None and r.run.done:
+                r.video = dataclasses.replace(r.video, words=r.run.segments)
+                r.notes, r.words, r.run = r.notes + skipped_words(r.run), r.run.summary(), None
         try:
             gallery.add([r.video for r in ready], text_encoder=self.text_encoder)
         except BaseException:
             for r in ready:
+                if r.run is not None:
+                    r.run.abandon()
                 if r.copy is not None:
                     r.copy.unlink(missing_ok=True)
             raise
@@ -518,6 +653,73 @@ class IngestService:
                 except OSError:
                     log.exception("%s is in the shared gallery but could not be saved to the persistent "
                                   "folder: it will be gone after a restart", r.shown)
+        for r in ready:
+            if r.run is not None:
+                self._follow(r, gallery, way)
+
+    def _follow(self, ready: _Ready, gallery: Gallery, way: Way) -> None:
+        """The words of a video that joined by its pictures join it once read (a thread waits for them)."""
+        follow = Follow(ready.video.id, gallery, ready.run, "", ready.notes)
+        ready.follow = follow
+        follow.thread = threading.Thread(target=self._join, args=(follow, way, ready.shown), daemon=True,
+                                         name=f"words-join-{ready.shown}")
+        with self._joining:  # the readings under way, and the last 64 that ended
+            ended = {id(f) for f in [f for f in self._follows if f.state != "following"][-64:]}
+            self._follows = [f for f in self._follows if f.state == "following" or id(f) in ended]
+            self._follows.append(follow)
+        follow.thread.start()
+
+    def _join(self, follow: Follow, way: Way, shown: str) -> None:
+        """(A follow's thread.) Wait for the words, then give them to the video in one gallery update and
+        to --persist; any failure is one logged line and the video stays, searched by its pictures."""
+        run = follow.run
+        if run.thread is not None:
+            run.thread.join()
+        words = run.segments
+        with self._joining:
+            if self._closed or run.abandoned:
+                follow.state = "failed"
+                return
+            try:
+                if words:  # (none read: the video has none already)
+                    follow.gallery.set_words(follow.video_id, words, text_encoder=self.text_encoder)
+                follow.state = "joined"
+            except Exception as error:  # the video was removed meanwhile, its session closed, a store error
+                follow.state = "failed"
+                log.warning("the words of %s could not join it (it stays, searched by its pictures): %s",
+                            shown, str(error).splitlines()[0] if str(error) else type(error).__name__)
+                return
+        log.info("the words of %s joined it after its pictures: %s in %.1f s", shown,
+                 counted(len(words), "line"), run.seconds)
+        if (words and way.persist and follow.gallery is self.shared and self.persist is not None):
+            try:
+                self.persist.record_words(follow.video_id, words)
+            except OSError as error:
+                log.warning("the words of %s could not be saved to the persistent folder: %s", shown, error)
+
+    def follows(self, galleries: Sequence[Gallery]) -> list[Follow]:
+        """The recent videos of these galleries whose words followed them, oldest first."""
+        with self._joining:
+            return [f for f in self._follows if any(f.gallery is g for g in galleries)]
+
+    def outcome_now(self, video_id: str, galleries: Sequence[Gallery]) -> Outcome | None:
+        """The outcome of the latest upload of this video into one of these galleries whose words followed
+        it, as of now (None: no words followed it)."""
+        found = [f for f in self.follows(galleries) if f.video_id == video_id]
+        return found[-1].outcome() if found else None
+
+    def close(self, wait_s: float = 2.0) -> None:
+        """No more words join: readings still going are stopped, and a join under way is waited for (the
+        galleries close after this)."""
+        with self._joining:
+            self._closed = True
+            follows = list(self._follows)
+        for f in follows:
+            f.run.abandon()
+        deadline = time.monotonic() + wait_s
+        for f in follows:
+            if f.thread is not None:
+                f.thread.join(max(0.0, deadline - time.monotonic()))
 
     def _kept_media(self, playable: Path) -> Path | None:
         """The file --persist keeps with a video: the app's own copy; None for a file served in place (a
@@ -525,11 +727,14 @@ class IngestService:
         return playable if playable.resolve().is_relative_to(self.media.dir.resolve()) else None
 
     def _added(self, ready: _Ready, where: str) -> Outcome:
-        """The outcome of an indexed video."""
+        """The outcome of an indexed video (its words', where they follow it: as of now)."""
         video = ready.video
-        return Outcome("added", video.id, f"{ready.shown}: added {where} as “{video.title}” "
-                                          f"({video.duration:.0f} s){words_words(ready.words)}; searchable "
-                                          f"now.{ready.notes}", ready.words)
+        added = f"{ready.shown}: added {where} as “{video.title}” ({video.duration:.0f} s)"
+        if ready.follow is not None:
+            ready.follow.added = added
+            return ready.follow.outcome()
+        return Outcome("added", video.id, f"{added}{words_words(ready.words)}; searchable now.{ready.notes}",
+                       ready.words)
 
     def _failed(self, shown: str, way: Way, error: Exception) -> Outcome:
         """The outcome of a video that was not added, logged once: one line for a known cause, the stack

@@ -362,6 +362,17 @@ def unmatched_row(name: str) -> str:
             "read with the video of the same name (talk.srt with talk.mp4) |")
 
 
+def upload_table(rows: list[tuple[str, dict | None]]) -> str:
+    """The upload table: a row per (file name, its outcome), or per (subtitle file, None) no video took."""
+    return "\n".join([*UPLOAD_TABLE_HEAD, *(upload_row(name, outcome) if outcome is not None
+                                            else unmatched_row(name) for name, outcome in rows)])
+
+
+def words_following(outcome: dict | None) -> bool:
+    """Whether an upload's words still follow its video (it joined by its pictures; ``words.state``)."""
+    return ((outcome or {}).get("words") or {}).get("state") == "following"
+
+
 def md_cell(text: str) -> str:
     """Text safe inside a Markdown table cell."""
     return html.escape(text).replace("|", "\\|").replace("\n", " ")

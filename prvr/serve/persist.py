@@ -8,6 +8,8 @@ under its final name, written once and never changed, so replicas cannot clash (
     DIR/entries/add-<vid>-<sha256>.prvr   a shared video added: feature rows, row times, duration, title,
                                           the media's sha256 and the feature profile
     DIR/entries/del-<vid>-<sha256>.prvr   a tombstone: the add entries (by name) a removal retires
+    DIR/entries/wrd-<vid>-<sha256>.prvr   words that joined a video after it was added: the add entries
+                                          (by name) they amend and the words (the newest amendment wins)
     DIR/media/<sha256><.ext>              the playable file, named by the sha256 of its bytes
     DIR/media/<sha256>.r<n><.ext>         the same bytes again where an earlier file of that name is cut short
 
@@ -224,6 +226,17 @@ class PersistentStore:
             self.live.setdefault(video.id, []).append(path.name)
             return path
 
+    def record_words(self, video_id: str, words: tuple[WordSegment, ...]) -> Path | None:
+        """Persist the words that joined a shared video after it was added (``Gallery.set_words``): an entry
+        naming the video's add entries it amends, with the words; restore gives those add entries the newest
+        such words. None when the folder holds no add entry of the video (nothing to amend)."""
+        with self._lock:
+            names = sorted(self.live.get(video_id, []))
+            if not names:
+                return None
+            return self._write_entry("wrd", video_id, {"amends": names,
+                                                       "words": [w.to_dict() for w in words]})
+
     def record_remove(self, video_id: str, sha256: str = "") -> Path | None:
         """Persist the removal of a video from the shared gallery: a tombstone naming every add entry of it
         this process knows or can list now. None when the folder holds no entry of it (nothing to retire)."""
@@ -297,6 +310,11 @@ class PersistentStore:
                        for n in e.header.get("removes", [])}
             adds = sorted((e for e in entries if e.header.get("kind") == "add"),
                           key=lambda e: (e.header["written_ns"], e.name))
+            later: dict[str, list] = {}  # add entry -> the newest words that joined it (``record_words``)
+            for e in sorted((e for e in entries if e.header.get("kind") == "wrd"),
+                            key=lambda e: (e.header["written_ns"], e.name)):
+                for name in e.header.get("amends", []):
+                    later[name] = e.header.get("words", [])
             others: dict[str, int] = {}
             mine, restored, self.live = _identity_text(self.profile), [], {}
             for entry in adds:
@@ -317,7 +335,8 @@ class PersistentStore:
                     continue
                 self.live[h["video_id"]] = [entry.name]
                 a = entry.arrays
-                words = tuple(WordSegment(**w) for w in h.get("words", ()))  # kept: not read again
+                kept = later.get(entry.name, h.get("words", ()))
+                words = tuple(WordSegment(**w) for w in kept)  # kept: not read again
                 restored.append(GalleryVideo(h["video_id"], a["features"], a["start"], a["end"],
                                              float(h["duration"]), h["title"], str(media), h["sha256"],
                                              words=words))

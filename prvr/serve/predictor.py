@@ -7,6 +7,7 @@ folder indexed); this module knows nothing of how. Then:
     predictor.search(query, k, clip_weight, session, offset) -> SearchResponse   # Contract 4 dicts
     predictor.add_video(path, session, progress)     -> {status, video_id, message}   (prvr.serve.ingest)
     predictor.remove_upload(video_id, session)       -> a visitor's upload removed (QueryError: no such one)
+    predictor.upload_outcome(video_id, session)      -> the same as of now, where its words follow the video
     predictor.ensure_session(session)                -> the session's private gallery (session uploads)
     predictor.describe(session)                      -> model, profile, video counts, gallery (, folder)
     predictor.close()                                -> waits for background work, releases the gallery
@@ -94,6 +95,7 @@ class Predictor:
             self.tracing = None
         if not self.closed:
             self.closed = True
+            self.ingest.close()  # no words join the gallery once it is closed
             self.index.close()
         if self.owner is not None:
             self.owner.release()
@@ -183,6 +185,21 @@ class Predictor:
             raise QueryError(f"no upload of yours has the id {video_id!r}: it was removed already, or its "
                              "session has ended")
 
+    def upload_outcome(self, video_id: str, session: SessionGallery | None = None) -> dict | None:
+        """An upload's outcome as of now where its words follow the video (joined by its pictures first):
+        ``{status, video_id, message, words: {state, percent...}}``; None where no words followed it."""
+        outcome = self.ingest.outcome_now(video_id, self.galleries(session))
+        return outcome.to_dict() if outcome is not None else None
+
+    def words_following(self, session: SessionGallery | None = None) -> list[dict]:
+        """The recent uploads of the shared gallery and the session's whose words followed them, oldest
+        first (/info's ``words_follow``): each upload's outcome as of now (``upload_outcome``)."""
+        return [f.outcome().to_dict() for f in self.ingest.follows(self.galleries(session))]
+
+    def galleries(self, session: SessionGallery | None) -> list[Gallery]:
+        """The shared gallery and the session's."""
+        return [self.index] + ([session.index] if session is not None else [])
+
     def gpu_words(self) -> str:
         """What an upload asks of a visitor's GPU quota, in words ("" where uploads spend no quota)."""
         return self.ingest.extractor.quota_words()
@@ -223,7 +240,7 @@ class Predictor:
                 "index": f"{self.index.describe()['mode']} search over all proposals, persistent in "
                          f"{self.gallery_words()}",
                 "uploads": uploads, "confidence": self.calibrator.describe(), "words": self.words_info(),
-                "search": self.search_mode()._asdict(),
+                "search": self.search_mode()._asdict(), "words_follow": self.words_following(session),
                 **({"folder": self.folder.status()} if self.folder is not None else {})}
 
     def words_info(self) -> dict:
