@@ -216,6 +216,54 @@ def test_a_crash_with_finished_videos_waiting_for_their_batch_loses_none_of_them
         stuck.join(WAIT_S)
 
 
+def test_a_video_kept_finished_before_a_crash_joins_with_its_words(tmp_path: Path, predictor,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """A finished video is kept with its pictures only while it waits for its batch (its words follow a
+    video once it joins): after a crash it joins from the spool, not extracted again, and its words are read
+    again and join it (they were lost before)."""
+    import dataclasses
+
+    from tests.test_words_serve import ScriptedReader
+
+    class TalkOnly(ScriptedReader):
+        """Its line of words for the talk only."""
+
+        def read(self, video_path, sidecar=None, progress=None):
+            report = super().read(video_path, sidecar, progress)
+            return report if "talk" in Path(video_path).name else dataclasses.replace(report, segments=())
+
+    folder = tmp_path / "videos"
+    write_clip(folder / "a talk.mp4", frames=24, size=(64, 48))
+    write_clip(folder / "b next.mp4", frames=30, size=(64, 48))
+    reader = TalkOnly()
+    monkeypatch.setattr(predictor.ingest, "words", reader)
+    gate = predictor.ingest.extractor = Gate(predictor.ingest.extractor)
+    crashed = FolderSync(predictor.ingest, folder, rescan_s=30.0, batch_s=3600.0)
+
+    def pass_until_stopped() -> None:
+        with contextlib.suppress(Stopping):
+            crashed.sync()
+
+    stuck = threading.Thread(target=pass_until_stopped)
+    stuck.start()
+    try:
+        gate.let(1)
+        until(lambda: crashed.status()["waiting"] == 1 and gate.calls == ["a talk.mp4", "b next.mp4"],
+              "the talk finished, the next one in progress")
+        counting = predictor.ingest.extractor = Gate(gate.inner, gated=False)
+        FolderSync(predictor.ingest, folder).sync()  # the next start's
+        assert counting.calls == ["b next.mp4"]  # the talk's pictures are not extracted again
+        talk = "folder:a talk.mp4"
+        # with its batch, or after it where the reading is slower than the next video's pictures
+        until(lambda: predictor.search(reader.text, k=5).results[0]["words"], "the talk's words joined")
+        hit = predictor.search(reader.text, k=5).results[0]
+        assert hit["video_id"] == talk and hit["words"][0]["text"] == reader.text
+    finally:
+        crashed.stop()
+        gate.let(10)
+        stuck.join(WAIT_S)
+
+
 def test_added_changed_and_removed_files_are_picked_up_subfolders_included(tmp_path: Path, predictor) -> None:
     """While the thread watches: a new file in a subfolder joins, a changed file's entry is replaced by its
     new bytes (one entry), a removed file leaves the gallery; equal names in different subfolders get

@@ -14,9 +14,10 @@ joins the gallery with the others finished since the last batch (``IngestService
 durable update of the gallery; a changed file's earlier entry is replaced in it) once ``BATCH_VIDEOS`` are
 ready or ``batch_s`` has passed since the first of them finished, checked between videos and during an
 extraction. A finished video is written at once to the data dir's ``folder-spool`` (``PersistentStore``'s
-write-once, self-verifying entries: its features and words) and deleted from it once its batch joined, so a
-``kill -9`` loses only the video in progress: the next start joins the spooled ones with its first batch
-without extracting them again (unless the file changed, or its re-encoded playable copy was swept), and
+write-once, self-verifying entries: its features; its words follow it once it joins) and deleted from it once
+its batch joined, so a ``kill -9`` loses only the video in progress: the next start joins the spooled ones
+with its first batch without extracting them again, their words read again (unless the file changed, or its
+re-encoded playable copy was swept: then it is extracted again), and
 extracts none of the joined ones again either: their sha256 is in the gallery's catalogue. What each file
 was when it joined (size, time, sha256) is kept in the data dir's ``folder-state.json``, written atomically
 after each batch, so that a restart does not hash a large folder again; it is only a cache (a file it does
@@ -276,7 +277,10 @@ class FolderSync:
             # finished before a crash, not joined yet: it joins with this batch, not extracted again (a
             # re-encoded copy is swept at start, though: then it is extracted again)
             taken.add(spooled.title)
-            self._add_to_batch(found, Ready(spooled, found.rel, None, playable, ""), sha, spooled=True)
+            # kept with its pictures only (its words follow a video once it joins): they are read again
+            words = self.ingest.read_words(found.path, find_sidecar(found.path), found.rel)
+            self._add_to_batch(found, Ready(spooled, found.rel, None, playable, "", run=words), sha,
+                               spooled=True)
             return None
         if spooled is not None:
             self._unspool(found.video_id)

@@ -442,6 +442,11 @@ class IngestService:
         except Exception as error:  # one place for every failure of one video
             return self._failed(arrival.name, way, error)
 
+    def read_words(self, path: Path, sidecar: Path | None, shown: str) -> WordsRun:
+        """A reading of one video's words alone, to follow it as its ``Ready.run``: for a video whose pictures
+        were kept finished without its words (``prvr.serve.folder``'s spool, after a crash)."""
+        return WordsRun(self.words, path, sidecar, shown, self._slots)
+
     def commit(self, ready: Sequence[_Ready], way: Way, replaced: Sequence[str] = ()) -> list[Outcome]:
         """Prepared arrivals into the shared gallery in one update, after their ``replaced`` entries (the
         same ids' earlier bytes) leave it, then to --persist where the way persists; their outcomes."""
