@@ -10,6 +10,7 @@ session's rendered demo videos (conftest.py).
 from __future__ import annotations
 
 import re
+import time
 from pathlib import Path
 from types import SimpleNamespace
 from urllib.parse import quote
@@ -31,6 +32,15 @@ def settings(world: SimpleNamespace):
                                   str(world.folder), "--demo-videos", DEMO, "--uploads", "shared"])
 
 
+def indexed(predictor, within_s: float = 120.0):
+    """``predictor`` once its folder's first pass has ended (the folder is indexed in the background)."""
+    deadline = time.monotonic() + within_s
+    while predictor.folder.status()["state"] not in ("watching", "unreadable"):
+        assert time.monotonic() < deadline, predictor.folder.status()
+        time.sleep(0.05)
+    return predictor
+
+
 @pytest.fixture(scope="module")
 def world(tmp_path_factory: pytest.TempPathFactory, data_dir_with_demo):
     """A started Predictor on an embedded Qdrant store, with a folder gallery of one clip."""
@@ -41,7 +51,7 @@ def world(tmp_path_factory: pytest.TempPathFactory, data_dir_with_demo):
     folder = work / "folder"
     write_clip(folder / "gradient.mp4", 24, size=(64, 48))
     world = SimpleNamespace(work=work, data=data, folder=folder, url=f"qdrant+local://{work / 'qdrant'}")
-    world.predictor = start(settings(world))
+    world.predictor = indexed(start(settings(world)))
     yield world
     if world.predictor is not None:
         world.predictor.close()
@@ -98,7 +108,7 @@ def test_a_restart_keeps_the_store_and_extracts_nothing(world, monkeypatch: pyte
         return original(self, path, *args, **kw)
 
     monkeypatch.setattr(VideoExtractor, "extract", counting)
-    world.predictor = start(settings(world))
+    world.predictor = indexed(start(settings(world)))
     assert world.predictor.index.ids == ids and world.upload in ids
     assert extracted == []  # the demo video, the folder clip and the upload were all found in the store
     after = [(r["video_id"], r["score"]) for r in world.predictor.search("a person walking", k=10).results]
