@@ -108,3 +108,19 @@ def call_mcp(url: str, *calls: tuple[str, dict], timeout: float = 180) -> list:
             return [await session.call_tool(name, arguments) for name, arguments in calls]
 
     return asyncio.run(asyncio.wait_for(talk(), timeout))
+
+
+def choose_file(page, box: str, path: Path, tries: int = 3) -> None:
+    """Choose ``path`` in the page's Gradio file box ``box`` (a CSS selector) and wait until the box shows its
+    name. Under load a choice was dropped without a sign now and then (the box never showed the file, in CI
+    runs beside another), so a choice not shown within a share of the patience is made again."""
+    from playwright.sync_api import TimeoutError as NotShown
+
+    for attempt in range(1, tries + 1):
+        page.locator(f"{box} input[type=file]").set_input_files(str(path))
+        try:
+            page.locator(box).get_by_text(path.name).first.wait_for(timeout=PATIENCE_MS / tries)
+            return
+        except NotShown:
+            if attempt == tries:
+                raise

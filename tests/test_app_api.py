@@ -19,7 +19,7 @@ from prvr.results.query import clean_query
 from prvr.results.response import SearchResponse
 from prvr.serve.page import CARD_HELP
 from tests.clips import write_clip
-from tests.servers import PATIENCE_MS
+from tests.servers import PATIENCE_MS, choose_file
 
 
 def response_for(query: str | bytes, confidence: str = "low") -> SearchResponse:
@@ -208,8 +208,7 @@ def test_closing_the_tab_deletes_its_uploads_within_seconds(served: tuple, tmp_p
         page.goto(url)
         page.get_by_role("tab", name="Add videos").click()
         page.locator("#remove-upload").wait_for()  # the tab drawn whole: a file chosen earlier may be lost
-        page.locator("#upload-files input[type=file]").set_input_files(str(clip))
-        page.locator("#upload-files").get_by_text("tab clip.mp4").wait_for()
+        choose_file(page, "#upload-files", clip)
         page.get_by_role("button", name="Add to gallery").click()
         page.wait_for_selector("text=added in your session")
         roots = [g.root for g in sessions.galleries() if g.root not in before]

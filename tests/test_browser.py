@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.servers import PATIENCE_MS, PATIENCE_S
+from tests.servers import PATIENCE_MS, PATIENCE_S, choose_file
 
 REPO = Path(__file__).resolve().parents[1]
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
@@ -329,15 +329,14 @@ def test_upload_in_the_page_names_the_file_and_empties_the_list(page, tmp_path: 
     Image.new("RGB", (64, 48), "orange").save(image, "JPEG")
     page.get_by_role("tab", name="Add videos").click()
     page.locator("#remove-upload").wait_for()  # the tab drawn whole: a file chosen earlier may be lost
-    chosen = page.locator("#upload-files")
-    chosen.locator("input[type=file]").set_input_files(str(image))
-    chosen.get_by_text("beach photo.mp4").wait_for(timeout=PATIENCE_MS)
+    choose_file(page, "#upload-files", image)
     page.get_by_role("button", name="Add to gallery").click()
     page.wait_for_selector("text=this is a JPEG image, not a video", timeout=PATIENCE_MS)
     row = page.locator("table tr", has_text="beach photo.mp4").first
     assert "rejected" in row.inner_text() and "beach photo.mp4: this is a JPEG image" in row.inner_text()
     words = row.evaluate(WORD_LINES_JS)  # issue #38 item 8: "rejecte/d" was broken inside the word
     assert words and all(lines == 1 for _, lines in words), words
+    chosen = page.locator("#upload-files")
     assert until(lambda: chosen.get_by_text("beach photo.mp4").count() == 0)  # emptied once handled
 
 
@@ -371,12 +370,10 @@ def test_a_subtitle_file_chosen_with_the_video_is_searched_and_its_line_plays(pa
     page.get_by_role("tab", name="Add videos").click()
     page.locator("#remove-upload").wait_for()  # the tab drawn whole: a file chosen earlier may be lost
     page.locator("#upload-title textarea, #upload-title input").first.fill("Opera at midnight")  # issue #45
-    page.locator("#upload-files input[type=file]").set_input_files(str(clip))
     # the video's upload shown first: a second file chosen while the first one's upload re-renders the
     # tab was lost once under load (the subtitle input never showed its file)
-    page.locator("#upload-files").get_by_text("giraffe night.mp4").wait_for(timeout=PATIENCE_MS)
-    page.locator("#upload-subtitles input[type=file]").set_input_files(str(srt))
-    page.locator("#upload-subtitles").get_by_text("giraffe night.srt").wait_for(timeout=PATIENCE_MS)
+    choose_file(page, "#upload-files", clip)
+    choose_file(page, "#upload-subtitles", srt)
     page.get_by_role("button", name="Add to gallery").click()
     row = page.locator("table tr", has_text="giraffe night.mp4").first
     row.wait_for(timeout=PATIENCE_MS)
