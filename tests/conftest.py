@@ -4,7 +4,9 @@ reads or writes pytest's cache, and any file can run alone or in any order)."""
 from __future__ import annotations
 
 import contextlib
+import os
 import shutil
+import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -13,6 +15,17 @@ import pytest
 import extract  # noqa: F401  - the torchvision fix, before any backbone
 from tests.clips import write_clip
 from tests.servers import free_port, running_app
+
+# Gradio keeps uploaded files in GRADIO_TEMP_DIR (default: /tmp/gradio, one folder per content hash, shared by
+# every process) and the app deletes its copy once handled, so two test sessions at once (CI runs beside each
+# other) that chose the same clip's bytes deleted each other's copy: the page then never showed the chosen
+# file. Each session's apps (in this process and the ones it starts) get a folder of their own.
+GRADIO_UPLOADS = os.environ["GRADIO_TEMP_DIR"] = tempfile.mkdtemp(prefix="prvr-tests-gradio-")
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    """The session's Gradio upload folder goes with it."""
+    shutil.rmtree(GRADIO_UPLOADS, ignore_errors=True)
 
 
 @pytest.fixture(scope="session")
