@@ -15,6 +15,7 @@ import extract  # noqa: F401  - the torchvision fix, before any backbone
 from extract.decode import CorruptVideo
 from prvr.serve.bootstrap import sweep_media
 from tests.clips import write_clip
+from tests.test_words_serve import joined
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -63,6 +64,7 @@ def test_start_sweeps_what_an_interrupted_upload_left(tmp_path: Path, make_predi
     predictor = make_predictor(data)
     kept = predictor.add_video(write_clip(tmp_path / "kept.mp4"))
     assert kept["status"] == "added"
+    joined(predictor, kept)  # its words follow it: the files kept for their reading go once they joined
     stored = {p for p in predictor.media.dir.rglob("*") if p.is_file()}
     assert len(stored) == 1
     # what a kill leaves: a work dir with a half-written transcode, a stored copy never indexed,
