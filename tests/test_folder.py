@@ -181,6 +181,27 @@ def test_finished_videos_join_in_batches_and_a_restart_extracts_none_again(
         assert counting.calls == [] and len(folder_ids(predictor)) == 4
 
 
+@contextlib.contextmanager
+def crashed_pass(predictor, folder: Path) -> Iterator[tuple[FolderSync, Gate]]:
+    """A pass over ``folder`` in a thread whose extractions wait for the gate's permits and whose batch never
+    joins by itself (a ``kill -9`` to be): (that pass, its gate); stopped and let go afterwards."""
+    gate = predictor.ingest.extractor = Gate(predictor.ingest.extractor)
+    crashed = FolderSync(predictor.ingest, folder, rescan_s=30.0, batch_s=3600.0)
+
+    def pass_until_stopped() -> None:
+        with contextlib.suppress(Stopping):
+            crashed.sync()
+
+    stuck = threading.Thread(target=pass_until_stopped)
+    stuck.start()
+    try:
+        yield crashed, gate
+    finally:
+        crashed.stop()
+        gate.let(10)
+        stuck.join(WAIT_S)
+
+
 def test_a_crash_with_finished_videos_waiting_for_their_batch_loses_none_of_them(
         tmp_path: Path, predictor) -> None:
     """Finished videos are durable before their batch joins: a pass that starts from nothing in memory while
@@ -189,15 +210,7 @@ def test_a_crash_with_finished_videos_waiting_for_their_batch_loses_none_of_them
     folder = tmp_path / "videos"
     for n in range(4):
         write_clip(folder / f"w{n}.mp4", frames=24 + 6 * n, size=(64, 48))
-    gate = predictor.ingest.extractor = Gate(predictor.ingest.extractor)
-    crashed = FolderSync(predictor.ingest, folder, rescan_s=30.0, batch_s=3600.0)
-    def pass_until_stopped() -> None:
-        with contextlib.suppress(Stopping):
-            crashed.sync()
-
-    stuck = threading.Thread(target=pass_until_stopped)
-    stuck.start()
-    try:
+    with crashed_pass(predictor, folder) as (crashed, gate):
         gate.let(2)
         until(lambda: crashed.status()["waiting"] == 2 and gate.calls == ["w0.mp4", "w1.mp4", "w2.mp4"],
               "w0 and w1 finished, w2 in progress")
@@ -210,10 +223,6 @@ def test_a_crash_with_finished_videos_waiting_for_their_batch_loses_none_of_them
         assert folder_ids(predictor) == {f"folder:w{n}.mp4" for n in range(4)}
         spool = predictor.settings.data_dir / "folder-spool" / "entries"
         assert not list(spool.iterdir())  # joined: nothing waits any more
-    finally:
-        crashed.stop()
-        gate.let(10)
-        stuck.join(WAIT_S)
 
 
 def test_a_video_kept_finished_before_a_crash_joins_with_its_words(tmp_path: Path, predictor,
@@ -237,16 +246,7 @@ def test_a_video_kept_finished_before_a_crash_joins_with_its_words(tmp_path: Pat
     write_clip(folder / "b next.mp4", frames=30, size=(64, 48))
     reader = TalkOnly()
     monkeypatch.setattr(predictor.ingest, "words", reader)
-    gate = predictor.ingest.extractor = Gate(predictor.ingest.extractor)
-    crashed = FolderSync(predictor.ingest, folder, rescan_s=30.0, batch_s=3600.0)
-
-    def pass_until_stopped() -> None:
-        with contextlib.suppress(Stopping):
-            crashed.sync()
-
-    stuck = threading.Thread(target=pass_until_stopped)
-    stuck.start()
-    try:
+    with crashed_pass(predictor, folder) as (crashed, gate):
         gate.let(1)
         until(lambda: crashed.status()["waiting"] == 1 and gate.calls == ["a talk.mp4", "b next.mp4"],
               "the talk finished, the next one in progress")
@@ -258,10 +258,6 @@ def test_a_video_kept_finished_before_a_crash_joins_with_its_words(tmp_path: Pat
         until(lambda: predictor.search(reader.text, k=5).results[0]["words"], "the talk's words joined")
         hit = predictor.search(reader.text, k=5).results[0]
         assert hit["video_id"] == talk and hit["words"][0]["text"] == reader.text
-    finally:
-        crashed.stop()
-        gate.let(10)
-        stuck.join(WAIT_S)
 
 
 def test_added_changed_and_removed_files_are_picked_up_subfolders_included(tmp_path: Path, predictor) -> None:
