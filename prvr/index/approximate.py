@@ -85,9 +85,11 @@ def build_ivf(keys: np.ndarray, videos: np.ndarray, nlist: int = 0):
 
 def candidates(ivf, q: np.ndarray, alive: np.ndarray, nprobe: int, units: int, videos: int) -> np.ndarray:
     """Sorted live positions of the ``videos`` videos whose best key is nearest to q, among the ``units``
-    nearest keys that faiss finds visiting ``nprobe`` lists."""
+    nearest keys that faiss finds visiting ``nprobe`` lists (at least ``KEYS`` x ``videos``: a video has at
+    most ``KEYS`` keys, so that many keys name ``videos`` videos whenever the lists visited hold them)."""
     import faiss
 
+    units = max(units, KEYS * videos)
     params = faiss.SearchParametersIVF(nprobe=nprobe)  # per call, not on the shared index (concurrency)
     qn = (q / max(float(np.linalg.norm(q)), 1e-12)).astype(np.float32)[None]
     sims, labels = ivf.search(qn, min(units, ivf.ntotal), params=params)

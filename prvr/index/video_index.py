@@ -63,7 +63,7 @@ class IndexConfig:
     verify_checksums: bool = True  # sha256 every file on open (sizes are always checked)
     nlist: int = 0  # approximate search: IVF lists (0: sqrt of the number of keys)
     nprobe: int = 64  # approximate search: lists visited per query (benchmarks.scale: recall@10 0.995)
-    candidate_units: int = 2048  # approximate search: nearest keys retrieved by faiss (8 a video: 2x slack)
+    candidate_units: int = 2048  # approximate search: nearest keys faiss gives (>= 8 x candidate_videos)
     # approximate search: videos (by their best key) ranked exactly; 128 of 8 window keys a video held
     # 0.998-1.000 of the exact top 10 at 2,000 and 10,000 videos (benchmarks/RESULTS.md, session 19)
     candidate_videos: int = 128
