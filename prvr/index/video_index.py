@@ -14,8 +14,9 @@ exactly by ``model.score``; ``compact`` stores the 32 MS-SL++ length-aware medoi
 (``prvr.models.clustering``) per video, exact with respect to the model run with ``clusters=32``, at 1/16 of
 the per-proposal storage. Exact ranking's one page is every live video bounded by the first pass (the head
 of the sketch); ``rank(..., approximate=True)`` picks candidate videos with faiss first
-(``prvr.index.approximate``), bounded by the full codes. Each video also stores what results read
-(``prvr.index.encoding``): its fine rows and segments, and the scores of the gallery's reference bank.
+(``prvr.index.approximate``: 8 window keys a video), bounded by the same head pass. Each video also stores
+what results read (``prvr.index.encoding``): its fine rows and segments, and the scores of the gallery's
+reference bank.
 
 Concurrency: every read (``rank``, ``ids``, ``position``...) uses one immutable ``Snapshot`` of the index,
 taken at its start; a write builds the next snapshot aside and swaps it in with one assignment, so reads
