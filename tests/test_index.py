@@ -857,3 +857,26 @@ def test_approximate_candidates_come_from_the_faiss_index(tmp_path: Path, monkey
             per_query[n][approx] = sum(read) / 5
     assert per_query[600][True] <= 1.5 * per_query[60][True], per_query  # not 10x
     assert per_query[600][True] < per_query[600][False] == 600, per_query
+
+
+def test_approximate_keys_of_two_kinds_name_their_own_videos() -> None:
+    """faiss's keys carry their video's position: segments of 8 window keys a video and of 4 unit keys a
+    video (written before window keys) in one index, each key finds its own video, and only live ones."""
+    from prvr.index import approximate
+
+    rng = np.random.default_rng(3)
+    new = rng.standard_normal((30, approximate.KEYS, 16))
+    old = rng.standard_normal((20, approximate.SCENES, 16))
+    keys = np.concatenate([new.reshape(-1, 16), old.reshape(-1, 16)])
+    keys /= np.linalg.norm(keys, axis=1, keepdims=True)
+    videos = np.concatenate([np.repeat(np.arange(30), approximate.KEYS), 30 + np.repeat(np.arange(20),
+                                                                                        approximate.SCENES)])
+    ivf = approximate.build_ivf(keys, videos, nlist=4)
+    alive = np.ones(50, dtype=bool)
+    alive[7] = False
+    for video, key in ((3, 5), (41, 2), (49, 3), (29, 7)):
+        row = np.flatnonzero(videos == video)[key]
+        got = approximate.candidates(ivf, 2.0 * keys[row], alive, nprobe=4, units=12, videos=3)
+        assert video in got and len(got) == 3 and (got < 50).all(), (video, got)
+    dead = np.flatnonzero(videos == 7)[0]
+    assert 7 not in approximate.candidates(ivf, keys[dead], alive, nprobe=4, units=12, videos=3)

@@ -30,6 +30,8 @@ from prvr.index.words import Words, WordsTable
 
 ADVISE_ABOVE = 0.25  # share of physical memory the mapped arrays must exceed for prefetch/release
 BASIS = "head_basis"  # a segment's (d, H) head basis (one per segment, not per video)
+KEYS_ARRAY = "keys"  # (n, approximate.KEYS, H) float16 each video's window keys (approximate search)
+SCENES_ARRAY = "scenes"  # (n, approximate.SCENES, H) float16 its unit keys, in a segment written before them
 
 
 class Snapshot:
@@ -99,15 +101,26 @@ class Snapshot:
         """The segments' arrays as the refining and exact kernels read them."""
         return Stored.of(self.segments)
 
+    @property
+    def window_keyed(self) -> bool:
+        """Whether every segment's approximate-search keys are its windows' (``approximate.window_keys``,
+        ``KEYS_ARRAY``); a segment written before them holds its units' (``SCENES_ARRAY``) until compacted."""
+        return all(KEYS_ARRAY in seg for seg in self.segments)
+
     def ivf(self, nlist: int):
-        """The faiss index of the scene centres (built on first use)."""
+        """The faiss index of the videos' keys (built on first use)."""
         with self._lazy:
             if getattr(self, "_ivf", None) is None:
-                self._ivf = approximate.build_ivf(
-                    np.concatenate([np.asarray(seg["scenes"]) for seg in self.segments]), nlist)
+                keys, videos = [], []
+                for s, seg in enumerate(self.segments):
+                    k = np.asarray(seg[KEYS_ARRAY if KEYS_ARRAY in seg else SCENES_ARRAY])  # (n, keys, H)
+                    keys.append(k.reshape(-1, k.shape[-1]))
+                    videos.append(np.repeat(np.arange(self.seg_start[s], self.seg_start[s + 1]), k.shape[1]))
+                self._ivf = approximate.build_ivf(np.concatenate(keys), np.concatenate(videos), nlist)
                 for maps in self.maps:  # read once, into faiss's own lists: their pages can go
-                    if "scenes" in maps:
-                        store.advise(maps["scenes"], 0, len(maps["scenes"].map), mmap.MADV_DONTNEED)
+                    for name in (KEYS_ARRAY, SCENES_ARRAY):
+                        if name in maps:
+                            store.advise(maps[name], 0, len(maps[name].map), mmap.MADV_DONTNEED)
             return self._ivf
 
     def words(self) -> Words | None:

@@ -14,8 +14,9 @@ exactly by ``model.score``; ``compact`` stores the 32 MS-SL++ length-aware medoi
 (``prvr.models.clustering``) per video, exact with respect to the model run with ``clusters=32``, at 1/16 of
 the per-proposal storage. Exact ranking's one page is every live video bounded by the first pass (the head
 of the sketch); ``rank(..., approximate=True)`` picks candidate videos with faiss first
-(``prvr.index.approximate``), bounded by the full codes. Each video also stores what results read
-(``prvr.index.encoding``): its fine rows and segments, and the scores of the gallery's reference bank.
+(``prvr.index.approximate``: 8 window keys a video), bounded by the same head pass. Each video also stores
+what results read (``prvr.index.encoding``): its fine rows and segments, and the scores of the gallery's
+reference bank.
 
 Concurrency: every read (``rank``, ``ids``, ``position``...) uses one immutable ``Snapshot`` of the index,
 taken at its start; a write builds the next snapshot aside and swaps it in with one assignment, so reads
@@ -42,7 +43,7 @@ from prvr.index.rank import SHORTLIST, Exact, HeadQuery, Page, head_bounds
 from prvr.index.schema import FIXED, RAGGED, SCHEMA_VERSION, WORDS
 from prvr.index.scoring import VideoArrays, exact_of
 from prvr.index.sketch import BoundQuery, head_basis, sketch
-from prvr.index.snapshot import BASIS, Snapshot
+from prvr.index.snapshot import BASIS, KEYS_ARRAY, Snapshot
 from prvr.index.storage import Catalog, DataFolder, Fixed, Ragged, Refine
 from prvr.index.words import Words
 from prvr.models.branches import EncodedQueries
@@ -50,6 +51,7 @@ from prvr.models.preprocess import window_table
 
 STORED_CONFIG = ("mode", "frame_balls")  # what the stored data depends on: the manifest's, always
 MODES = ("exact", "compact")
+UNIT_KEY_VIDEOS = 512  # approximate candidates where a segment holds units' keys (recall@10 0.992 at 100,000)
 
 
 @dataclass(frozen=True)
@@ -60,10 +62,12 @@ class IndexConfig:
     encode_batch: int = 64  # videos encoded (and attended over every proposal) at once
     lock_timeout: float = 10.0  # seconds a writer waits for another writer
     verify_checksums: bool = True  # sha256 every file on open (sizes are always checked)
-    nlist: int = 0  # approximate search: IVF lists (0: sqrt of the number of scene centres)
+    nlist: int = 0  # approximate search: IVF lists (0: sqrt of the number of keys)
     nprobe: int = 64  # approximate search: lists visited per query (benchmarks.scale: recall@10 0.995)
-    candidate_units: int = 8192  # approximate search: nearest scene centres retrieved by faiss
-    candidate_videos: int = 512  # approximate search: videos (by their best scene centre) ranked exactly
+    candidate_units: int = 2048  # approximate search: nearest keys faiss gives (>= 8 x candidate_videos)
+    # approximate search: videos (by their best key) ranked exactly; 128 of 8 window keys a video held
+    # 0.998-1.000 of the exact top 10 at 2,000 and 10,000 videos (benchmarks/RESULTS.md, session 19)
+    candidate_videos: int = 128
 
 
 class BuiltinStore:
@@ -201,12 +205,13 @@ class BuiltinStore:
 
     def _segment_arrays(self, fixed: Fixed, ragged: Ragged) -> dict[str, np.ndarray]:
         """All stored arrays of one segment: the videos' fixed and ragged arrays, the segment's head basis,
-        the sketch, the scenes."""
+        the sketch, the approximate search's keys."""
         basis = head_basis(fixed["units"])
-        bounds = sketch(fixed["units"], fixed["pnorm"], self.table[fixed["pidx"].astype(np.int64)],
-                        ragged["zbasis"], ragged["zcoef"], self.cfg.frame_balls, basis)
-        scenes = approximate.scene_centres(fixed["units"])
-        return {**segment_arrays(fixed, ragged), BASIS: basis, "scenes": scenes, **bounds}
+        spans = self.table[fixed["pidx"].astype(np.int64)]  # (n, P, 2) each stored window's units
+        bounds = sketch(fixed["units"], fixed["pnorm"], spans, ragged["zbasis"], ragged["zcoef"],
+                        self.cfg.frame_balls, basis)
+        keys = approximate.window_keys(fixed["units"], spans, approximate.KEYS)
+        return {**segment_arrays(fixed, ragged), BASIS: basis, KEYS_ARRAY: keys, **bounds}
 
     def remove(self, ids: Sequence[str], check: Callable[[Catalog], None]) -> None:
         """Mark these videos removed in one manifest update (a segment with none left is dropped)."""
@@ -281,17 +286,17 @@ class BuiltinView:
         candidates: by the full codes, at once)."""
         snap, cfg = self.snap, self.cfg
         candidates = snap.live
-        if approx and len(snap.live) > cfg.candidate_videos:
+        # units' keys (a segment written before window keys) need more candidates for the same recall
+        videos = cfg.candidate_videos if snap.window_keyed else max(cfg.candidate_videos, UNIT_KEY_VIDEOS)
+        if approx and len(snap.live) > videos:
             candidates = approximate.candidates(snap.ivf(cfg.nlist), bq.vector, snap.alive, cfg.nprobe,
-                                                cfg.candidate_units, cfg.candidate_videos)
-        if approx:  # a few thousand candidates: the full codes bound them better, and at once
-            first = refine(candidates, -np.inf)
-        else:
-            head = HeadQuery.of(bq, snap.bases, snap.grams)
-            clip = head_bounds(snap.stored, snap.seg_start, candidates, head, snap.windows,
-                               torch.get_num_threads())
-            first = w.clip * clip + w.frame
-        return [Page(candidates, first, -np.inf)]
+                                                cfg.candidate_units, videos)
+        # the head pass bounds them (rank.top_k refines the best-bounded shortlist, a second refine of the
+        # same candidates here would cost as much again)
+        head = HeadQuery.of(bq, snap.bases, snap.grams)
+        clip = head_bounds(snap.stored, snap.seg_start, candidates, head, snap.windows,
+                           torch.get_num_threads())
+        return [Page(candidates, w.clip * clip + w.frame, -np.inf)]
 
     def arrays(self, ids: np.ndarray, names: Sequence[str]) -> tuple[VideoArrays, np.ndarray]:
         """The snapshot itself (mapped: rows are read where used)."""
