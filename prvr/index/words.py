@@ -52,7 +52,7 @@ MAX_LINES = 5  # matched segments kept per video (best first)
 # captions); 0: as any other line, at WORDS_MATCH; above 1: never (a shared content term is required).
 # Decided on the words dev set's tuning half (benchmarks.words_decisions, rule 3; benchmarks/RESULTS.md,
 # issue #43, Session 19).
-SPEECH_DENSE_ALONE = 0.0
+SPEECH_DENSE_ALONE = math.inf  # never: a speech line must share a content term with the query
 # text recognised on screen often comes back with its spaces dropped ("Quarterlyrevenuegrew12percent"); in a
 # screen line with a token this long, a query term of at least GLUED_TERM characters is also found inside it
 GLUED_TOKEN = 14
