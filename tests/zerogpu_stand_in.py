@@ -3,7 +3,7 @@ the scheduler; run by tests/test_spaces.py in a fresh process (importing ``space
 torch for the whole process).
 
     SPACES_ZERO_GPU=true SPACES_ZERO_DEVICE_API_URL=http://127.0.0.1:9 \
-        python tests/zerogpu_stand_in.py OUT_DIR [emulated]
+        python tests/zerogpu_stand_in.py OUT_DIR [emulated | speech VIDEO]
 
 What is real: ``spaces.GPU`` -> ``spaces.zero.wrappers.generator_function_wrapper`` (duration callable,
 ``client.schedule`` call, fork of the worker, pickling of the arguments and of every yielded batch of rows
@@ -21,7 +21,8 @@ OpenMP fork hazard; a hang fails the test by its timeout rather than blocking it
 the next embedding in a worker fail: ``damaged`` (a MediaError), ``strange`` (an exception that does not
 pickle), ``abort-at N`` (the worker process dies before its N-th embedding call: an aborted slot), ``fast``
 (rows from a stub instead of the model, for the 30-minute upload). With ``emulated``: ``main_emulated``
-(ZeroGPU's CUDA emulation left as it is).
+(ZeroGPU's CUDA emulation left as it is). With ``speech VIDEO``: ``main_speech`` (Whisper in GPU slots,
+``prvr.serve.zerogpu_speech``), recorded in ``OUT_DIR/speech.json``.
 """
 
 from __future__ import annotations

@@ -11,6 +11,7 @@ seconds per frame (``prvr.models.factory.ModelEntry``) for each frame, told to t
 conservative estimates (``benchmarks/gpu_check.py`` measures them on a CUDA machine). ``_slot_in_gpu`` is
 decorated at import (ZeroGPU counts decorated functions before ``launch()``), and start-up work runs on CPU
 models built for it (``at_start``): the ``cuda`` models cannot run in the main process after launch.
+Speech (Whisper) runs in slots of its own: ``prvr.serve.zerogpu_speech``.
 How the estimates were set and how ``spaces`` 0.51.3 runs a slot: benchmarks/RESULTS.md, "Issue #42: history
 moved from module docstrings" (``prvr/serve/zerogpu.py``).
 """
