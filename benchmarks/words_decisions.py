@@ -21,6 +21,15 @@ with the constants patched (they are read at search time). Rules, fixed before m
    elsewhere, ``benchmarks.calibrate``); then the checking half (its near misses, the held-back
    ``offtopic_queries_check.txt``) measures it with intervals. None such: 1.0 (every content term).
 
+3. Speech lines matched by their dense part alone (``prvr.index.words.SPEECH_DENSE_ALONE``: the dense score
+   a speech line sharing none of the query's content terms needs; 0 as any line, above 1 never), added in
+   Session 19 (issue #43: a line of only "that" matched a visual query by its dense part). The grid from the
+   strictest (a shared content term required), then 1.0, 0.75: the first value whose tuning R@1 is not
+   below the defaults' (paired bootstrap's point difference >= 0) and that adds no near-miss or off-topic
+   strong match is chosen; it is kept only if the checking half does not lose either (point difference >= 0
+   and its interval does not exclude 0 against it). Otherwise 0 stays. Dense-only speech matches are the
+   suspect kind of evidence, so the strictest setting that costs nothing is preferred.
+
 Prints a JSON report (and writes it to ``--json``): every variant's tuning numbers, the decisions, and the
 checking half's numbers for the decided settings and the defaults.
 """
@@ -31,6 +40,7 @@ import argparse
 import contextlib
 import json
 import logging
+import math
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -46,6 +56,7 @@ log = logging.getLogger(__name__)
 
 MATCH_GRID = {"WORDS_MATCH": (0.3, 0.4, 0.5, 0.6, 0.7), "DENSE_Z_FLOOR": (1.0, 2.0, 3.0),
               "DENSE_Z_FULL": (4.0, 6.0, 8.0)}
+SPEECH_GRID = (math.inf, 1.0, 0.75)  # rule 3, strictest first (inf: a shared content term is required)
 STRONG_GRID = (0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0)
 STRONG_PRECISION = 0.90
 
@@ -67,6 +78,7 @@ def patched(**values: float) -> Iterator[None]:
 def defaults() -> dict[str, float]:
     """The constants as the code defines them."""
     return {**{n: getattr(words_module, n) for n in MATCH_GRID},
+            "SPEECH_DENSE_ALONE": words_module.SPEECH_DENSE_ALONE,
             "STRONG_WORDS": confidence_module.STRONG_WORDS}
 
 
@@ -145,6 +157,33 @@ def main(argv: list[str] | None = None) -> dict:
             report["match_check"] = {"constant": best["constant"], "value": best["value"],
                                      "delta_R@1": diff["R@1"], "decides": decides(diff, "R@1")}
             if decides(diff, "R@1") == 1:
+                decided = trial
+        # 3. speech lines matched by their dense part alone (rule 3, before 2: it changes what matches)
+        report["speech"] = []
+        for value in SPEECH_GRID:
+            with patched(**{**decided, "SPEECH_DENSE_ALONE": value}):
+                per = run_queries(bench, "tune", "words")
+            diff = paired_bootstrap({"ranks": ref["rank"]}, {"ranks": per["rank"]}, groups=groups)
+            row = {"SPEECH_DENSE_ALONE": value, **_brief(summarise(per)), "delta_R@1": diff["R@1"],
+                   "possible_precision": summarise(per)["possible_precision"],
+                   "false_strong": _false_strong(per, pictures["tune"])}
+            report["speech"].append(row)
+            log.info("SPEECH_DENSE_ALONE=%s: R@1 %.1f (delta %+.1f [%+.1f, %+.1f])", value,
+                     row["R@1"]["value"], diff["R@1"]["value"], diff["R@1"]["low"], diff["R@1"]["high"])
+        chosen = next((r for r in report["speech"] if r["delta_R@1"]["value"] >= 0
+                       and sum(r["false_strong"].values()) <= base_false), None)
+        if chosen is not None:
+            trial = {**decided, "SPEECH_DENSE_ALONE": chosen["SPEECH_DENSE_ALONE"]}
+            with patched(**trial):
+                per = run_queries(bench, "check", "words")
+            diff = paired_bootstrap({"ranks": reference["check"]["rank"]}, {"ranks": per["rank"]},
+                                    groups=list(per["clip"]))
+            holds = diff["R@1"]["value"] >= 0 and decides(diff, "R@1") != -1
+            report["speech_check"] = {"SPEECH_DENSE_ALONE": chosen["SPEECH_DENSE_ALONE"],
+                                      "delta_R@1": diff["R@1"], **_brief(summarise(per)),
+                                      "possible_precision": summarise(per)["possible_precision"],
+                                      "kept": holds}
+            if holds:
                 decided = trial
         # 2. the strong-match threshold for exact text, on the decided match rule
         for value in STRONG_GRID:

@@ -26,6 +26,10 @@ WHISPER_BASE = {
     "activation_function": "gelu", "scale_embedding": False, "bos_token_id": 50257, "eos_token_id": 50257,
     "pad_token_id": 50257, "decoder_start_token_id": 50258,
 }
+# a tiny random Whisper of the same vocabulary (the real tokenizer), for a model call in seconds
+TINY_WHISPER = {**WHISPER_BASE, "d_model": 16, "encoder_layers": 1, "decoder_layers": 1,
+                "encoder_attention_heads": 2, "decoder_attention_heads": 2, "encoder_ffn_dim": 32,
+                "decoder_ffn_dim": 32}
 NUM_LANGUAGES = 99  # whisper-base: vocab 51865 = 51765 + 1 + 99 languages
 
 
@@ -103,8 +107,9 @@ def generation_config(reference) -> dict:
     }
 
 
-def make_whisper_base(folder: Path, seed: int = 0) -> Path:
-    """A random whisper-base with Whisper's real tokenizer, feature extractor and generation config, saved."""
+def make_whisper_base(folder: Path, seed: int = 0, config: dict | None = None) -> Path:
+    """A random whisper-base (or the architecture ``config``, e.g. ``TINY_WHISPER``) with Whisper's real
+    tokenizer, feature extractor and generation config, saved."""
     from transformers import (
         GenerationConfig,
         WhisperConfig,
@@ -129,7 +134,7 @@ def make_whisper_base(folder: Path, seed: int = 0) -> Path:
     processor = WhisperProcessor(feature_extractor=features, tokenizer=tokenizer)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        model = WhisperForConditionalGeneration(WhisperConfig(**WHISPER_BASE))
+        model = WhisperForConditionalGeneration(WhisperConfig(**(config or WHISPER_BASE)))
     model.generation_config = GenerationConfig(**generation_config(openai_tokenizer()))
     model.save_pretrained(folder)
     processor.save_pretrained(folder)

@@ -387,3 +387,23 @@ def test_a_words_update_cut_short_leaves_the_old_words(tmp_path: Path, model, ba
     assert open_place("builtin", tmp_path, model, bank).storage.view().words() is None
     g.set_words(vs[0].id, LINES[2], text_encoder=encode_text)
     assert view.words() is None and g.storage.view().words() is not None  # the old view: old words
+
+
+def test_a_speech_line_sharing_no_content_word_never_matches_by_its_vector_alone(tmp_path: Path, model,
+                                                                                   bank) -> None:
+    """Issue #43 (Session 19): a recognised speech line of only "that" (no content term) matched any query
+    close to it by its dense part alone; speech lines now need a shared content term, while exact text (a
+    subtitle of the same words) still matches by its vector, and speech sharing a term still matches."""
+    g = open_place("builtin", tmp_path, model, bank)
+    vs = videos(4, seed=7)
+    g.add([with_words(vs[0], WordSegment("speech", 1.0, 1.4, "that", 0.9)),
+           with_words(vs[1], WordSegment("subtitles", 1.0, 1.4, "that")),
+           with_words(vs[2], WordSegment("speech", 2.0, 4.0, "the reactor is overheating", 0.7)), vs[3]],
+          text_encoder=encode_text)
+    ev = g.rank(query(model, "that"), k=4, text="that")
+    matched = {h.id: h.words for h in ev.hits if h.words}
+    assert vs[1].id in matched and matched[vs[1].id][0].coverage == 0  # by its vector: the same words
+    assert vs[0].id not in matched
+    ev = g.rank(query(model, "reactor overheating"), k=4, text="reactor overheating")
+    assert [h.id for h in ev.hits if h.words] == [vs[2].id]
+    g.close()

@@ -3,7 +3,7 @@ the scheduler; run by tests/test_spaces.py in a fresh process (importing ``space
 torch for the whole process).
 
     SPACES_ZERO_GPU=true SPACES_ZERO_DEVICE_API_URL=http://127.0.0.1:9 \
-        python tests/zerogpu_stand_in.py OUT_DIR [emulated]
+        python tests/zerogpu_stand_in.py OUT_DIR [emulated | speech VIDEO]
 
 What is real: ``spaces.GPU`` -> ``spaces.zero.wrappers.generator_function_wrapper`` (duration callable,
 ``client.schedule`` call, fork of the worker, pickling of the arguments and of every yielded batch of rows
@@ -21,7 +21,8 @@ OpenMP fork hazard; a hang fails the test by its timeout rather than blocking it
 the next embedding in a worker fail: ``damaged`` (a MediaError), ``strange`` (an exception that does not
 pickle), ``abort-at N`` (the worker process dies before its N-th embedding call: an aborted slot), ``fast``
 (rows from a stub instead of the model, for the 30-minute upload). With ``emulated``: ``main_emulated``
-(ZeroGPU's CUDA emulation left as it is).
+(ZeroGPU's CUDA emulation left as it is). With ``speech VIDEO``: ``main_speech`` (Whisper in GPU slots,
+``prvr.serve.zerogpu_speech``), recorded in ``OUT_DIR/speech.json``.
 """
 
 from __future__ import annotations
@@ -213,14 +214,15 @@ def main() -> None:
     (OUT / "result.json").write_text(json.dumps(result))
 
 
-def app_predictor(data: Path):
-    """The app's parts on "ZeroGPU" (``assemble`` chooses the extractor: it must be ZeroGPU's)."""
+def app_predictor(data: Path, **options: object):
+    """The app's parts on "ZeroGPU" (``assemble`` chooses the extractor: it must be ZeroGPU's; and the words
+    reader); ``options``: more of the app's settings."""
     from prvr.models.factory import create_model
     from prvr.serve.bootstrap import assemble
     from prvr.serve.model_choice import search_device
     from prvr.serve.settings import AppSettings
 
-    settings = AppSettings(data_dir=data, host="127.0.0.1", uploads="shared")
+    settings = AppSettings(data_dir=data, host="127.0.0.1", uploads="shared", **options)
     return assemble(settings, create_model("lite", device=search_device()))
 
 
@@ -289,5 +291,57 @@ def main_emulated() -> None:
     (OUT / "emulated.json").write_text(json.dumps(result))
 
 
+def main_speech(video: Path) -> None:
+    """Speech on "ZeroGPU" (issue #43): the app's words reader, made by ``assemble`` with
+    ``--speech-weights`` a tiny random Whisper (the real tokenizer), runs Whisper's model call in GPU slots
+    through the real wrapper and hears what the same model hears in process; an upload of ``video`` (real
+    narration) is told the speech's GPU seconds before it starts and what it asked when its words are in."""
+    import time
+
+    from extract.words.audio import RATE, decode_audio
+    from extract.words.screen import ScreenSettings
+    from extract.words.speech import Whisper
+    from tests.full_size_whisper import TINY_WHISPER, make_whisper_base
+
+    folder = make_whisper_base(OUT / "whisper", config=TINY_WHISPER)
+    _generate = Whisper.generate
+
+    def generate_recording(self: Whisper, features: dict) -> dict:
+        event(f"generate {tuple(features['input_features'].shape)}")
+        return _generate(self, features)
+
+    Whisper.generate = generate_recording
+    audio = decode_audio(video)
+    # random weights: a few tokens tell as much as many (tests/test_whisper_fidelity.py), in seconds
+    reference = Whisper(str(folder), device="cpu", local_only=True, max_new_tokens=8).transcribe(audio)
+    predictor = app_predictor(OUT / "speech-data", speech_weights=str(folder))
+    reader = predictor.ingest.words
+    reader.config.screen = ScreenSettings(share=0.01)  # one frame of OCR: its cost is not the point here
+    slot = reader.recognizer()
+    slot.whisper.generate_kwargs["max_new_tokens"] = 8  # as the reference's (the forked workers inherit it)
+    result: dict = {"main_pid": MAIN_PID, "audio_s": len(audio) / RATE, "reference": [
+        s.to_dict() for s in reference], "kind": type(slot).__name__,
+        "info_speech": predictor.describe()["words"]["models"].get("speech", "")}
+    reset()
+    result["lines"] = [s.to_dict() for s in slot.transcribe(audio)]
+    result["direct"] = {"calls": list(calls), "arg_sizes": list(arg_sizes), "events": events(),
+                        "spent": slot.spent()}
+    reset()
+    silent = slot.transcribe(np.zeros(5 * RATE, np.float32))
+    result["silence"] = {"lines": len(silent), "calls": list(calls), "spent": slot.spent()}
+    reset()
+    stages: list[str] = []
+    outcome = predictor.add_video(video, progress=lambda _, stage: stages.append(stage), name="webb talk.mp4")
+    deadline = time.monotonic() + 120
+    while (outcome.get("words") or {}).get("state") == "following" and time.monotonic() < deadline:
+        time.sleep(0.25)  # the words follow the pictures on 2 cores (prvr.serve.ingest.words_beside)
+        outcome = predictor.upload_outcome(outcome["video_id"]) or outcome
+    result["upload"] = {"outcome": outcome, "calls": list(calls), "stages": stages, "events": events()}
+    (OUT / "speech.json").write_text(json.dumps(result))
+
+
 if __name__ == "__main__":
-    main_emulated() if EMULATED else main()
+    if sys.argv[2:3] == ["speech"]:
+        main_speech(Path(sys.argv[3]))
+    else:
+        main_emulated() if EMULATED else main()

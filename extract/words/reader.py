@@ -40,12 +40,15 @@ SUBTITLES_READER = f"PyAV {package_version('av')} (tracks), pysubs2 {package_ver
 class WordsConfig:
     """Which words are read and with what: ``mode`` "off" | "subtitles" | "all"; ``speech``: the speech
     weights (``extract.words.speech.load_speech``'s: None = its default, "pocketsphinx", a directory or hub
-    id); ``device``: where speech runs (None: its choice); ``screen``: how on-screen text is read."""
+    id); ``device``: where speech runs (None: its choice); ``screen``: how on-screen text is read;
+    ``load_speech``: what loads the recogniser from (speech, device) (None: ``load_speech``; the app's
+    ZeroGPU loader, ``prvr.serve.zerogpu_speech.load_in_slots``, runs Whisper in GPU slots)."""
 
     mode: str = "all"
     speech: str | None = None
     device: str | None = None
     screen: ScreenSettings = field(default_factory=ScreenSettings)
+    load_speech: Callable[[str | None, str | None], object] | None = None
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
@@ -60,16 +63,18 @@ class WordsConfig:
 @dataclass(frozen=True)
 class WordsReport:
     """What reading one video's words gave: its segments (by time), one line per thing skipped and why,
-    and the sources that were read (a source can be read and give no words)."""
+    the sources that were read (a source can be read and give no words), and one line per thing spent
+    beyond this process's CPU (``notes``: "its speech asked ZeroGPU for 14 GPU seconds (1 slot ...)")."""
 
     segments: tuple[WordSegment, ...] = ()
     skipped: tuple[str, ...] = ()
     sources: tuple[str, ...] = ()
+    notes: tuple[str, ...] = ()
 
     def to_dict(self) -> dict:
-        """JSON-able: segments as dicts, skipped and sources as lists."""
+        """JSON-able: segments as dicts, skipped, sources and notes as lists."""
         return {"segments": [s.to_dict() for s in self.segments], "skipped": list(self.skipped),
-                "sources": list(self.sources)}
+                "sources": list(self.sources), "notes": list(self.notes)}
 
 
 _Outcome = tuple[list[WordSegment], list[str], bool]  # a source's segments, skipped lines, whether read
@@ -108,6 +113,10 @@ class WordsReader:
             models["screen"] = OCR_MODEL if not self._ocr_failure else f"unavailable: {self._ocr_failure}"
         return {"mode": self.config.mode, "sources": list(sources), "models": models}
 
+    def recognizer(self) -> object | None:
+        """The speech recogniser once loaded (``extract.words.speech.SpeechRecognizer``), else None."""
+        return self._recognizer
+
     def prepare(self) -> None:
         """Load the models the mode needs now rather than with the first video (failures are remembered and
         reported with each video, as when loaded there)."""
@@ -141,8 +150,9 @@ class WordsReader:
                 fractions[source] = min(1.0, max(fractions[source], float(fraction)))
             return hook
 
+        notes: list[str] = []  # what the sources spent beyond this process (the speech recogniser's)
         work = {"subtitles": lambda: self._subtitles(path, sidecar),
-                "speech": lambda: self._read_speech(path, step("speech")),
+                "speech": lambda: self._read_speech(path, step("speech"), notes),
                 "screen": lambda: self._read_screen(path, step("screen"))}
         results: dict[str, _Outcome] = {}
         pool = ThreadPoolExecutor(max_workers=len(sources), thread_name_prefix="words")
@@ -170,7 +180,7 @@ class WordsReader:
         read = tuple(source for source in sources if results[source][2])
         in_order = sorted(_within(segments, path),
                           key=lambda s: (s.start, s.end, SOURCES.index(s.source), s.text))
-        return WordsReport(tuple(in_order), tuple(skipped), read)
+        return WordsReport(tuple(in_order), tuple(skipped), read, tuple(notes))
 
     def _guarded(self, source: str, run: Callable[[], _Outcome], name: str) -> _Outcome:
         """Run one source; its failure becomes a skipped line (a bug's traceback goes to the log)."""
@@ -218,7 +228,8 @@ class WordsReader:
                 try:
                     from extract.words.speech import load_speech  # lazily: torch / pocketsphinx are heavy
 
-                    self._recognizer = load_speech(self.config.speech, self.config.device)
+                    load = self.config.load_speech or load_speech
+                    self._recognizer = load(self.config.speech, self.config.device)
                 except ImportError as e:
                     self._speech_failure = f"speech recognition is not installed ({_one_line(e)})"
                 except Exception as e:  # weights that do not load: said with every video, tried once
@@ -229,9 +240,10 @@ class WordsReader:
                 raise WordsUnavailable(self._speech_failure)
             return self._recognizer
 
-    def _read_speech(self, path: Path, hook: Callable[[float], None]) -> _Outcome:
+    def _read_speech(self, path: Path, hook: Callable[[float], None], notes: list[str]) -> _Outcome:
         """Speech: the audio decoded on the CPU, then transcribed (one video at a time per reader); the model
-        is loaded only once there is audio to hear."""
+        is loaded only once there is audio to hear. What the transcription spent beyond this process (GPU
+        seconds) goes to ``notes``."""
         try:
             from extract.words.speech import decode_audio
         except ImportError:
@@ -243,7 +255,11 @@ class WordsReader:
             return [], ["speech: the file has no audio"], False
         recognizer = self._speech()
         with self._speech_lock:
-            segments = recognizer.transcribe(audio, 16000, lambda f: hook(0.05 + 0.95 * f))
+            try:
+                segments = recognizer.transcribe(audio, 16000, lambda f: hook(0.05 + 0.95 * f))
+            finally:  # (a slot that ran and then failed spent its seconds too)
+                if spent := recognizer.spent():
+                    notes.append(spent)
         return list(segments), [], True
 
     def _screen_ocr(self) -> Ocr:

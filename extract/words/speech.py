@@ -19,7 +19,7 @@ import math
 import re
 import sys
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from math import gcd
 from typing import Protocol
@@ -53,6 +53,11 @@ class SpeechRecognizer(Protocol):
     def transcribe(self, audio: np.ndarray, rate: int = RATE,
                    progress: Progress | None = None) -> list[WordSegment]:
         """Timed lines heard in ``audio`` (mono float32), source "speech"; none for music or silence."""
+        ...
+
+    def spent(self) -> str:
+        """What the last ``transcribe`` asked of anything beyond this process's CPU, for the upload's report
+        ("" for nothing: the recognisers here run in process; the app's ZeroGPU one says its GPU seconds)."""
         ...
 
 
@@ -213,6 +218,10 @@ class PocketSphinx:
                 progress(done / total)
         return lines(words)
 
+    def spent(self) -> str:
+        """Nothing beyond this process."""
+        return ""
+
 
 def _version(package: str) -> str:
     """An installed package's version, or "" when unknown."""
@@ -225,6 +234,13 @@ def _version(package: str) -> str:
 
 
 # --------------------------------------------------------------------------------------------------- Whisper
+
+
+def heard(found: list[WordSegment], stretches: Sequence[tuple[float, float]]) -> list[WordSegment]:
+    """The lines of ``found`` that overlap a stretch where speech was heard (Whisper writes text on music
+    and silence too)."""
+    return [s for s in found if any(s.start < b and a < s.end for a, b in stretches)]
+
 
 
 @dataclass(frozen=True)
@@ -316,8 +332,11 @@ class Whisper:
 
     def finish(self, prepared: Prepared, output: dict | None) -> list[WordSegment]:
         """The lines of ``generate``'s output that fall where speech was heard."""
-        found = self.segments(output) if output is not None else []
-        return [s for s in found if any(s.start < b and a < s.end for a, b in prepared.stretches)]
+        return heard(self.segments(output) if output is not None else [], prepared.stretches)
+
+    def spent(self) -> str:
+        """Nothing beyond this process."""
+        return ""
 
     def transcribe(self, audio: np.ndarray, rate: int = RATE,
                    progress: Progress | None = None) -> list[WordSegment]:

@@ -33,6 +33,7 @@ import logging
 import mmap
 import os
 import shutil
+import threading
 import time
 import uuid
 from collections.abc import Iterator
@@ -223,9 +224,61 @@ def remove_debris(root: Path, manifest: dict, grace: float = RETIRE_GRACE_S) -> 
             shutil.rmtree(p) if p.is_dir() else p.unlink()
 
 
+class _ForkGuard:
+    """Writer locks and forks of this process exclude each other: a child forked while a writer holds its
+    flock holds it too (the descriptor's copy shares the lock) for as long as it lives, and ZeroGPU's GPU
+    workers, forked while the words of an upload join, outlive their task: every later write timed out. A
+    fork waits for the writers to finish; writers wait while it forks (``os.register_at_fork``)."""
+
+    def __init__(self) -> None:
+        self.cond = threading.Condition()
+        self.writers = 0
+
+    @contextlib.contextmanager
+    def writing(self) -> Iterator[None]:
+        """A writer holds its lock inside this block."""
+        with self.cond:
+            self.writers += 1
+        try:
+            yield
+        finally:
+            with self.cond:
+                self.writers -= 1
+                self.cond.notify_all()
+
+    def before_fork(self) -> None:
+        """Wait for the writers, and hold off new ones until the fork is done."""
+        self.cond.acquire()
+        while self.writers:
+            self.cond.wait()
+
+    def after_fork_in_parent(self) -> None:
+        """Writers may start again."""
+        self.cond.release()
+
+    def after_fork_in_child(self) -> None:
+        """The child starts with no writers (its copy of the condition is held by the forking thread)."""
+        self.__init__()
+
+
+_FORKS = _ForkGuard()
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(before=_FORKS.before_fork, after_in_parent=_FORKS.after_fork_in_parent,
+                        after_in_child=_FORKS.after_fork_in_child)
+
+
 @contextlib.contextmanager
 def writer_lock(root: Path, timeout: float) -> Iterator[None]:
-    """Hold the index's exclusive writer lock; IndexLockedError after ``timeout`` seconds of waiting."""
+    """Hold the index's exclusive writer lock; IndexLockedError after ``timeout`` seconds of waiting. (No
+    fork of this process happens meanwhile: ``_ForkGuard``.)"""
+    with _FORKS.writing():
+        with _flock(root, timeout):
+            yield
+
+
+@contextlib.contextmanager
+def _flock(root: Path, timeout: float) -> Iterator[None]:
+    """The writer lock's flock on ``root / LOCK``."""
     fd = os.open(root / LOCK, os.O_RDWR | os.O_CREAT, 0o644)
     try:
         deadline = time.monotonic() + timeout

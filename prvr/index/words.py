@@ -47,12 +47,19 @@ WORDS_MATCH = 0.5  # a segment scoring at least this matches the query (its vide
 DENSE_Z_FLOOR = 2.0  # the dense part is 0 up to this z-score among the reference bank's cosines...
 DENSE_Z_FULL = 6.0  # ... and 1 from this one (linear between)
 MAX_LINES = 5  # matched segments kept per video (best first)
+# A speech line holding none of the query's content terms matches by its dense part alone only from this
+# dense score (speech is recognised, inexact: a line of only "that", or garbled words, sits close to many
+# captions); 0: as any other line, at WORDS_MATCH; above 1: never (a shared content term is required).
+# Decided on the words dev set's tuning half (benchmarks.words_decisions, rule 3; benchmarks/RESULTS.md,
+# issue #43, Session 19).
+SPEECH_DENSE_ALONE = math.inf  # never: a speech line must share a content term with the query
 # text recognised on screen often comes back with its spaces dropped ("Quarterlyrevenuegrew12percent"); in a
 # screen line with a token this long, a query term of at least GLUED_TERM characters is also found inside it
 GLUED_TOKEN = 14
 GLUED_TERM = 4
 ENCODE_BATCH = 256  # segments encoded at once
 
+SPEECH = SOURCES.index("speech")
 _TOKEN = re.compile(r"[^\W_]+(?:['\u2019][^\W_]+)*")
 
 
@@ -290,6 +297,9 @@ def match_words(words: Words, q: np.ndarray, text: str | None = None) -> dict[in
                 ok &= has
         # a segment holding every content term covers exactly 1 (not a float sum's 0.999...)
         coverage = np.where((held == len(weight)) & bool(weight), 1.0, np.minimum(coverage, 1.0))
+        if query is not None:  # a speech line sharing no content term: its dense part alone must reach this
+            alone = (table.source == SPEECH) & (held == 0)
+            ok &= ~alone | (dense >= SPEECH_DENSE_ALONE)
         score = np.where(ok, np.maximum(coverage, dense), 0.0)
         for row in np.flatnonzero(score >= WORDS_MATCH).tolist():
             found.setdefault(int(ids[table.video[row]]), []).append(WordMatch(

@@ -129,9 +129,19 @@ def assemble(settings: AppSettings, loaded: LoadedModel, extractor: Extractor | 
 
 def words_reader(settings: AppSettings) -> WordsReader:
     """The reader of each video's words, as ``--words`` and ``--speech-weights`` say; speech runs on the
-    search device (CUDA when present; the CPU on ZeroGPU, where it spends no visitor's GPU quota)."""
-    config = WordsConfig(mode=settings.words, speech=settings.speech_weights, device=search_device())
-    return WordsReader(config)
+    search device (CUDA when present); on ZeroGPU Whisper's model call runs in GPU slots, its seconds told
+    as the frames' are, and pocketsphinx on the CPU."""
+    if not on_zerogpu():
+        return WordsReader(WordsConfig(mode=settings.words, speech=settings.speech_weights,
+                                       device=search_device()))
+    # ZeroGPU: Whisper runs in GPU slots (prvr.serve.zerogpu_speech), loaded now, before launch(), to
+    # (emulated) CUDA as the frames' models are; pocketsphinx stays on the CPU
+    from prvr.serve.zerogpu_speech import load_in_slots
+
+    reader = WordsReader(WordsConfig(mode=settings.words, speech=settings.speech_weights,
+                                     device=search_device(), load_speech=load_in_slots))
+    reader.prepare()
+    return reader
 
 
 def sweep_media(predictor: Predictor) -> None:

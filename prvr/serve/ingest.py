@@ -300,6 +300,11 @@ class WordsRun:
         return tuple(self.report.segments) if self.report is not None else ()
 
     @property
+    def notes(self) -> tuple[str, ...]:
+        """What the reading spent beyond this process (its speech's GPU seconds on ZeroGPU)."""
+        return tuple(self.report.notes) if self.report is not None else ()
+
+    @property
     def skipped(self) -> tuple[str, ...]:
         """One line per source that could not be read, saying why."""
         lines = tuple(self.report.skipped) if self.report is not None else ()
@@ -330,7 +335,8 @@ def words_words(summary: dict | None) -> str:
 
 def skipped_words(run: WordsRun) -> str:
     """The outcome's sentences for the sources not read: " Words skipped: speech: no audio stream."."""
-    return "".join(f" Words skipped: {line.rstrip('.')}." for line in run.skipped)
+    return ("".join(f" Words skipped: {line.rstrip('.')}." for line in run.skipped)
+            + "".join(f" {note[:1].upper()}{note[1:]}." for note in run.notes))  # e.g. GPU seconds spent
 
 
 @dataclass(eq=False)
@@ -582,8 +588,10 @@ class IngestService:
         plan = extractor.cost(info)
         notes = ""
         if plan is not None:  # ZeroGPU: the visitor is told the GPU seconds before any is asked for
-            # the words are read in this process on the CPU (bootstrap.words_reader): no GPU seconds
-            cpu = "; its words are read on the CPU, which asks for none" if self.words is not None else ""
+            # Whisper's model call in GPU slots (bootstrap.words_reader), else the words on the CPU: none
+            from prvr.serve.zerogpu_speech import announced
+
+            cpu = announced(self.words.recognizer(), info.duration) if self.words is not None else ""
             notes = f" It asked ZeroGPU for {plan.words()}{cpu}."
             report(0.02, f"checking the file: {info.duration / 60:.1f} minutes of video will ask ZeroGPU for "
                          f"{plan.words()}{cpu}")

@@ -11,6 +11,7 @@ seconds per frame (``prvr.models.factory.ModelEntry``) for each frame, told to t
 conservative estimates (``benchmarks/gpu_check.py`` measures them on a CUDA machine). ``_slot_in_gpu`` is
 decorated at import (ZeroGPU counts decorated functions before ``launch()``), and start-up work runs on CPU
 models built for it (``at_start``): the ``cuda`` models cannot run in the main process after launch.
+Speech (Whisper) runs in slots of its own: ``prvr.serve.zerogpu_speech``.
 How the estimates were set and how ``spaces`` 0.51.3 runs a slot: benchmarks/RESULTS.md, "Issue #42: history
 moved from module docstrings" (``prvr/serve/zerogpu.py``).
 """
@@ -53,7 +54,9 @@ WORKER_ERROR = "ZeroGPU worker error"  # spaces' title for a slot that ran and f
 class GpuPlan:
     """The GPU slots one video asks for: window ranges and the seconds each asks for."""
 
-    slots: tuple[tuple[int, int], ...]  # [first, end) windows of each slot, consecutive
+    # [first, end) of each slot: windows of frames, consecutive (seconds of audio for speech, which asks
+    # only for the slots where speech is heard: prvr.serve.zerogpu_speech)
+    slots: tuple[tuple[int, int], ...] | tuple[tuple[float, float], ...]
     seconds: tuple[int, ...]  # the duration each slot asks ZeroGPU for
 
     @property
@@ -158,16 +161,21 @@ class WorkerFailure(gradio.Error):
         self.failure = failure
 
 
+def one_thread_in_worker() -> None:
+    """In a forked worker, torch's CPU ops on one thread: GNU OpenMP is not fork-safe; a multi-threaded CPU
+    op that the parent already ran hangs in the child when the forking thread runs it again, unless the
+    child uses one thread (docs: environment.md). On a GPU the models do not run OpenMP: it costs nothing
+    there. In the main process (off ZeroGPU) nothing changes."""
+    if os.getpid() != _MAIN_PID:
+        torch.set_num_threads(1)
+
+
 def _slot_rows(frames: str, lo: int, hi: int, key: int) -> Iterator[tuple[int, np.ndarray]]:
     """The GPU function: the backbones on windows [lo, hi) of the frame file ``frames``; yields ``(first
     window, rows (w, D) float32)`` after each batch (spaces streams yields back as they come). Plain, small
     arguments (a path and three numbers). Raises only ``WorkerFailure``."""
     try:
-        if os.getpid() != _MAIN_PID:
-            # a forked worker: GNU OpenMP is not fork-safe; a multi-threaded CPU op that the parent already
-            # ran hangs in the child when the forking thread runs it again, unless the child uses one thread
-            # (docs: environment.md). On a GPU the models do not run OpenMP: it costs nothing there.
-            torch.set_num_threads(1)
+        one_thread_in_worker()
         models, _ = _SLOTS[key]
         for first in range(lo, hi, models.batch_windows):
             yield first, models.embed(read_windows(frames, first, min(hi, first + models.batch_windows)))
