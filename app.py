@@ -131,8 +131,11 @@ def page_root(request: gr.Request) -> str:
     """This app's URL as the browser reaches it (a proxy's forwarded host and scheme included), computed as
     Gradio computes the root of its own file URLs."""
     raw = request.request
-    return route_utils.get_root_url(request=raw, route_path=route_utils.get_api_call_path(raw),
-                                    root_path=raw.app.root_path)
+    try:
+        route = route_utils.get_api_call_path(raw)
+    except ValueError:  # an event outside the queue (POST .../run/<name>): Gradio strips the whole path
+        route = raw.url.path
+    return route_utils.get_root_url(request=raw, route_path=route, root_path=raw.app.root_path)
 
 
 # ---------------------------------------------------------------------------------------------- UI
@@ -184,8 +187,10 @@ def build_ui(predictor: Predictor, sessions: ClosedSessions | None = None) -> gr
 
         outputs = [summary] + [c for s in slots for c in (s.group, s.info)] + more.outputs
         inputs = [query, top_k, clip_weight, session]
+        # outside the queue: one POST a search, no event stream (the page's answer ~100-200 ms sooner on two
+        # busy cores: issue #45); a search is milliseconds, run in Gradio's thread pool
         search_events = dict(fn=run_search, inputs=inputs, outputs=outputs, api_visibility="private",
-                             concurrency_id="search", concurrency_limit=8)
+                             queue=False)
         query.submit(**search_events)
         search_btn.click(**search_events)
         examples.load_input_event.then(**search_events)

@@ -243,7 +243,8 @@ def browser_clicks(url: str, queries: list[str], clicks: int) -> dict:
                                                                      "--disable-gpu", "--no-first-run"])
         page = browser.new_page(viewport={"width": 1280, "height": 1400})
         page.goto(url)
-        page.wait_for_selector("textarea", timeout=120000)
+        # the button too: on a busy machine the text box can be drawn well before it
+        page.wait_for_selector('button.primary:text-is("Search")', timeout=120000)
         before = ""
         for i in range(clicks + 2):  # the first two warm the page up
             took, before = page.evaluate(PAINTED_JS, [queries[i % len(queries)], before])

@@ -45,13 +45,18 @@ FRAME_SPREAD_JS = """async v => {
   }
   const m = s / n; return Math.sqrt(Math.max(s2 / n - m * m, 0));
 }"""
-# A copy of every streamed response (Gradio's event stream) in window.prvrStreamed, before the page loads.
+# A copy of every streamed response (Gradio's event stream) and JSON answer in window.prvrStreamed, before the
+# page loads.
 KEEP_STREAMS_JS = """(() => {
   window.prvrStreamed = [];
   const fetched = window.fetch;
   window.fetch = async (...args) => {
     const response = await fetched(...args);
     const kind = response.headers.get('content-type') || '';
+    if (kind.includes('json')) {  // an event outside the queue answers in one JSON response (issue #45)
+      response.clone().text().then((text) => window.prvrStreamed.push(text));
+      return response;
+    }
     if (!response.body || !kind.includes('event-stream')) return response;
     const [mine, copy] = response.body.tee();
     (async () => {
@@ -80,6 +85,16 @@ CONTRAST_JS = """e => {
     .reduce((sum, v, i) => sum + v * [0.2126, 0.7152, 0.0722][i], 0);
   const [hi, lo] = [lum(fg), lum(bg)].sort((x, y) => y - x);
   return (hi + 0.05) / (lo + 0.05);
+}"""
+# The page's height once every card was on screen (a card off screen is laid out when scrolled to, its height
+# an estimate until then: content-visibility), scrolled through from the top.
+SCROLLED_HEIGHT_JS = """async () => {
+  const frame = () => new Promise(r => requestAnimationFrame(() => requestAnimationFrame(r)));
+  for (let y = 0; y < document.documentElement.scrollHeight; y += window.innerHeight / 2) {
+    window.scrollTo(0, y); await frame();
+  }
+  window.scrollTo(0, 0); await frame();
+  return document.documentElement.scrollHeight;
 }"""
 # What the page's screen-reader live regions (role=status) say, kept in window.prvrLive as they change.
 KEEP_LIVE_JS = """() => {
@@ -143,6 +158,18 @@ def seeked_by(video, action: Callable[[], object]) -> float:
     return float(video.get_attribute("data-seeked-at"))
 
 
+def played_from(card, action: Callable[[], object]) -> float:
+    """Do ``action`` (a click that makes the card's player) and return where the new player starts playing;
+    it is paused there."""
+    card.evaluate("c => { delete c.dataset.playedFrom; c.addEventListener('playing', (e) => { "
+                  "c.dataset.playedFrom = e.target.currentTime; }, {capture: true, once: true}); }")
+    action()
+    assert until(lambda: card.get_attribute("data-played-from") not in ("", None)), \
+        card.locator("video").evaluate_all("vs => vs.map(v => [v.paused, v.currentTime, v.error])")
+    card.locator("video").evaluate("v => v.pause()")
+    return float(card.get_attribute("data-played-from"))
+
+
 def wait_for_time(video, seconds: float) -> float:
     """Poll the player until it sits at ``seconds`` (it loads and seeks asynchronously); where it sits."""
     until(lambda: abs(current_time(video) - seconds) < 0.5)
@@ -164,22 +191,27 @@ def test_search_shows_cards_with_heatmaps_and_players_that_jump(page) -> None:
     assert "strong match" in summary or ("No confident match" in summary and "in other words" in summary)
     assert first.locator(".rank").inner_text() == "#1"
 
+    # no card holds a player until asked (issue #45 item 1: ten players cost the browser ~1.5 s a search),
+    # each a light stand-in at its key moment
+    assert page.locator(".result-card video").count() == 0
     key = first.locator(".chip.key")
-    video = first.locator("video")
-    video.wait_for(timeout=PATIENCE_MS)
     key_start = float(key.get_attribute("data-t"))
-    assert wait_for_time(video, key_start) == pytest.approx(key_start, abs=0.5)  # starts at the key moment
+    assert float(first.locator(".player-stub").get_attribute("data-start")) == key_start
+    # a moment chip makes the card's player, which plays from there (issue #45 item 5: it only sought)
+    others = first.locator(".chip:not(.key)")
+    chip = others.first if others.count() else key
+    target = float(chip.get_attribute("data-t"))
+    assert played_from(first, chip.click) == pytest.approx(target, abs=0.5)
+    assert page.locator(".result-card video").count() == 1  # the card asked for, only
+    video = first.locator("video")
 
     # click-to-seek on the strip: a cell far from the key moment (a video may have no second moment chip)
     cell = first.locator(".heat rect.bin").nth(0 if key_start >= 3 else len(starts) - 1)
     target = float(cell.get_attribute("data-t"))
     assert seeked_by(video, lambda: cell.dispatch_event("click")) == pytest.approx(target, abs=0.5)
     video.evaluate("v => v.pause()")
-    # and on a moment chip, which plays from there (issue #45 item 5: it only sought)
-    others = first.locator(".chip:not(.key)")
-    chip = others.first if others.count() else key
-    target = float(chip.get_attribute("data-t"))
-    assert seeked_by(video, chip.click) == pytest.approx(target, abs=0.5)
+    # and the key moment's chip: the same player seeks and plays from there
+    assert seeked_by(video, key.click) == pytest.approx(key_start, abs=0.5)
     assert until(lambda: video.evaluate("v => !v.paused && v.currentTime > v.dataset.seekedAt")), \
         video.evaluate("v => [v.paused, v.currentTime, v.error && v.error.message]")
     video.evaluate("v => v.pause()")
@@ -213,6 +245,8 @@ def search(page, text: str) -> None:
 
 
 def test_every_search_starts_each_player_at_its_key_moment(page) -> None:
+    """Each card's player starts at its key moment; a new search takes the last one's player away (the
+    stand-in is back, at the new key moment), so a player never goes on from where another search left it."""
     seeked = 0
     for text in QUERIES:
         search(page, text)
@@ -220,10 +254,14 @@ def test_every_search_starts_each_player_at_its_key_moment(page) -> None:
         for i in range(heads.count()):
             card = heads.nth(i).locator("xpath=ancestor::*[contains(@class, 'result-card')][last()]")
             expected = float(card.locator(".chip.key").get_attribute("data-t"))
-            video = card.locator("video")
-            video.wait_for(timeout=PATIENCE_MS)
-            assert wait_for_time(video, expected) == pytest.approx(expected, abs=0.5), (text, i)
+            assert card.locator("video").count() == 0, (text, i)  # the last search's player went with it
+            stub = card.locator(".player-stub")
+            assert float(stub.get_attribute("data-start")) == pytest.approx(expected), (text, i)
             seeked += expected > 0
+        first = card_of(page, 0)
+        expected = float(first.locator(".chip.key").get_attribute("data-t"))
+        stub = first.locator(".player-stub")
+        assert played_from(first, stub.click) == pytest.approx(expected, abs=0.5), text
     assert seeked >= 2  # some players really had to move
 
 
@@ -255,8 +293,9 @@ def test_players_start_on_the_picture_never_on_a_card(page) -> None:
         card = card_of(page, i)
         key = card.locator(".chip.key")
         start_at = float(key.get_attribute("data-t"))
+        assert played_from(card, card.locator(".player-stub").click) == pytest.approx(start_at, abs=0.5), i
         video = card.locator("video")
-        video.wait_for(timeout=PATIENCE_MS)
+        video.evaluate("(v, t) => { v.currentTime = t; }", start_at)  # the picture it started on
         assert wait_for_time(video, start_at) == pytest.approx(start_at, abs=0.5), i
         assert frame_spread(video) > CARD_SPREAD, (i, start_at)  # a picture, not a card
         first = seconds(key.inner_text().split(" · ")[1].split("-")[0])  # the moment's own start
@@ -279,11 +318,13 @@ def test_the_page_holds_no_server_path(page, tmp_path_factory: pytest.TempPathFa
         search(tab, QUERIES[1])
         # the streamed results hold the summary, which names the query; the players come with the cards
         until(lambda: QUERIES[1] in tab.evaluate("() => window.prvrStreamed.join('')"))
-        players = tab.locator(".result-card video")
-        until(lambda: players.count() > 0 and all(players.evaluate_all("videos => videos.map(v => v.src)")))
+        players = tab.locator(".result-card .player-stub")  # each made into its player when asked
+        until(lambda: players.count() > 0 and all(players.evaluate_all("s => s.map(p => p.dataset.src)")))
         streamed = tab.evaluate("() => window.prvrStreamed.join('')")
         html = tab.content()
-        sources = players.evaluate_all("videos => videos.map(v => v.src)")
+        sources = players.evaluate_all("s => s.map(p => p.dataset.src)")
+        players.first.click()  # and the player made from one
+        sources.append(tab.locator(".result-card video").first.evaluate("v => v.src"))
     finally:
         tab.close()
     assert QUERIES[1] in streamed and '"heat"' in streamed.replace('\\"', '"'), streamed[-2000:]  # the cards
@@ -390,9 +431,8 @@ def test_a_subtitle_file_chosen_with_the_video_is_searched_and_its_line_plays(pa
     assert "the purple giraffe sings opera at midnight" in line.inner_text()
     assert "subtitles 0:02-0:04" in line.inner_text()
     assert first.locator(".heat rect.word").count() == 1  # its time marked on the strip
+    assert played_from(first, line.click) == pytest.approx(2.0, abs=0.5)  # the line makes the player
     video = first.locator("video")
-    video.wait_for(timeout=PATIENCE_MS)
-    assert until(lambda: video.evaluate("v => v.readyState") >= 1)
     video.evaluate("v => { v.currentTime = 4.5; }")  # away from the line (the key moment may be there)
     assert wait_for_time(video, 4.5) == pytest.approx(4.5, abs=0.5)
     assert seeked_by(video, line.click) == pytest.approx(2.0, abs=0.5)
@@ -439,7 +479,7 @@ def test_on_a_phone_in_dark_mode_the_page_says_what_is_true(page) -> None:
         tip = phone.locator(".chip.key").first.get_attribute("title")
         assert "within this video only" in tip and "no evidence the video shows what you asked" in tip, tip
         assert phone.locator(".card-help").count() == 1 and phone.locator(".hint").count() == 0
-        height = phone.evaluate("() => document.documentElement.scrollHeight")
+        height = phone.evaluate(SCROLLED_HEIGHT_JS)
         print(f"page height, 5 results on a 390 px phone: {height} px")
         assert height < 4500, height  # the help on every card: 4,669 px (the issue), 5,186 px here before
         phone.locator(".card-help summary").click()  # opened, its text is checked too

@@ -29,22 +29,37 @@ HEADER = ('<div class="prvr-header"><h1>Find the moment in long videos</h1><p>Pa
           "happens and how sure the model is.</p></div>")
 
 # In the browser, per card (no round trip): clicking a heatmap bin, a moment's outline, a moment chip or a
-# matched line seeks the card's player and plays it from there; a new search (its id on the card) puts the
-# player back at its start. Gradio redraws an
-# HTML value by patching the old DOM, so a player showing the same video again is the same element, at the
-# position it was left at; a new element starts at its src's media fragment (#t=) by itself.
+# matched line plays the card's video from there. A card holds no <video> until asked (ten players with
+# their controls cost the browser ~1.5 s per search; issue #45): a light stand-in (``player_html``) is swapped
+# for the player on the first click on it or on any of those, which plays from the clicked time (its media
+# fragment, #t=). A new search's HTML has the stand-in again where the player was: Gradio patches an HTML
+# value node by node and replaces an element of another tag, so every search starts at its key moment.
 SEEK_JS = """
 element.addEventListener('click', (event) => {
-  const target = event.target.closest('[data-t]');  // the player of the card clicked (one HTML may hold more)
-  const player = target && (target.closest('.card-body') || element).querySelector('video.player');
-  if (!target || !player) return;
-  player.currentTime = parseFloat(target.dataset.t);
+  const target = event.target.closest('[data-t]');  // the card clicked (one HTML may hold more)
+  const body = target && (target.closest('.card-body') || element);
+  if (!body) return;
+  const t = parseFloat(target.dataset.t);
+  let player = body.querySelector('video.player');
+  if (player) {
+    player.currentTime = t;
+  } else {
+    const stub = body.querySelector('.player-stub');
+    if (!stub) return;
+    player = document.createElement('video');
+    player.className = 'player';
+    player.controls = true;
+    player.playsInline = true;
+    player.preload = 'auto';
+    player.dataset.start = stub.dataset.start;
+    player.setAttribute('aria-label', stub.dataset.title);
+    player.src = stub.dataset.src.split('#')[0] + '#t=' + t.toFixed(2);
+    const focused = document.activeElement === stub;
+    stub.replaceWith(player);
+    if (focused) player.focus();
+  }
   player.play().catch(() => {});  // a click plays from there (a browser may refuse: it stays paused there)
 });
-new MutationObserver(() => element.querySelectorAll('video.player').forEach((player) => {
-  const start = () => { player.currentTime = parseFloat(player.dataset.start); };
-  if (player.readyState >= 1) start(); else player.addEventListener('loadedmetadata', start, {once: true});
-})).observe(element, {subtree: true, attributes: true, attributeFilter: ['data-search']});
 """
 
 CSS = """
@@ -81,8 +96,14 @@ CSS = """
 .words .line .where {opacity: 0.7; font-size: 0.9em; margin-left: 6px; white-space: nowrap}
 .card-body {display: grid; grid-template-columns: minmax(0, 3fr) minmax(0, 2fr); gap: 14px;
   align-items: start}
-.card-body .player {width: 100%; max-height: 260px; background: #000; border-radius: 8px}
-@media (max-width: 760px) {.card-body {grid-template-columns: 1fr}}
+.card-body .player, .player-stub {width: 100%; max-height: 260px; background: #000; border-radius: 8px}
+.player-stub {aspect-ratio: 16 / 9; border: none; color: #fff; cursor: pointer; display: flex;
+  flex-direction: column; align-items: center; justify-content: center; gap: 2px; font-size: 0.9em}
+.player-stub .play {font-size: 2.2em; line-height: 1}
+/* a card off screen is laid out and painted when scrolled to (the browser's work per search: issue #45) */
+.result-card {content-visibility: auto; contain-intrinsic-size: auto 330px}
+@media (max-width: 760px) {.card-body {grid-template-columns: 1fr}
+  .result-card {contain-intrinsic-size: auto 640px}}
 .summary {padding: 8px 12px; border-radius: 10px; background: var(--background-fill-secondary)}
 .summary.abstain {background: #fff7ed; color: #9a3412}
 /* the upload table: words stay whole (Gradio's prose tables wrap "anywhere", which squeezed the result column
@@ -205,14 +226,18 @@ def words_html(result: dict) -> str:
 
 
 def player_html(result: dict, root: str) -> str:
-    """The result's player: its video from this app's video route under ``root`` (the page's URL), as API
-    clients fetch it (no server path), starting at ``start_position`` (a media fragment); under it, each
-    moment's download link (``clip_links``)."""
+    """The result's player as the page first shows it: a stand-in button ("play from" the key moment) that
+    the page's script (``SEEK_JS``) replaces with the player on a click, its video from this app's video route
+    under ``root`` (the page's URL), as API clients fetch it (no server path), starting at
+    ``start_position`` (a media fragment) or at the clicked moment; under it, each moment's download link
+    (``clip_links``)."""
     start = f"{start_position(result):.2f}"
     src = f"{root}{video_url(result['video_id'])}#t={start}"
-    return (f'<div class="card-media"><video class="player" controls preload="auto" playsinline '
-            f'src="{html.escape(src)}" data-start="{start}" aria-label="{html.escape(result["title"])}">'
-            f'</video>{clip_links(result, root)}</div>')
+    title, at = html.escape(result["title"]), clock(float(start))
+    return (f'<div class="card-media"><button class="player-stub" type="button" data-t="{start}" '
+            f'data-start="{start}" data-src="{html.escape(src)}" data-title="{title}" '
+            f'aria-label="Play {title} from {at}"><span class="play" aria-hidden="true">▶</span>'
+            f'<span>play from {at}</span></button>{clip_links(result, root)}</div>')
 
 
 def start_position(result: dict) -> float:
@@ -281,8 +306,8 @@ def summary_html(query: str, response: SearchResponse) -> str:
     return f"{notice}{line}{CARD_HELP}"
 
 
-CARD_HELP = ('<details class="card-help"><summary>How to read the results</summary><p>Each card: the player '
-             "starts at the key moment (★); click the strip, a moment or a matched line to play from there. "
+CARD_HELP = ('<details class="card-help"><summary>How to read the results</summary><p>Each card: its ▶ '
+             "plays from the key moment (★); click the strip, a moment or a matched line to play from there. "
              "Strip: how close each second of the video is to the query (longer videos: each stretch; darker "
              "is closer), the moments outlined, the orange line where the frame branch looked, teal marks "
              "where matched words are said or shown. The label says whether a video shows what you asked: "
