@@ -1,5 +1,5 @@
-"""Make the README's screenshot from the running app: search an example query, wait for the result cards
-and their players, capture the page.
+"""Make the README's screenshot from the running app: search an example query, wait for the result cards,
+open the first card's player at its key moment, capture the page.
 
     python scripts/screenshot.py                                  # start the app on its default data dir
     python scripts/screenshot.py --url http://127.0.0.1:7860/     # an app that is already running
@@ -86,10 +86,13 @@ def capture(url: str, out: Path, query: str = DEFAULT_QUERY, chromium: str | Non
             while query not in page.locator(".summary").inner_text() and time.monotonic() < deadline:
                 time.sleep(0.2)
             page.wait_for_selector(".result-card .heat rect.bin", timeout=60_000)
-            # each player has loaded its video and sits at its key moment, so frames show, not black boxes
-            page.wait_for_function("() => [...document.querySelectorAll('.result-card video')]"
-                                   ".every(v => v.readyState >= 3 && !v.seeking)", timeout=60_000)
-            time.sleep(1.5)  # the players' own loading overlays fade out
+            # a card makes its player when asked: the first card's, loaded and paused at its key moment, so a
+            # frame shows (the other cards keep their play buttons, as a visitor sees them)
+            page.locator(".result-card .player-stub").first.click()
+            page.wait_for_function("() => { const v = document.querySelector('.result-card video.player');"
+                                   " return v && v.readyState >= 3 && !v.seeking; }", timeout=60_000)
+            page.evaluate("() => document.querySelector('.result-card video.player').pause()")
+            time.sleep(1.5)  # the player's own loading overlay fades out
             cards = page.locator(".card-head").count()
             out.parent.mkdir(parents=True, exist_ok=True)
             page.screenshot(path=str(out))
