@@ -242,7 +242,6 @@ def heard(found: list[WordSegment], stretches: Sequence[tuple[float, float]]) ->
     return [s for s in found if any(s.start < b and a < s.end for a, b in stretches)]
 
 
-
 @dataclass(frozen=True)
 class Prepared:
     """Audio made ready for Whisper on the CPU: the stretches where speech is heard ([start, end) s) and the
