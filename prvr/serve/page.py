@@ -51,7 +51,6 @@ element.addEventListener('click', (event) => {
     player.controls = true;
     player.playsInline = true;
     player.preload = 'auto';
-    player.dataset.start = stub.dataset.start;
     player.setAttribute('aria-label', stub.dataset.title);
     player.src = stub.dataset.src.split('#')[0] + '#t=' + t.toFixed(2);
     const focused = document.activeElement === stub;
