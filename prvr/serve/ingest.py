@@ -333,8 +333,9 @@ def words_words(summary: dict | None) -> str:
     return f" with {counted(summary['segments'], 'line')} of words ({', '.join(summary['sources'])})"
 
 
-def skipped_words(run: WordsRun) -> str:
-    """The outcome's sentences for the sources not read: " Words skipped: speech: no audio stream."."""
+def words_notes(run: WordsRun) -> str:
+    """The outcome's sentences on how the words were read: each source not read (" Words skipped: speech: no
+    audio stream.") and what the reading spent beyond this process (" Its speech asked ZeroGPU for ...")."""
     return ("".join(f" Words skipped: {line.rstrip('.')}." for line in run.skipped)
             + "".join(f" {note[:1].upper()}{note[1:]}." for note in run.notes))  # e.g. GPU seconds spent
 
@@ -364,7 +365,7 @@ class Follow:
         else:
             joined = f"its words joined{words_words(words)}" if words["segments"] else "no words were found"
         return Outcome("added", self.video_id, f"{self.added}; searchable by its pictures, then {joined}."
-                                               f"{self.notes}{skipped_words(self.run)}", words)
+                                               f"{self.notes}{words_notes(self.run)}", words)
 
 
 class UploadRefused(MediaError):
@@ -649,7 +650,7 @@ class IngestService:
         for r in ready:
             if r.run is not None and r.run.done:
                 r.video = dataclasses.replace(r.video, words=r.run.segments)
-                r.notes, r.words, r.run = r.notes + skipped_words(r.run), r.run.summary(), None
+                r.notes, r.words, r.run = r.notes + words_notes(r.run), r.run.summary(), None
         try:
             gallery.add([r.video for r in ready], text_encoder=self.text_encoder)
         except BaseException:
