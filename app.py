@@ -265,6 +265,8 @@ def add_videos_tab(predictor: Predictor, session: gr.State, sessions: ClosedSess
                      gr.update())
         if not paths:
             return ("Choose one or more video files first.", *unchanged)
+        # a file chosen twice comes as one path twice (Gradio keeps one copy per content): add it once
+        paths, subtitle_paths = list(dict.fromkeys(paths)), list(dict.fromkeys(subtitle_paths or []))
         wanted = (wanted or "").strip()
         if wanted and len(paths) > 1:
             return (f"A title names one video, and {len(paths)} files are chosen: add them one at a time to "

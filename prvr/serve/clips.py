@@ -148,8 +148,8 @@ def clip_route(predictor: Predictor, sessions: ClosedSessions) -> Route:
     async def serve(request: Request) -> Response:
         query = request.query_params
         try:
-            wanted = clip_request(predictor, request.path_params["video_id"], query.get("start"),
-                                  query.get("end"), sessions.galleries())
+            wanted = await run_in_threadpool(clip_request, predictor, request.path_params["video_id"],
+                                             query.get("start"), query.get("end"), sessions.galleries())
         except ClipRefused as refused:
             log.warning("clip refused: %s", refused)
             return PlainTextResponse(str(refused), status_code=refused.status)

@@ -13,6 +13,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 from urllib.parse import quote
 
+from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
 from starlette.responses import FileResponse, JSONResponse, PlainTextResponse, Response
 from starlette.routing import Route
@@ -41,7 +42,9 @@ def info_route(predictor: Predictor) -> Route:
     """``GET /info``: ``Predictor.describe()`` of the shared gallery as JSON (the /info API endpoint and
     the MCP tool add the caller's session uploads)."""
     async def serve(request: Request) -> Response:
-        return JSONResponse(predictor.describe())
+        # off the event loop: describing may wait on the store (a Qdrant engine call), and a wait here would
+        # hold every other request of the app, uploads included
+        return JSONResponse(await run_in_threadpool(predictor.describe))
 
     return Route(INFO_ROUTE, serve, methods=["GET"])
 
@@ -49,7 +52,8 @@ def info_route(predictor: Predictor) -> Route:
 def video_route(predictor: Predictor, sessions: ClosedSessions) -> Route:
     """``GET /prvr/video/<video id>``: a gallery video (or a live session upload) by id, with HTTP ranges."""
     async def serve(request: Request) -> Response:
-        path = predictor.video_file(request.path_params["video_id"], sessions.galleries())
+        path = await run_in_threadpool(predictor.video_file, request.path_params["video_id"],
+                                       sessions.galleries())
         if path is None or not path.is_file():
             return PlainTextResponse("no video with this id", status_code=404)
         return FileResponse(path, media_type="video/mp4" if path.suffix == ".mp4" else None)
