@@ -13,11 +13,12 @@ renders, extracts and indexes the demo videos into the data dir (minutes); later
 ``--api`` starts ``python app.py`` (or ``--app``: another checkout's, to compare two versions in one run) on
 a free port and searches through ``gradio_client`` (k=5): one client, then ``--clients`` at once (errors,
 answers compared with the one client's, searches per second), each round trip beside the server's own time
-(the response's ``stats["total_ms"]``); ``--clicks``: Search clicked in a headless Chromium, click to
-painted cards; ``http``: the same searches as plain HTTP POSTs to ``/gradio_api/run/search`` (an app that
-answers /search outside the queue; ``refused`` otherwise). ``met`` holds issue #45's bounds: round trip p50
-<= 3x the server's time, 0 errors and identical answers, throughput >= 40 % of what 2 cores serve at the
-server's time, browser p50 <= 250 ms.
+(the response's ``stats["total_ms"]``); ``ready_tls``: the same with one TLS context made once
+(``Client(url, ssl_verify=httpx.create_ssl_context())``, as the README advises); ``--clicks``: Search
+clicked in a headless Chromium, click to painted cards; ``http``: the same searches as plain HTTP POSTs to
+``/gradio_api/run/search`` (an app that answers /search outside the queue; ``refused`` otherwise). ``met``
+holds issue #45's bounds: round trip p50 <= 3x the server's time, 0 errors and identical answers,
+throughput >= 40 % of what 2 cores serve at the server's time, browser p50 <= 250 ms.
 """
 
 from __future__ import annotations
@@ -155,10 +156,21 @@ def example_queries(app: Path) -> list[str]:
 
 
 def gradio_caller(url: str) -> Callable[[str], dict]:
-    """A /search call through a gradio_client session of its own (the queue and its event stream)."""
+    """A /search call through a gradio_client session of its own (the queue and its event stream), made as
+    the README's example makes it: ``Client(url)``."""
     from gradio_client import Client
 
     client = Client(url, verbose=False)
+    return lambda q: client.predict(q, 5, 0.7, 0, api_name="/search")
+
+
+def ready_tls_caller(url: str) -> Callable[[str], dict]:
+    """``gradio_caller`` with one TLS context made once (``ssl_verify=httpx.create_ssl_context()``: the same
+    certificate checks): gradio_client opens new httpx clients on every call, and each one given
+    ``ssl_verify=True`` reads the CA bundle again (10-40 ms of client CPU each on these cores)."""
+    from gradio_client import Client
+
+    client = Client(url, verbose=False, ssl_verify=httpx.create_ssl_context())
     return lambda q: client.predict(q, 5, 0.7, 0, api_name="/search")
 
 
@@ -267,6 +279,9 @@ def api_report(app: Path, data_dir: Path | None, seconds: float, clients: int, c
         api_clients(url, pid, queries, 1, min(seconds, 3.0))  # warm-up
         one, answers = api_clients(url, pid, queries, 1, seconds)
         many, _ = api_clients(url, pid, queries, clients, seconds, expected=answers)
+        api_clients(url, pid, queries, 1, min(seconds, 3.0), caller=ready_tls_caller)  # warm-up
+        ready = {"one": api_clients(url, pid, queries, 1, seconds, answers, ready_tls_caller)[0],
+                 "many": api_clients(url, pid, queries, clients, seconds, answers, ready_tls_caller)[0]}
         try:  # the same searches as plain HTTP requests, where the app answers them outside the queue
             http_caller(url)(queries[0])
         except RuntimeError as refused:
@@ -278,18 +293,25 @@ def api_report(app: Path, data_dir: Path | None, seconds: float, clients: int, c
         browser = browser_clicks(url, queries, clicks) if clicks else None
     server = one["server_p50_ms"]
     two_cores = 2 * 1000 / server
-    report = {"app": str(app), "one": one, "many": many, "http": http, "browser": browser,
+    report = {"app": str(app), "one": one, "many": many, "ready_tls": ready, "http": http, "browser": browser,
               "round_trip_over_server": round(one["p50_ms"] / server, 2),
               "two_cores_per_s": round(two_cores, 1),
               "share_of_two_cores": round(many["per_s"] / two_cores, 3)}
-    if "one" in http:
-        http["round_trip_over_server"] = round(http["one"]["p50_ms"] / http["one"]["server_p50_ms"], 2)
-        http["share_of_two_cores"] = round(http["many"]["per_s"] / two_cores, 3)
-    report["met"] = {"round_trip <= 3x server": report["round_trip_over_server"] <= 3,
-                     "16 clients: 0 errors, identical": many["errors"] == 0 and many.get("identical", False),
-                     "throughput >= 40 % of 2 cores": report["share_of_two_cores"] >= 0.4,
-                     "browser p50 <= 250 ms": None if browser is None else browser["p50_ms"] <= 250}
+    for other in (ready, http):
+        if "one" in other:
+            other["round_trip_over_server"] = round(other["one"]["p50_ms"] / other["one"]["server_p50_ms"], 2)
+            other["share_of_two_cores"] = round(other["many"]["per_s"] / two_cores, 3)
+    report["met"] = bounds(report, many, browser)
+    ready["met"] = bounds(ready, ready["many"], browser)
     return report
+
+
+def bounds(report: dict, many: dict, browser: dict | None) -> dict[str, bool | None]:
+    """Issue #45's bounds on one way of calling (its ratio and share of two cores, ``many``'s answers)."""
+    return {"round_trip <= 3x server": report["round_trip_over_server"] <= 3,
+            "16 clients: 0 errors, identical": many["errors"] == 0 and many.get("identical", False),
+            "throughput >= 40 % of 2 cores": report["share_of_two_cores"] >= 0.4,
+            "browser p50 <= 250 ms": None if browser is None else browser["p50_ms"] <= 250}
 
 
 def main() -> None:

@@ -679,6 +679,8 @@ CHILD = textwrap.dedent("""
     while True:
         index.add(gallery(3, seed=100 + batch))
         print("committed", batch, flush=True)
+        if not armed:
+            sys.stdin.readline()  # the parent's go for the next add (it may be busy with another child)
         armed = {armed!r}
         batch += 1
 """)
@@ -692,18 +694,22 @@ KILLS = [("random", None), ("manifest", 0), ("manifest", 4), ("manifest", 8), ("
 def test_killed_writer_leaves_old_or_new_index(tmp_path: Path) -> None:
     """SIGKILL a writer anywhere in an add, the manifest write included: the index opens (sizes and
     checksums verified) as exactly the generation before the add or the one after it, never a mix, and
-    the next writer clears what the kill left. Fails if the manifest is written in place."""
-    root = tmp_path / "ix"
+    the next writer clears what the kill left. Fails if the manifest is written in place. (One index and
+    one child per kill, the children started together: their imports overlap.)"""
     rng = np.random.default_rng(0)
     env = {**os.environ, "PYTHONPATH": str(REPO)}
+    roots = [tmp_path / f"ix{i}" for i in range(len(KILLS))]
+    children = [subprocess.Popen([sys.executable, "-c", CHILD.format(root_dir=str(REPO), root=str(root),
+                                                                     armed=how == "manifest")],
+                                 stdout=subprocess.PIPE, stdin=subprocess.PIPE, text=True, env=env)
+                for root, (how, _) in zip(roots, KILLS, strict=True)]
     debris_seen, outcomes = 0, []
-    for how, point in KILLS:
-        script = CHILD.format(root_dir=str(REPO), root=str(root), armed=how == "manifest")
-        child = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE,
-                                 stdin=subprocess.PIPE, text=True, env=env)
-        line = child.stdout.readline()  # one commit done: the next add is under way
+    for root, child, (how, point) in zip(roots, children, KILLS, strict=True):
+        line = child.stdout.readline()  # one commit done: the next add starts on our go
         assert line.startswith("committed"), line
         old = int(line.split()[1]) + 1  # batches in the index before the add that is killed
+        child.stdin.write("\n")
+        child.stdin.flush()
         if how == "random":
             named = {s["name"] for s in store.read_manifest(root)["segments"]}
             deadline = time.monotonic() + 60
@@ -733,12 +739,12 @@ def test_killed_writer_leaves_old_or_new_index(tmp_path: Path) -> None:
         named = {s["name"] for s in index.manifest["segments"]}
         debris_seen += bool({p.name for p in root.glob("seg-*")} - named)
         outcomes.append("new" if n_batches == old + 1 else "old")
+        index.add(gallery(1, seed=999))  # the next writer removes the debris of killed writes
+        assert {p.name for p in root.glob("seg-*")} == {s["name"] for s in index.manifest["segments"]}
+        assert not list(root.glob(f".{store.MANIFEST}.*"))  # and the temporary manifests
     assert debris_seen >= 1  # at least one kill interrupted a write half-way
     # a manifest written aside is not in place until its os.replace; once replaced, it is the new index
     assert outcomes[1:] == ["old", "old", "old", "new"], outcomes
-    index.add(gallery(1, seed=999))  # the next writer removes the debris of killed writes
-    assert {p.name for p in root.glob("seg-*")} == {s["name"] for s in index.manifest["segments"]}
-    assert not list(root.glob(f".{store.MANIFEST}.*"))  # and the temporary manifests
 
 
 def test_exact_with_the_training_free_bridge(tmp_path: Path) -> None:

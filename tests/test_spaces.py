@@ -15,6 +15,7 @@ import signal
 import subprocess
 import sys
 import types
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -30,12 +31,16 @@ HERE = Path(__file__).resolve().parent
 LITE, CLIP = get_profile("lite"), get_profile("clip")
 
 
-def stand_in(out: Path, *args: str) -> None:
-    """Run tests/zerogpu_stand_in.py on "ZeroGPU" in a fresh process, with a timeout."""
+def stand_in(out: Path, *args: str) -> subprocess.Popen:
+    """Start tests/zerogpu_stand_in.py on "ZeroGPU" in a fresh process (``finished`` waits for it)."""
     env = dict(os.environ, SPACES_ZERO_GPU="true", SPACES_ZERO_DEVICE_API_URL="http://127.0.0.1:9",
                ZEROGPU_OFFLOAD_DIR=str(out / "offload"), GRADIO_ANALYTICS_ENABLED="False", HF_HUB_OFFLINE="1")
-    proc = subprocess.Popen([sys.executable, str(HERE / "zerogpu_stand_in.py"), str(out), *args], env=env,
+    return subprocess.Popen([sys.executable, str(HERE / "zerogpu_stand_in.py"), str(out), *args], env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+
+
+def finished(proc: subprocess.Popen) -> None:
+    """Wait for a stand-in, with a timeout: it must exit 0."""
     try:
         _, stderr = proc.communicate(timeout=300)
     except subprocess.TimeoutExpired:  # a hang (e.g. OpenMP in the forked worker) fails, never blocks
@@ -46,10 +51,26 @@ def stand_in(out: Path, *args: str) -> None:
 
 
 @pytest.fixture(scope="module")
-def zero(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict, Path]:
-    """Run the stand-in once: its result.json and the folder holding its arrays."""
-    out = tmp_path_factory.mktemp("zerogpu")
-    stand_in(out)
+def stand_ins(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, tuple[subprocess.Popen, Path]]]:
+    """The frames' stand-in run and the speech's (where the shared real clip is), started together so that
+    they overlap; each is waited for by the fixture that reads it, and stopped at the end if it was not."""
+    runs = {"frames": tmp_path_factory.mktemp("zerogpu")}
+    if NASA.is_file():
+        runs["speech"] = tmp_path_factory.mktemp("zerogpu-speech")
+    started = {name: (stand_in(out, *(("speech", str(NASA)) if name == "speech" else ())), out)
+               for name, out in runs.items()}
+    yield started
+    for proc, _ in started.values():
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.communicate()
+
+
+@pytest.fixture(scope="module")
+def zero(stand_ins: dict) -> tuple[dict, Path]:
+    """The frames' stand-in run: its result.json and the folder holding its arrays."""
+    proc, out = stand_ins["frames"]
+    finished(proc)
     return json.loads((out / "result.json").read_text()), out
 
 
@@ -142,7 +163,7 @@ def test_after_launch_the_main_process_runs_only_cpu_models(tmp_path: Path) -> N
     """ZeroGPU's CUDA emulation as it is: the slots' models go to ``cuda`` and are offloaded at launch, and
     cannot run in the main process any more; start-up extraction (on CPU models released after the start)
     and query encoding still run, on the CPU."""
-    stand_in(tmp_path, "emulated")
+    finished(stand_in(tmp_path, "emulated"))
     result = json.loads((tmp_path / "emulated.json").read_text())
     assert result["kind"] == "ZeroGpuExtractor"
     assert result["emulated_cuda"] and result["param_device"] == "cuda:0" and result["emulated_equal"]
@@ -277,12 +298,12 @@ NASA = HERE.parents[1] / "shared" / "videos_dev" / "torchcodec__nasa_13013.mp4" 
 
 
 @pytest.fixture(scope="module")
-def zero_speech(tmp_path_factory: pytest.TempPathFactory) -> dict:
-    """Run the stand-in's speech part once (issue #43): its speech.json."""
-    if not NASA.is_file():
+def zero_speech(stand_ins: dict) -> dict:
+    """The stand-in's speech run (issue #43): its speech.json."""
+    if "speech" not in stand_ins:
         pytest.skip(f"{NASA} is absent (the project's shared real clips, ../shared, are not here)")
-    out = tmp_path_factory.mktemp("zerogpu-speech")
-    stand_in(out, "speech", str(NASA))
+    proc, out = stand_ins["speech"]
+    finished(proc)
     return json.loads((out / "speech.json").read_text())
 
 
@@ -294,6 +315,10 @@ def test_whisper_runs_in_gpu_slots_and_hears_what_it_hears_in_process(zero_speec
     result = zero_speech
     assert result["kind"] == "SlotSpeech"
     assert result["info_speech"].endswith("in ZeroGPU slots (10 s a slot + 0.1 s per second of audio heard)")
+    # the upload page's quota lines name both rules (issue #43: they named the frames' only)
+    assert result["quota"].startswith(" On this Space the features are extracted on a GPU"), result["quota"]
+    assert result["quota"].endswith(" A video's speech, where there is any, asks for more: 10 s a slot + "
+                                    "0.1 s per second of audio heard."), result["quota"]
     assert result["lines"] and result["lines"] == result["reference"]
     direct = result["direct"]
     assert result["audio_s"] == pytest.approx(13.056)

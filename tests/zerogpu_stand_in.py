@@ -321,7 +321,8 @@ def main_speech(video: Path) -> None:
     slot.whisper.generate_kwargs["max_new_tokens"] = 8  # as the reference's (the forked workers inherit it)
     result: dict = {"main_pid": MAIN_PID, "audio_s": len(audio) / RATE, "reference": [
         s.to_dict() for s in reference], "kind": type(slot).__name__,
-        "info_speech": predictor.describe()["words"]["models"].get("speech", "")}
+        "info_speech": predictor.describe()["words"]["models"].get("speech", ""),
+        "quota": predictor.gpu_words()}
     reset()
     result["lines"] = [s.to_dict() for s in slot.transcribe(audio)]
     result["direct"] = {"calls": list(calls), "arg_sizes": list(arg_sizes), "events": events(),

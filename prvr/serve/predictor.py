@@ -201,8 +201,14 @@ class Predictor:
         return [self.index] + ([session.index] if session is not None else [])
 
     def gpu_words(self) -> str:
-        """What an upload asks of a visitor's GPU quota, in words ("" where uploads spend no quota)."""
-        return self.ingest.extractor.quota_words()
+        """What an upload asks of a visitor's GPU quota, in words ("" where uploads spend no quota): the
+        frames' rule, and the speech's where Whisper runs in GPU slots."""
+        frames = self.ingest.extractor.quota_words()
+        if not frames or self.ingest.words is None:
+            return frames
+        from prvr.serve.zerogpu_speech import quota_words  # (imports gradio: only where there is a quota)
+
+        return frames + quota_words(self.ingest.words.recognizer())
 
     def video_file(self, video_id: str, sessions: Sequence[SessionGallery] = ()) -> Path | None:
         """The playable file of a live video of the shared gallery or of one of ``sessions``, or None."""

@@ -160,6 +160,12 @@ class WorkerFailure(gradio.Error):
         super().__init__(message, print_exception=False)
         self.failure = failure
 
+    @classmethod
+    def of(cls, error: Exception) -> WorkerFailure:
+        """What a GPU function raises for ``error`` raised in it (``worker_error`` unwraps it)."""
+        failure = _Failure.of(error)
+        return cls(f"{failure.kind}: {failure.message}", failure)
+
 
 def one_thread_in_worker() -> None:
     """In a forked worker, torch's CPU ops on one thread: GNU OpenMP is not fork-safe; a multi-threaded CPU
@@ -180,8 +186,7 @@ def _slot_rows(frames: str, lo: int, hi: int, key: int) -> Iterator[tuple[int, n
         for first in range(lo, hi, models.batch_windows):
             yield first, models.embed(read_windows(frames, first, min(hi, first + models.batch_windows)))
     except Exception as error:
-        failure = _Failure.of(error)
-        raise WorkerFailure(f"{failure.kind}: {failure.message}", failure) from None
+        raise WorkerFailure.of(error) from None
 
 
 def _slot_seconds(frames: str, lo: int, hi: int, key: int) -> int:
@@ -280,17 +285,17 @@ class ZeroGpuExtractor:
                     lo = run.gpu_done = first + len(rows)
                     run.say(f"GPU slot {number} of {len(run.plan.slots)}")
             except Exception as error:
-                error = _original(error)
+                error = worker_error(error)
                 if isinstance(error, MediaError):
                     raise error from None
                 if not _retryable(error):
-                    raise GpuUnavailable(f"ZeroGPU did not run the model: {_words(error)}") from None
+                    raise GpuUnavailable(f"ZeroGPU did not run the model: {error_message(error)}") from None
                 if run.retries >= self.rule.retries:
-                    raise GpuUnavailable(f"the GPU slot failed {run.retries + 1} times ({_words(error)}); "
-                                         "try again later") from None
+                    raise GpuUnavailable(f"the GPU slot failed {run.retries + 1} times "
+                                         f"({error_message(error)}); try again later") from None
                 run.retries += 1
                 log.warning("GPU slot %d ended early (%s); asking again for windows %d-%d (retry %d of %d)",
-                            number, _words(error), lo, hi, run.retries, self.rule.retries)
+                            number, error_message(error), lo, hi, run.retries, self.rule.retries)
 
 
 class _Run:
@@ -322,13 +327,13 @@ class _Run:
                     f"the CPU: {cpu_s:.0f} s; {self.plan.words()} asked)")
 
 
-def _original(error: Exception) -> Exception:
+def worker_error(error: Exception) -> Exception:
     """The exception raised in the worker, where it came back wrapped in a ``WorkerFailure``."""
     failure = getattr(error, "failure", None)
     return failure.error() if isinstance(failure, _Failure) else error
 
 
-def _words(error: Exception) -> str:
+def error_message(error: Exception) -> str:
     """An error's message for a person (a ``gradio.Error``'s own message, not its repr)."""
     message = getattr(error, "message", None)
     return message if isinstance(message, str) and message else str(error)

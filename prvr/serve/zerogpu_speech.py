@@ -47,11 +47,10 @@ from prvr.serve.zerogpu import (
     START_SECONDS,
     GpuPlan,
     WorkerFailure,
-    _Failure,
-    _original,
-    _words,
+    error_message,
     gpu_task,
     one_thread_in_worker,
+    worker_error,
 )
 
 # GPU seconds per second of audio for whisper-base (6 decoder layers), an estimate with a margin: greedy
@@ -115,8 +114,7 @@ def _slot_lines(features: str, seconds: float, key: int) -> list[WordSegment]:
             inputs = {name: torch.from_numpy(saved[name]) for name in ("input_features", "attention_mask")}
         return whisper.segments(whisper.generate(inputs))
     except Exception as error:
-        failure = _Failure.of(error)
-        raise WorkerFailure(f"{failure.kind}: {failure.message}", failure) from None
+        raise WorkerFailure.of(error) from None
 
 
 def _slot_seconds(features: str, seconds: float, key: int) -> int:
@@ -166,7 +164,7 @@ class SlotSpeech:
                     lines = _slot_in_gpu(str(path), hi - lo, self.key)
                 except Exception as error:
                     raise WordsUnavailable(f"ZeroGPU did not run the speech model: "
-                                           f"{_words(_original(error))}") from None
+                                           f"{error_message(worker_error(error))}") from None
                 found += shifted(lines, lo)
                 if progress is not None:
                     progress((n + 1) / len(chosen))
@@ -202,3 +200,11 @@ def announced(recognizer: object | None, duration_s: float) -> str:
     if isinstance(recognizer, SlotSpeech):
         return f"; its speech, where there is any, up to {recognizer.cost(duration_s).words()} more"
     return "; its words are read on the CPU, which asks for none"
+
+
+def quota_words(recognizer: object | None) -> str:
+    """The speech's rule for the upload page, after the frames' (``ZeroGpu.quota_words``): "" where the
+    words are read on the CPU."""
+    if isinstance(recognizer, SlotSpeech):
+        return f" A video's speech, where there is any, asks for more: {recognizer.rule.words()}."
+    return ""
