@@ -703,6 +703,20 @@ def test_killed_writer_leaves_old_or_new_index(tmp_path: Path) -> None:
                                                                      armed=how == "manifest")],
                                  stdout=subprocess.PIPE, stdin=subprocess.PIPE, text=True, env=env)
                 for root, (how, _) in zip(roots, KILLS, strict=True)]
+    try:
+        outcomes, debris_seen = killed_in_turn(roots, children, rng)
+    finally:  # a failure midway leaves no child adding behind it (a closed stdin reads as a go)
+        for child in children:
+            child.kill()
+            child.wait()
+    assert debris_seen >= 1  # at least one kill interrupted a write half-way
+    # a manifest written aside is not in place until its os.replace; once replaced, it is the new index
+    assert outcomes[1:] == ["old", "old", "old", "new"], outcomes
+
+
+def killed_in_turn(roots: list[Path], children: list, rng: np.random.Generator) -> tuple[list[str], int]:
+    """Kill each child at its ``KILLS`` point and check its index: each kill's outcome ("old" or "new"), and
+    how many kills left debris."""
     debris_seen, outcomes = 0, []
     for root, child, (how, point) in zip(roots, children, KILLS, strict=True):
         line = child.stdout.readline()  # one commit done: the next add starts on our go
@@ -742,9 +756,7 @@ def test_killed_writer_leaves_old_or_new_index(tmp_path: Path) -> None:
         index.add(gallery(1, seed=999))  # the next writer removes the debris of killed writes
         assert {p.name for p in root.glob("seg-*")} == {s["name"] for s in index.manifest["segments"]}
         assert not list(root.glob(f".{store.MANIFEST}.*"))  # and the temporary manifests
-    assert debris_seen >= 1  # at least one kill interrupted a write half-way
-    # a manifest written aside is not in place until its os.replace; once replaced, it is the new index
-    assert outcomes[1:] == ["old", "old", "old", "new"], outcomes
+    return outcomes, debris_seen
 
 
 def test_exact_with_the_training_free_bridge(tmp_path: Path) -> None:
