@@ -117,14 +117,15 @@ def card_updates(results: list[dict], clip_weight: float, root: str,
 
 
 def search_updates(text: str, response: SearchResponse, clip_weight: float, root: str) -> list:
-    """The page after a search: the summary, the card slots and the further-results block. Top-k is the
-    server's (up to ``MAX_TOP_K``): the first ``MAX_CARDS`` results fill the slots, the rest the block under
-    them (as "more" adds them), all on one colour scale."""
+    """The page after a search: the summary, the card slots and the further-results blocks. Top-k is the
+    server's (up to ``MAX_TOP_K``): the first ``MAX_CARDS`` results fill the slots, the rest the first block
+    under them (as "more" adds them), all on one colour scale."""
     span = score_range(response.results)
     rest = more_cards_html(response.results[MAX_CARDS:], clip_weight, span, root, uuid.uuid4().hex[:12])
     cards = card_updates(response.results[:MAX_CARDS], clip_weight, root, span)
+    blocks, filled = search_blocks(rest)
     return [summary_html(text, response)] + cards + more_after(response, text, clip_weight, root, list(span),
-                                                                rest)
+                                                                blocks, filled)
 
 
 def page_root(request: gr.Request) -> str:
@@ -206,7 +207,7 @@ def build_ui(predictor: Predictor, sessions: ClosedSessions | None = None) -> gr
         added.then(refresh_info, [session], [info], api_visibility="private")
         api_endpoints(predictor, session, sessions)
         clip_endpoint(predictor, session)
-        more.button.click(lambda *args: show_more(predictor, *args), [more.state, more.html, session],
+        more.button.click(lambda *args: show_more(predictor, *args), [more.state, session],
                           more.outputs, api_visibility="private", concurrency_id="search",
                           concurrency_limit=8)
         demo.unload(sessions.close_later)
@@ -472,60 +473,84 @@ def clip_endpoint(predictor: Predictor, session: gr.State) -> None:
                        concurrency_id="clip", concurrency_limit=2)
 
 
+MORE_BLOCKS = -(-(MAX_TOP_K - 1) // MORE_STEP)  # the further-results blocks: as many as "more" can fill
+
+
 @dataclass
 class MoreSlot:
-    """Further results under the first cards: their cards in one HTML block, the button that adds the next
-    ``MORE_STEP``, and what the search was (``more_after``)."""
+    """Further results under the first cards: one HTML block per addition (a search's results past the card
+    slots, then each "more"), so that adding cards leaves the ones shown as they are (Gradio redraws an HTML
+    block whose value changes: a player opened in it would go back to its stand-in); the button that adds
+    the next ``MORE_STEP``; and what the search was (``more_after``)."""
 
-    html: gr.HTML
+    blocks: list[gr.HTML]
     button: gr.Button
-    state: gr.State  # {"text", "weight", "shown", "span", "root"} of the search on the page, or None
+    state: gr.State  # {"text", "weight", "shown", "span", "root", "filled"} of the page's search, or None
 
     @property
     def outputs(self) -> list:
         """What a search and the button update, in ``more_after``'s order."""
-        return [self.html, self.state, self.button]
+        return [*self.blocks, self.state, self.button]
 
 
 def more_slot() -> MoreSlot:
-    """The empty block of further results and its hidden button."""
-    html = gr.HTML(js_on_load=SEEK_JS, padding=False)
+    """The empty, hidden blocks of further results and their hidden button."""
+    blocks = [gr.HTML(js_on_load=SEEK_JS, padding=False, visible="hidden") for _ in range(MORE_BLOCKS)]
     button = gr.Button(f"More results (the next {MORE_STEP})", visible=False, elem_id="more-results")
-    return MoreSlot(html, button, gr.State(None))
+    return MoreSlot(blocks, button, gr.State(None))
+
+
+def block_updates(filled: int, cards: str | None) -> list:
+    """Updates of the further-results blocks: ``cards`` into block ``filled``, every other block left as it
+    is; ``cards`` None: every block emptied and hidden (a new search starts)."""
+    if cards is None:
+        return [gr.update(value="", visible="hidden") for _ in range(MORE_BLOCKS)]
+    return [gr.update(value=cards, visible=True) if i == filled else gr.update() for i in range(MORE_BLOCKS)]
 
 
 def more_after(response: object, text: str = "", weight: float = 0.0, root: str = "",
-               span: list[float] | None = None, shown: str = "") -> list:
-    """Updates of the further-results block after a search (``response``; None: none was made) or after
-    more results (``shown``: the block's cards so far; ``span``: the first cards' colour scale): the button
-    offered while the gallery has videos past those shown and fewer than ``MAX_TOP_K`` are."""
+               span: list[float] | None = None, blocks: list | None = None, filled: int = 0) -> list:
+    """Updates of the further-results blocks (``blocks``, default: all emptied), their state and the button,
+    after a search (``response``; None: none was made) or after more results (``filled``: the blocks in use
+    now; ``span``: the first cards' colour scale): the button offered while the gallery has videos past
+    those shown and fewer than ``MAX_TOP_K`` are."""
+    blocks = blocks or block_updates(0, None)
     if response is None:
-        return ["", None, gr.update(visible=False)]
+        return [*blocks, None, gr.update(visible=False)]
     count = response.results[-1]["rank"] if response.results else 0
     state = {"text": text, "weight": weight, "shown": count, "root": root,
-             "span": span or list(score_range(response.results))}
+             "span": span or list(score_range(response.results)), "filled": filled}
     left = response.stats.get("videos", 0) > count and count < MAX_TOP_K
-    return [shown, state, gr.update(visible=left)]
+    return [*blocks, state, gr.update(visible=left)]
 
 
-def show_more(predictor: Predictor, state: dict | None, shown: str, session: SessionGallery | None) -> list:
-    """The next ``MORE_STEP`` results (up to ``MAX_TOP_K``) added under those shown: the search asks for
-    them after the ones shown (``offset``), which stay on the page as they are."""
+def search_blocks(rest: str) -> tuple[list, int]:
+    """The further-results blocks after a search, and how many are in use: its results past the card slots
+    (``rest``, their cards) in the first, every other one emptied."""
+    blocks = block_updates(0, None)
+    if rest:
+        blocks[0] = gr.update(value=rest, visible=True)
+    return blocks, int(bool(rest))
+
+
+def show_more(predictor: Predictor, state: dict | None, session: SessionGallery | None) -> list:
+    """The next ``MORE_STEP`` results (up to ``MAX_TOP_K``) in the next block under those shown: the search
+    asks for them after the ones shown (``offset``), whose blocks are not sent again."""
     if not state:
         return more_after(None)
-    step = min(MORE_STEP, MAX_TOP_K - state["shown"])
+    step, filled = min(MORE_STEP, MAX_TOP_K - state["shown"]), state.get("filled", 0)
     try:
         response = predictor.search(state["text"], step, state["weight"], session, offset=state["shown"])
     except QueryError as problem:  # the search on the page was accepted: only a change of the gallery's
         log.warning("more results refused: %s", problem)
-        return [shown + refusal_html(problem), state, gr.update(visible=False)]
+        return [*block_updates(filled, refusal_html(problem)), state, gr.update(visible=False)]
     if not response.results:
-        return [shown, state, gr.update(visible=False)]
+        return [*(gr.update() for _ in range(MORE_BLOCKS)), state, gr.update(visible=False)]
     cards = more_cards_html(response.results, state["weight"], tuple(state["span"]), state["root"],
                             uuid.uuid4().hex[:12])
     # one colour scale for every card of the search: the first cards'
     return more_after(response, state["text"], state["weight"], state["root"], state["span"],
-                      (shown or "") + cards)
+                      block_updates(filled, cards), filled + 1)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from tests.servers import client
-from tests.test_browser import QUERY, page, search, until  # noqa: F401  - page: the Chromium page fixture
+from tests.test_browser import QUERY, page, played_from, search, until  # noqa: F401  - page: the Chromium page fixture
 from tests.test_paging import same
 
 
@@ -47,6 +47,9 @@ def test_more_adds_the_next_cards_under_the_first_and_a_moment_downloads(page) -
     ranks = page.locator(".card-head .rank").all_text_contents()
     assert ranks == [f"#{r}" for r in range(1, 9)], shown
     assert until(lambda: not more.is_visible())  # all 8 demo videos are shown
+    extra = page.locator(".more-card").first  # its player plays from its key moment, as the first cards'
+    key = float(extra.locator(".chip.key").get_attribute("data-t"))
+    assert played_from(extra, extra.locator(".player-stub").click) == pytest.approx(key, abs=0.5)
     links = page.locator(".more-card .clip-link")
     assert links.count() >= 5  # each further card's moments can be taken away too
     with page.expect_download() as download:

@@ -119,33 +119,55 @@ class FakePredictor:
                               {"videos": self.videos})
 
 
+def split(updates: list) -> tuple[list, dict | None, dict]:
+    """The further-results blocks' updates, the state and the button's update, as the page gets them."""
+    import app
+
+    assert len(updates) == app.MORE_BLOCKS + 2
+    return updates[:-2], updates[-2], updates[-1]
+
+
+def filled(blocks: list) -> dict[int, str]:
+    """Block number -> the cards sent to it (the blocks not sent again are left out)."""
+    return {i: b["value"] for i, b in enumerate(blocks) if "value" in b and b["value"]}
+
+
 def test_more_adds_the_next_results_under_those_shown() -> None:
     """The page's "more": the search on the page (its text and weight) asked for the results after the ones
-    shown, their cards added under the shown ones, which stay as they are; the button goes when the gallery
-    has no more, or 100 are shown."""
+    shown, their cards sent to a block of their own under the shown ones, which are not sent again (a player
+    opened in them keeps playing); the button goes when the gallery has no more, or 100 are shown."""
     import app
 
     predictor = FakePredictor(23)
     first = predictor.search("a dog", 10, 0.6, None)
-    shown, state, button = app.more_after(first, "a dog", 0.6, "http://host")
-    assert shown == "" and state["shown"] == 10 and button["visible"] is True
-    kept = "<p>the cards shown so far</p>"
-    shown, state, button = app.show_more(predictor, state, kept, None)
+    blocks, state, button = split(app.more_after(first, "a dog", 0.6, "http://host"))
+    assert filled(blocks) == {} and all(b["visible"] == "hidden" for b in blocks)  # a search empties them
+    assert state["shown"] == 10 and button["visible"] is True
+    blocks, state, button = split(app.show_more(predictor, state, None))
     assert predictor.asked[-1] == ("a dog", 10, 0.6, 10)
-    assert shown.startswith(kept) and [f"#{r}<" in shown for r in (11, 20)] == [True, True]
+    [(where, shown)] = filled(blocks).items()
+    assert where == 0 and blocks[0]["visible"] is True
+    assert [f"#{r}<" in shown for r in (11, 20)] == [True, True]
     assert "#10<" not in shown and "#21<" not in shown and shown.count('class="more-card"') == 10
     assert 'href="http://host/prvr/clip/v11?start=1.000&amp;end=3.000"' in shown
+    assert all(b == app.gr.update() for b in blocks[1:])  # nothing else is sent: the page keeps it as it is
     assert state["shown"] == 20 and button["visible"] is True
-    shown, state, button = app.show_more(predictor, state, shown, None)
-    assert predictor.asked[-1] == ("a dog", 10, 0.6, 20) and shown.count('class="more-card"') == 13
+    blocks, state, button = split(app.show_more(predictor, state, None))
+    assert predictor.asked[-1] == ("a dog", 10, 0.6, 20)
+    [(where, shown)] = filled(blocks).items()
+    assert where == 1 and shown.count('class="more-card"') == 3 and "#21<" in shown and "#23<" in shown
+    assert blocks[0] == app.gr.update()  # the first more's cards are not sent again
     assert state["shown"] == 23 and button["visible"] is False  # the gallery's last video is shown
     many = FakePredictor(500)
-    _, state, _ = app.more_after(many.search("a cat", 10, 0.7, None), "a cat", 0.7, "")
-    for _ in range(9):
-        _, state, button = app.show_more(many, state, "", None)
-    assert [a[3] for a in many.asked[1:]] == list(range(10, 100, 10)) and state["shown"] == 100
+    _, state, _ = split(app.more_after(many.search("a cat", 1, 0.7, None), "a cat", 0.7, ""))
+    for _ in range(10):  # from one result shown: ten more make 100, each in a block of its own
+        blocks, state, button = split(app.show_more(many, state, None))
+    assert [a[3] for a in many.asked[1:]] == [1, *range(11, 100, 10)] and state["shown"] == 100
+    assert list(filled(blocks)) == [app.MORE_BLOCKS - 1] and filled(blocks)[app.MORE_BLOCKS - 1].count(
+        'class="more-card"') == 9
     assert button["visible"] is False  # 100 at most
-    assert app.more_after(None) == ["", None, app.gr.update(visible=False)]
+    blocks, state, button = split(app.more_after(None))
+    assert filled(blocks) == {} and state is None and button == app.gr.update(visible=False)
 
 
 def test_top_k_past_the_card_slots_fills_the_further_results_block() -> None:
@@ -156,10 +178,14 @@ def test_top_k_past_the_card_slots_fills_the_further_results_block() -> None:
     predictor = FakePredictor(40)
     response = predictor.search("a dog", 25, 0.6, None)
     updates = app.search_updates("a dog", response, 0.6, "http://host")
-    slots, (shown, state, button) = updates[1:-3], updates[-3:]
+    slots = updates[1:1 + 2 * app.MAX_CARDS]
+    blocks, state, button = split(updates[1 + 2 * app.MAX_CARDS:])
     assert [u.get("visible") for u in slots[::2]] == [True] * app.MAX_CARDS  # every slot filled
     assert [f"#{r}<" in slots[2 * (r - 1) + 1] for r in (1, 10)] == [True, True]
+    shown = filled(blocks)[0]
     assert shown.count('class="more-card"') == 15 and "#11<" in shown and "#25<" in shown
+    assert list(filled(blocks)) == [0] and all(b["visible"] == "hidden" for b in blocks[1:])
     assert state["shown"] == 25 and button["visible"] is True
-    app.show_more(predictor, state, shown, None)
+    blocks, state, _ = split(app.show_more(predictor, state, None))
     assert predictor.asked[-1] == ("a dog", 10, 0.6, 25)  # the next ten after the 25 shown
+    assert list(filled(blocks)) == [1] and blocks[0] == app.gr.update()  # under the search's own
