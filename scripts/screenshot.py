@@ -86,12 +86,17 @@ def capture(url: str, out: Path, query: str = DEFAULT_QUERY, chromium: str | Non
             while query not in page.locator(".summary").inner_text() and time.monotonic() < deadline:
                 time.sleep(0.2)
             page.wait_for_selector(".result-card .heat rect.bin", timeout=60_000)
-            # a card makes its player when asked: the first card's, loaded and paused at its key moment, so a
-            # frame shows (the other cards keep their play buttons, as a visitor sees them)
+            # a card makes its player when asked: the first card's, loaded and paused at its key moment (the
+            # other cards keep their stand-ins, each over its poster, as a visitor sees them)
             page.locator(".result-card .player-stub").first.click()
             page.wait_for_function("() => { const v = document.querySelector('.result-card video.player');"
                                    " return v && v.readyState >= 3 && !v.seeking; }", timeout=60_000)
             page.evaluate("() => document.querySelector('.result-card video.player').pause()")
+            # the other cards' stand-ins show their posters (loaded lazily: those in view)
+            page.wait_for_function("() => [...document.querySelectorAll('.player-stub img.poster')]"
+                                   ".filter(i => i.getBoundingClientRect().top < innerHeight)"
+                                   ".every(i => i.complete)",
+                                   timeout=60_000)
             time.sleep(1.5)  # the player's own loading overlay fades out
             cards = page.locator(".card-head").count()
             out.parent.mkdir(parents=True, exist_ok=True)

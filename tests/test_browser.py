@@ -193,6 +193,10 @@ def test_search_shows_cards_with_heatmaps_and_players_that_jump(page) -> None:
     key = first.locator(".chip.key")
     key_start = float(key.get_attribute("data-t"))
     assert float(first.locator(".player-stub").get_attribute("data-start")) == key_start
+    poster = first.locator(".player-stub img.poster")  # the stand-in shows the frame it starts on
+    assert poster.get_attribute("src").endswith(f"?t={key_start:.2f}")
+    assert until(lambda: poster.evaluate("i => i.complete && i.naturalWidth > 0")), poster.get_attribute(
+        "src")
     # a moment chip makes the card's player, which plays from there (issue #45 item 5: it only sought)
     others = first.locator(".chip:not(.key)")
     chip = others.first if others.count() else key

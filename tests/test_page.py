@@ -30,6 +30,9 @@ def test_a_player_plays_from_the_apps_own_route_at_the_key_moment() -> None:
     assert 'data-src="https://example.org/prvr/video/up/a%20b.mp4#t=4.50"' in html, html
     assert "<video" not in html, html
     assert 'data-start="4.50"' in html and "&quot;quoted&quot; &lt;title&gt;" in html
+    # over the frame it starts on (tests/test_posters.py), fetched when the card is scrolled to
+    assert '<img class="poster" src="https://example.org/prvr/poster/up/a%20b.mp4?t=4.50" alt="" ' \
+           'loading="lazy"' in html, html
 
 
 def a_result(confidence: str, label: str, contrast: float = 6.3) -> dict:

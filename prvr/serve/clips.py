@@ -50,7 +50,8 @@ CLIP_ENCODING = EncodeSettings(crf=20, max_height=1080)  # a clip to keep: a lit
 
 
 class ClipRefused(ValueError):
-    """A clip that will not be made; the message is one line for the person who asked."""
+    """A clip (or a poster, ``prvr.serve.posters``) that will not be made; the message is one line for the
+    person who asked."""
 
     def __init__(self, message: str, status: int = 400) -> None:
         super().__init__(message)

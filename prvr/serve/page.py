@@ -14,6 +14,7 @@ from prvr.results.confidence import summary_words
 from prvr.results.moments import play_from
 from prvr.results.response import SearchResponse
 from prvr.serve.clips import clip_url
+from prvr.serve.posters import poster_url
 from prvr.serve.routes import video_url
 from prvr.serve.settings import AppSettings
 
@@ -97,8 +98,13 @@ CSS = """
   align-items: start}
 .card-body .player, .player-stub {width: 100%; max-height: 260px; background: #000; border-radius: 8px}
 .player-stub {aspect-ratio: 16 / 9; border: none; color: #fff; cursor: pointer; display: flex;
-  flex-direction: column; align-items: center; justify-content: center; gap: 2px; font-size: 0.9em}
-.player-stub .play {font-size: 2.2em; line-height: 1}
+  flex-direction: column; align-items: center; justify-content: center; gap: 2px; font-size: 0.9em;
+  position: relative; overflow: hidden}
+.player-stub .poster {position: absolute; inset: 0; width: 100%; height: 100%; object-fit: contain}
+.player-stub .play, .player-stub .from {position: relative; color: #fff; background: rgba(0, 0, 0, 0.6);
+  border-radius: 999px}
+.player-stub .play {font-size: 2.2em; line-height: 1; padding: 4px 10px 6px 14px}
+.player-stub .from {padding: 1px 10px}
 /* a card off screen is laid out and painted when scrolled to (the browser's work per search: issue #45) */
 .result-card {content-visibility: auto; contain-intrinsic-size: auto 330px}
 @media (max-width: 760px) {.card-body {grid-template-columns: 1fr}
@@ -225,18 +231,20 @@ def words_html(result: dict) -> str:
 
 
 def player_html(result: dict, root: str) -> str:
-    """The result's player as the page first shows it: a stand-in button ("play from" the key moment) that
-    the page's script (``SEEK_JS``) replaces with the player on a click, its video from this app's video route
-    under ``root`` (the page's URL), as API clients fetch it (no server path), starting at
-    ``start_position`` (a media fragment) or at the clicked moment; under it, each moment's download link
-    (``clip_links``)."""
+    """The result's player as the page first shows it: a stand-in button ("play from" the key moment) over
+    the frame it starts on (its poster, fetched when the card is scrolled to), that the page's script
+    (``SEEK_JS``) replaces with the player on a click, its video from this app's video route under ``root``
+    (the page's URL), as API clients fetch it (no server path), starting at ``start_position`` (a media
+    fragment) or at the clicked moment; under it, each moment's download link (``clip_links``)."""
     start = f"{start_position(result):.2f}"
     src = f"{root}{video_url(result['video_id'])}#t={start}"
+    poster = f"{root}{poster_url(result['video_id'], float(start))}"
     title, at = html.escape(result["title"]), clock(float(start))
     return (f'<div class="card-media"><button class="player-stub" type="button" data-t="{start}" '
             f'data-start="{start}" data-src="{html.escape(src)}" data-title="{title}" '
-            f'aria-label="Play {title} from {at}"><span class="play" aria-hidden="true">▶</span>'
-            f'<span>play from {at}</span></button>{clip_links(result, root)}</div>')
+            f'aria-label="Play {title} from {at}"><img class="poster" src="{html.escape(poster)}" alt="" '
+            f'loading="lazy" decoding="async"><span class="play" aria-hidden="true">▶</span>'
+            f'<span class="from">play from {at}</span></button>{clip_links(result, root)}</div>')
 
 
 def start_position(result: dict) -> float:

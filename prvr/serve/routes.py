@@ -3,6 +3,7 @@
     GET /prvr/video/<video id>   a gallery video (or a live session upload) by id, with HTTP ranges
     GET /info                    ``Predictor.describe()`` of the shared gallery, as JSON
     GET /prvr/clip/<video id>    an MP4 of one span, ?start=&end= in seconds (``prvr.serve.clips``)
+    GET /prvr/poster/<video id>  the frame at ?t= seconds as a JPEG, a card's poster (``prvr.serve.posters``)
 
 A result leaves the app (API, MCP, the page's players) with no server path: ``api_result`` gives it a
 ``video_url`` on the video route and a ``moment_url`` that starts at its key moment.
@@ -23,6 +24,7 @@ from prvr.results.moments import play_from
 from prvr.results.query import QueryError
 from prvr.results.response import SearchResponse
 from prvr.serve.clips import clip_route
+from prvr.serve.posters import poster_route
 from prvr.serve.predictor import Predictor
 
 if TYPE_CHECKING:  # only a type here: the page's HTML (prvr.serve.page) reads video_url without Gradio
@@ -34,8 +36,9 @@ MAX_TOP_K = 100  # the API's top_k range is 1-100 (the UI shows at most app.MAX_
 
 
 def routes(predictor: Predictor, sessions: ClosedSessions) -> list[Route]:
-    """The app's own HTTP routes beside Gradio's: the videos by id, ``GET /info`` and the clips."""
-    return [video_route(predictor, sessions), info_route(predictor), clip_route(predictor, sessions)]
+    """The app's own HTTP routes beside Gradio's: the videos by id, ``GET /info``, the clips and posters."""
+    return [video_route(predictor, sessions), info_route(predictor), clip_route(predictor, sessions),
+            poster_route(predictor, sessions)]
 
 
 def info_route(predictor: Predictor) -> Route:
