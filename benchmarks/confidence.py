@@ -22,7 +22,7 @@ of the app's slider:
   (and the share of all relevant pairs);
 - ``off_topic_high`` / ``nonsense_high``: queries labelled high on any video (target 0);
 - ``stable_when_gallery_grows``: every demo label again after 10 unrelated videos join the index (1.0);
-- ``ms_per_search_10_hits``: the labelling cost of one 10-hit response (``assess``).
+- ``ms_per_search_10_hits``: the labelling cost of one 10-hit response (``assess``; the best of 5 rounds).
 """
 
 from __future__ import annotations
@@ -173,10 +173,12 @@ def run(cfg: ConfidenceConfig | None = None, clip_weights: tuple[float, ...] = C
         grown = labelled(default)
         hits = index.rank(encode_query(model, cap_tokens[0]), k=len(index))
         ten = Evidence(hits.hits[:8] + hits.hits[:2], hits.weights, 10, 10, hits.map_size, hits.max_ctx_l)
-        t0 = time.perf_counter()
-        for _ in range(1000):
-            confidence.assess(None, ten)
-        label_ms = (time.perf_counter() - t0) / 1000 * 1000
+        label_ms = float("inf")
+        for _ in range(5):  # the best of 5 rounds of 200: the cost itself, not another process's turn
+            t0 = time.perf_counter()
+            for _ in range(200):
+                confidence.assess(None, ten)
+            label_ms = min(label_ms, (time.perf_counter() - t0) / 200 * 1000)
         ref_bytes = sum(seg[k].nbytes for seg in index.snapshot.segments for k in ("ref_clip", "ref_frame"))
     stable = np.mean([(new[k] == grown[k]).mean() for k in new])
     return {

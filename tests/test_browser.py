@@ -462,10 +462,35 @@ def test_a_subtitle_file_chosen_with_the_video_is_searched_and_its_line_plays(pa
         tab.close()
 
 
+# An element's opacity with its ancestors', or -1 while Gradio marks one of them pending (opacity 0.2).
+OPACITY_JS = """e => { if (e.closest('.pending')) return -1; let o = 1;
+  for (let n = e; n; n = n.parentElement) o *= parseFloat(getComputedStyle(n).opacity);
+  return o; }"""
+
+
+def settled(element) -> bool:
+    """Wait until ``element`` is as a person sees it once the page settles: no output of its pending (a busy
+    machine's late event) and its opacity no longer fading (the same in two readings 0.1 s apart)."""
+    readings = [element.evaluate(OPACITY_JS)]
+
+    def still() -> bool:
+        time.sleep(0.1)
+        readings.append(element.evaluate(OPACITY_JS))
+        return readings[-1] >= 0 and readings[-1] == readings[-2]
+
+    return until(still)
+
+
 def contrasts(page, selectors: tuple[str, ...]) -> dict[str, float]:
-    """The WCAG contrast ratio of the first element of each selector (those on the page)."""
-    return {s: round(float(page.locator(s).first.evaluate(CONTRAST_JS)), 2) for s in selectors
-            if page.locator(s).count()}
+    """The WCAG contrast ratio of the first element of each selector (those on the page), once it settled
+    (``settled``: not measured half-transparent while an output is pending or fading in)."""
+    out = {}
+    for s in selectors:
+        element = page.locator(s).first
+        if page.locator(s).count():
+            assert settled(element), (s, element.evaluate(OPACITY_JS))
+            out[s] = round(float(element.evaluate(CONTRAST_JS)), 2)
+    return out
 
 
 OUR_COLOURS = (".summary.abstain b", ".summary.abstain", ".notice b", ".notice", ".chip.key",

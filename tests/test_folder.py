@@ -160,9 +160,10 @@ def test_finished_videos_join_in_batches_and_a_restart_extracts_none_again(
         sync.batch_s = 0.5  # from now a finished video waits at most half a second
         gate.let(1)
         until(lambda: sync.status()["waiting"] == 1, "v2 finished")
-        finished = time.monotonic()
+        # v3 is held in extraction (the gate): v2 joining alone is batch_s's doing (the batch is not full), on
+        # a machine however busy (a bound on the seconds it took failed under three CI runs: 9.4 s)
         until(lambda: sync.status()["done"] == 3, "v2 joined while v3 is still extracted")
-        assert time.monotonic() - finished < 5.0 and sync.status()["current"] == "v3.mp4"
+        assert sync.status()["current"] == "v3.mp4"
         assert commits[1:] == [["folder:v2.mp4"]]
     finally:
         gate.let(10)
