@@ -3,8 +3,8 @@
     GET /prvr/poster/<video id>?t=S   the frame showing at S seconds, POSTER_WIDTH pixels wide
 
 A card holds no ``<video>`` until asked (``prvr.serve.page.player_html``), so without a poster its stand-in is
-a black box. The frame is decoded on request (``extract.decode.read_frames``: the one frame, at the
-poster's size) by one thread at a time (``POSTER_SLOTS``: searches keep the other core), and kept in a small
+a black box. The frame is decoded on request (``extract.decode.FrameReader``: the one frame, at the
+poster's size) by one request at a time (``POSTER_SLOTS``: searches keep the other core), and kept in a small
 cache of encoded images keyed by the file and its modification time, so a card shown again costs nothing.
 The page asks lazily (``loading="lazy"``): only the cards a visitor scrolls to are decoded.
 """
