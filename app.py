@@ -192,12 +192,12 @@ def build_ui(predictor: Predictor, sessions: ClosedSessions | None = None) -> gr
         # busy cores: issue #45); a search is milliseconds, run in Gradio's thread pool
         search_events = dict(fn=run_search, inputs=inputs, outputs=outputs, api_visibility="private",
                              queue=False)
-        query.submit(**search_events)
-        search_btn.click(**search_events)
+        # one event for a search and the live re-rank (a search is milliseconds): the page runs one at a time
+        # and then the last asked for, so an answer never lands after a later one (two events' answers did
+        # on a busy machine: a top-k change's search of the old text after the new text's)
+        gr.on([query.submit, search_btn.click, top_k.change, clip_weight.change], **search_events,
+              trigger_mode="always_last")
         examples.load_input_event.then(**search_events)
-        # live re-rank: a search is milliseconds
-        top_k.change(**search_events, trigger_mode="always_last")
-        clip_weight.change(**search_events, trigger_mode="always_last")
 
         def refresh_info(state: SessionGallery | None) -> str:
             """The info panel for this session (its video count changes with uploads)."""
