@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import time
 from pathlib import Path
 from urllib.parse import quote
 
@@ -219,6 +220,55 @@ def test_closing_the_tab_deletes_its_uploads_within_seconds(served: tuple, tmp_p
     while roots[0].exists() and time.monotonic() < deadline:
         time.sleep(0.5)
     assert not roots[0].exists(), "the closed tab's private uploads are still on disk"
+
+
+def test_the_page_shows_the_last_search_asked_for(served: tuple, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A search asked while another still runs is run after it, so the page ends on the last one asked for:
+    here a top-k change's re-rank of the old text is slow, and a new text is searched meanwhile (as two
+    events, the new text's search ran and answered first, and the re-rank's answer put the old text back)."""
+    import shutil
+
+    from tests.test_browser import until
+
+    sync_api = pytest.importorskip("playwright.sync_api", reason="the playwright package is not installed")
+    chromium = shutil.which("chromium")
+    if chromium is None:
+        pytest.skip("no chromium: install Debian's chromium package to run the browser test")
+    url, predictor, _ = served
+    search, calls = predictor.search, []
+
+    def slow_at_seven(text: str, k: int, *args, **kwargs):
+        """The predictor's search, noting when each starts and ends; 3 s long for top-k 7 (the re-rank)."""
+        calls.append(("start", text))
+        if k == 7:
+            time.sleep(3.0)
+        try:
+            return search(text, k, *args, **kwargs)
+        finally:
+            calls.append(("end", text))
+
+    monkeypatch.setattr(predictor, "search", slow_at_seven)
+    with sync_api.sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=chromium, args=["--headless", "--no-sandbox"])
+        page = browser.new_page()
+        page.set_default_timeout(PATIENCE_MS)
+        page.goto(url)
+        summary, box = page.locator(".summary"), page.get_by_label("What happens in the moment")
+        box.fill("an old text")
+        page.get_by_role("button", name="Search", exact=True).click()
+        assert until(lambda: "an old text" in summary.inner_text())
+        number = page.locator("#top-k input")
+        number.fill("7")
+        number.press("Enter")  # the re-rank of "an old text", 3 s long
+        assert until(lambda: calls.count(("start", "an old text")) == 2)
+        box.fill("the new text")
+        page.get_by_role("button", name="Search", exact=True).click()
+        assert until(lambda: ("end", "the new text") in calls), calls
+        assert until(lambda: "the new text" in summary.inner_text()), summary.inner_text()
+        browser.close()
+    # the new text's search started only once the re-rank had ended: no answer of it can land after
+    assert calls[2:] == [("start", "an old text"), ("end", "an old text"), ("start", "the new text"),
+                         ("end", "the new text")], calls
 
 
 def test_top_k_outside_1_to_100_is_refused_in_words() -> None:
