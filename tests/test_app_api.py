@@ -191,14 +191,19 @@ def test_the_api_add_video_reports_moving_progress(served: tuple, tmp_path: Path
     assert fractions == sorted(fractions), seen
 
 
-def test_closing_the_tab_deletes_its_uploads_within_seconds(served: tuple, tmp_path: Path) -> None:
+def chromium_or_skip() -> tuple[object, str]:
+    """Playwright's sync API and Debian's chromium, or a skip saying which is missing."""
     import shutil
-    import time
 
     sync_api = pytest.importorskip("playwright.sync_api", reason="the playwright package is not installed")
     chromium = shutil.which("chromium")
     if chromium is None:
         pytest.skip("no chromium: install Debian's chromium package to run the browser test")
+    return sync_api, chromium
+
+
+def test_closing_the_tab_deletes_its_uploads_within_seconds(served: tuple, tmp_path: Path) -> None:
+    sync_api, chromium = chromium_or_skip()
     url, predictor, sessions = served
     clip = write_clip(tmp_path / "tab clip.mp4", frames=26, size=(96, 48))
     before = {g.root for g in sessions.galleries()}  # other tests' sessions
@@ -226,14 +231,9 @@ def test_the_page_shows_the_last_search_asked_for(served: tuple, monkeypatch: py
     """A search asked while another still runs is run after it, so the page ends on the last one asked for:
     here a top-k change's re-rank of the old text is slow, and a new text is searched meanwhile (as two
     events, the new text's search ran and answered first, and the re-rank's answer put the old text back)."""
-    import shutil
-
     from tests.test_browser import until
 
-    sync_api = pytest.importorskip("playwright.sync_api", reason="the playwright package is not installed")
-    chromium = shutil.which("chromium")
-    if chromium is None:
-        pytest.skip("no chromium: install Debian's chromium package to run the browser test")
+    sync_api, chromium = chromium_or_skip()
     url, predictor, _ = served
     search, calls = predictor.search, []
 
