@@ -32,7 +32,7 @@ from prvr.index import (
 )
 from prvr.index.backends import gallery_dir, open_gallery
 from prvr.index.encoding import ReferenceQueries
-from prvr.index.qdrant import QdrantIndex
+from prvr.index.qdrant import QdrantConfig, QdrantIndex
 from prvr.models.mssl import MSSL, MSSLConfig
 
 DIMS = dict(visual_dim=24, query_dim=16, hidden_size=32, n_heads=2, max_ctx_l=32, map_size=8)  # 36 windows
@@ -400,10 +400,11 @@ def test_rank_equals_brute_force_with_ties(place: Place, model, bank, qs) -> Non
 
 def test_rank_equals_brute_force_past_the_first_page(place: Place, model, bank) -> None:
     """150 videos, the best few by MS-SL's weights and by frame-heavy ones: the winners are not all among
-    the first candidates the bounds put forward (the Qdrant backend's first page holds 64), so a rank that
-    stopped after its first page or chunk would miss some."""
+    the first candidates the bounds put forward (the Qdrant backend's first page made to hold 16 here), so a
+    rank that stopped after its first page or chunk would miss some."""
     gallery_videos = videos(150, seed=11)
-    g = place.open(model, bank)
+    g = (place.open(model, bank) if place.backend == "builtin" else
+         QdrantIndex.open_or_create(f"qdrant+local://{place.root}", model, QdrantConfig(first_page=16), bank))
     try:
         g.add(gallery_videos)
         queries = model.encode_queries(token_queries(12, seed=12)).numpy()

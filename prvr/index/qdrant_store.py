@@ -195,8 +195,8 @@ _DTYPES: dict[str, tuple[np.dtype, np.dtype]] = {}  # a header's dtype string ->
 
 
 def unpack(payload: Mapping) -> dict[str, np.ndarray]:
-    """A payload of ``pack`` (as a store's ``retrieve`` gives it back) -> its arrays (native byte order, each
-    its own writable copy)."""
+    """A payload of ``pack`` (as a store's ``retrieve`` gives it back) -> its arrays in native byte order:
+    read-only views of the payload's bytes where they are stored in it (little-endian machines), no copy."""
     data = payload["data"]
     (length,) = struct.unpack_from("<I", data)
     out, at = {}, 4 + length
@@ -207,7 +207,7 @@ def unpack(payload: Mapping) -> dict[str, np.ndarray]:
         dt, native = _DTYPES[dtype]
         count = math.prod(shape)
         a = np.frombuffer(data, dtype=dt, count=count, offset=at)
-        out[name] = a.reshape(shape).astype(native)
+        out[name] = a.reshape(shape).astype(native, copy=False)
         at += count * dt.itemsize
     return out
 
