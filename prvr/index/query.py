@@ -45,9 +45,10 @@ def check_k(k: object, limit: int = MAX_K) -> int:
 
 
 SEARCH_MODES = ("auto", "exact", "approximate")  # how a gallery is searched (the app's --search)
-# auto: approximate from this many videos of each store (benchmarks/RESULTS.md, issue #44: at 10,000 the
-# approximate p50 was below exact's at recall@10 >= 0.99 in both stores, on the same run; at 2,000 it was not)
-APPROXIMATE_FROM = {"built-in": 10_000, "qdrant": 10_000}
+# auto: approximate from this many videos of each store, where its p50 measured below exact's at recall@10
+# >= 0.99 on the same quiet runs (benchmarks/RESULTS.md, session 22): Qdrant at 2,000 (16 ms against 26-28,
+# recall 1.0), the built-in index at 10,000 (at 2,000 the two were within a millisecond: exact misses nothing)
+APPROXIMATE_FROM = {"built-in": 10_000, "qdrant": 2_000}
 
 
 class SearchMode(NamedTuple):
