@@ -202,8 +202,12 @@ def chromium_or_skip() -> tuple[object, str]:
     return sync_api, chromium
 
 
-def test_closing_the_tab_deletes_its_uploads_within_seconds(served: tuple, tmp_path: Path) -> None:
+def test_closing_the_tab_deletes_its_uploads_within_seconds(served: tuple, tmp_path: Path,
+                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    """The app's unload clean-up runs when Gradio notices the closed tab, at its next heartbeat: 15 s by
+    default, 1 s here (``GRADIO_HEARTBEAT_INTERVAL``, read when the page connects)."""
     sync_api, chromium = chromium_or_skip()
+    monkeypatch.setenv("GRADIO_HEARTBEAT_INTERVAL", "1")
     url, predictor, sessions = served
     clip = write_clip(tmp_path / "tab clip.mp4", frames=26, size=(96, 48))
     before = {g.root for g in sessions.galleries()}  # other tests' sessions
