@@ -137,6 +137,9 @@ def seven_by_seven() -> None:
     torch.nn.functional.conv2d(torch.ones(8, 3, 224, 224), torch.ones(64, 3, 7, 7), stride=2)
 
 
+CHECKED: set[int] = set()  # the worker processes that ran ``seven_by_seven``
+
+
 def embed_recording(self: VideoExtractor, windows: np.ndarray) -> np.ndarray:
     """VideoExtractor.embed, which records where it ran and fails as OUT/mode says."""
     counter = OUT / "embeds"
@@ -145,7 +148,9 @@ def embed_recording(self: VideoExtractor, windows: np.ndarray) -> np.ndarray:
     event(f"embed {len(windows)}")
     mode = (OUT / "mode").read_text() if (OUT / "mode").exists() else ""
     if os.getpid() != MAIN_PID:
-        seven_by_seven()  # the OpenMP fork hazard (see the module docstring)
+        if os.getpid() not in CHECKED:  # the OpenMP fork hazard (see the module docstring) strikes at a
+            CHECKED.add(os.getpid())  # forked worker's first multi-threaded op: once a worker (a 30-minute
+            seven_by_seven()  # upload's 450 batches spent 25 s on it)
         if mode == "damaged":
             raise CorruptVideo("damaged.mp4", "stand-in damage found inside the GPU worker.", "Re-encode it.")
         if mode == "strange":
