@@ -21,6 +21,7 @@ from prvr.results.response import SearchResponse
 from prvr.serve.page import CARD_HELP
 from tests.clips import write_clip
 from tests.servers import PATIENCE_MS, choose_file
+from tests.test_browser import CHROMIUM, chromium_or_skip
 
 
 def response_for(query: str | bytes, confidence: str = "low") -> SearchResponse:
@@ -191,28 +192,17 @@ def test_the_api_add_video_reports_moving_progress(served: tuple, tmp_path: Path
     assert fractions == sorted(fractions), seen
 
 
-def chromium_or_skip() -> tuple[object, str]:
-    """Playwright's sync API and Debian's chromium, or a skip saying which is missing."""
-    import shutil
-
-    sync_api = pytest.importorskip("playwright.sync_api", reason="the playwright package is not installed")
-    chromium = shutil.which("chromium")
-    if chromium is None:
-        pytest.skip("no chromium: install Debian's chromium package to run the browser test")
-    return sync_api, chromium
-
-
 def test_closing_the_tab_deletes_its_uploads_within_seconds(served: tuple, tmp_path: Path,
                                                              monkeypatch: pytest.MonkeyPatch) -> None:
     """The app's unload clean-up runs when Gradio notices the closed tab, at its next heartbeat: 15 s by
     default, 1 s here (``GRADIO_HEARTBEAT_INTERVAL``, read when the page connects)."""
-    sync_api, chromium = chromium_or_skip()
+    sync_api = chromium_or_skip()
     monkeypatch.setenv("GRADIO_HEARTBEAT_INTERVAL", "1")
     url, predictor, sessions = served
     clip = write_clip(tmp_path / "tab clip.mp4", frames=26, size=(96, 48))
     before = {g.root for g in sessions.galleries()}  # other tests' sessions
     with sync_api.sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=chromium, args=["--headless", "--no-sandbox"])
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=["--headless", "--no-sandbox"])
         page = browser.new_page()
         page.set_default_timeout(PATIENCE_MS)  # every action and wait: a busy machine is slow, not broken
         page.goto(url)
@@ -237,7 +227,7 @@ def test_the_page_shows_the_last_search_asked_for(served: tuple, monkeypatch: py
     events, the new text's search ran and answered first, and the re-rank's answer put the old text back)."""
     from tests.test_browser import until
 
-    sync_api, chromium = chromium_or_skip()
+    sync_api = chromium_or_skip()
     url, predictor, _ = served
     search, calls = predictor.search, []
 
@@ -253,7 +243,7 @@ def test_the_page_shows_the_last_search_asked_for(served: tuple, monkeypatch: py
 
     monkeypatch.setattr(predictor, "search", slow_at_seven)
     with sync_api.sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=chromium, args=["--headless", "--no-sandbox"])
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=["--headless", "--no-sandbox"])
         page = browser.new_page()
         page.set_default_timeout(PATIENCE_MS)
         page.goto(url)

@@ -116,13 +116,19 @@ WORD_LINES_JS = """e => {
 }"""
 
 
+def chromium_or_skip() -> object:
+    """Playwright's sync API where Debian's chromium (``CHROMIUM``) and the playwright package are here, or
+    a skip saying which is missing."""
+    if not Path(CHROMIUM).exists():
+        pytest.skip("no chromium: install Debian's chromium package to run the browser test")
+    return pytest.importorskip("playwright.sync_api", reason="the playwright package is not installed")
+
+
 @pytest.fixture(scope="module")
 def page(request: pytest.FixtureRequest) -> Iterator[object]:
     """A Chromium page on the test session's app server (shared with test_app.py; started only when the
     browser can run)."""
-    if not Path(CHROMIUM).exists():
-        pytest.skip("no chromium: install Debian's chromium package to run the browser test")
-    sync_api = pytest.importorskip("playwright.sync_api", reason="the playwright package is not installed")
+    sync_api = chromium_or_skip()
     app_url = request.getfixturevalue("app_url")
     with sync_api.sync_playwright() as p:
         browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
