@@ -579,8 +579,8 @@ class QdrantView:
         seen: set[int] = set()
         limit = max(FIRST_CHUNK, 2 * k, cfg.first_page)
         while True:
-            if limit * PAGE_GROWTH > self.live:  # the next page would be the whole gallery: this one is
-                limit = self.live + 1
+            if limit * PAGE_GROWTH >= self.live:  # the next page would be the whole gallery: this one is (one
+                limit = self.live + 1  # more than there are: a page of them all is not full)
             with reading:
                 hits = videos.query(BOUNDS, rows, limit)
             full = len(hits) == limit
@@ -590,8 +590,7 @@ class QdrantView:
             if not full:
                 return
             # every page is a scan of every point's bounds, whatever its limit: few, large pages (a candidate
-            # bounded below tau costs only its hit; 2,000 videos, warm: 64 first 32.6 ms a rank, 512 26.3, all
-            # 18.1; 10,000: 64 41.5, 512 34.7, 4,096 40.4)
+            # bounded below tau costs only its hit; the sizes measured: benchmarks/RESULTS.md, session 22)
             limit *= PAGE_GROWTH
 
     def arrays(self, ids: np.ndarray, names: Sequence[str]) -> tuple[Fetched, np.ndarray]:
