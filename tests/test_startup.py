@@ -168,9 +168,13 @@ def test_the_log_says_each_thing_once_in_words(first_start: dict) -> None:
     mcp_lines = first_start["mcp_lines"]
     assert not [line for line in mcp_lines if " INFO mcp" in line or " INFO httpx" in line], mcp_lines
     assert any("indexed 1 video (2 in the gallery)" in line for line in mcp_lines), mcp_lines  # the upload
-    # issue #43: the words reader says one line per source it read (subtitles, speech, screen)
+    # issue #43: the words reader says one line per source it read (subtitles, speech, screen); the demo
+    # video's words are read in the background after the app serves, and on a busy machine their lines
+    # fall among the calls'
     words = [line for line in mcp_lines if " extract.words.reader: words: " in line]
-    assert len(words) <= 3, words
+    uploaded = [line for line in words if " of upload.mp4: " in line]
+    assert len(uploaded) <= 3, words
+    assert all(" of demo01.mp4: " in line for line in words if line not in uploaded), words
     assert len(mcp_lines) - len(words) <= 2, mcp_lines  # three calls: the upload's own line (and the trace's)
 
 
