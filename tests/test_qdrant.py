@@ -146,6 +146,48 @@ def test_sketches_fetched_per_query_where_the_table_does_not_fit(tmp_path: Path)
     qdrant.close()
 
 
+def test_an_opened_gallery_reads_its_sketches_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Opening a gallery whose sketches fit ``sketch_cache_bytes`` reads every live video's sketch once, and
+    its ranks then read none (answering as the built-in index does); where they do not fit, opening reads at
+    most one."""
+    from prvr.index import qdrant_store
+
+    model = small_model(**TINY)
+    videos = gallery(60, max_rows=24)
+    refs = bank(model)
+    fixed, ragged = encode_for_index(model, videos, "exact", 64, refs)
+    builtin = VideoIndex.create(tmp_path / "builtin", model, IndexConfig(), refs)
+    builtin.add_encoded([v.record() for v in videos], fixed, ragged)
+    spec = f"qdrant+local://{tmp_path / 'q'}"
+    made = QdrantIndex.create(spec, model, QdrantConfig(), refs)
+    made.add_encoded([v.record() for v in videos], fixed, ragged)
+    for index in (made, builtin):
+        index.remove([videos[2].id])
+    made.close()
+    sketches: list[int] = []  # the insertion numbers of the sketch points read
+    retrieve = qdrant_store.EdgeStore.retrieve
+
+    def counted(self, ids, fields):
+        sketches.extend(i // 4 for i in ids if i % 4 == 0 and self.file is not None)  # array_id(s, "sketch")
+        return retrieve(self, ids, fields)
+
+    monkeypatch.setattr(qdrant_store.EdgeStore, "retrieve", counted)
+    index = QdrantIndex.open(spec, model, references=refs)
+    assert sorted(sketches) == [s for s in range(len(videos)) if s != 2]  # each live one, once
+    sketches.clear()
+    for tokens in queries(3):
+        q = encode_query(model, tokens)
+        for w in (None, (0.2, 0.8)):
+            assert_same_evidence(builtin.rank(q, 5, w), index.rank(q, 5, w))
+    assert sketches == []
+    index.close()
+    small = QdrantIndex.open(spec, model, QdrantConfig(sketch_cache_bytes=4096), references=refs)
+    assert len(sketches) <= 1
+    q = encode_query(model, queries(1)[0])
+    assert_same_evidence(builtin.rank(q, 5), small.rank(q, 5))
+    small.close()
+
+
 def test_compact_and_approximate(tmp_path: Path) -> None:
     model = small_model()  # 32 units: compact keeps 32 medoids of 528 windows
     videos = gallery(30, max_rows=40)
@@ -379,6 +421,9 @@ def test_the_layout_is_declared_once_for_the_engine_and_a_server() -> None:
         assert e.hnsw_config.m == c.hnsw_config.m == spec[name]["hnsw_m"]
         assert (e.quantization_config is None) == (c.quantization_config is None)
     assert edge["bounds"].hnsw_config.m == 0 and edge["scenes"].quantization_config is not None
+    # the segments a query searches at once: the engine's and a server's optimizer are asked the same
+    assert edge_config(spec).optimizers.default_segment_number == spec["optimizers"]["default_segment_number"]
+    assert collection_spec(384, segments=7)["optimizers"] == {"default_segment_number": 7}
     sharded = collection_spec(384, shards=6, replicas=2)  # what a server's collections are made with
     assert sharded["cluster"] == arrays_spec(6, 2)["cluster"] == {"shard_number": 6, "replication_factor": 2}
     rng = np.random.default_rng(0)

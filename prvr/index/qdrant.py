@@ -100,6 +100,10 @@ class QdrantConfig:
     sketch_cache_bytes: int = 256 << 20  # decoded sketches kept for refining (the built-in keeps all)
     first_page: int = 512  # points of the first page of an exact rank (then PAGE_GROWTH times more, and the
     # whole gallery at once where that is next; 10,000 videos: a third of the queries needed more than 64)
+    segments: int = 4  # segments of the videos' collection the engine keeps (a shard of a server: each);
+    # a query searches them at once, a thread each, and the one being written counts (the engine's default
+    # makes one of a gallery this small): at 10,000 videos the best 512 bounds took 17-23 ms on two cores,
+    # 25-26 ms in one segment on one (benchmarks/RESULTS.md, session 23)
     shards: int = 1  # a server's shards per collection (docs/scale.md); the engine in-process has one
     replicas: int = 1  # a server's copies of each shard
 
@@ -301,6 +305,18 @@ class QdrantStore:
                                        scene_keys=int(meta.get("scene_keys", scenes_of.SCENES)))
         self.keys = str(meta.get("keys", "units"))  # a gallery made before window keys keeps its kind
         self._start(meta)
+        self._read_sketches()
+
+    def _read_sketches(self) -> None:
+        """Every live video's sketch decoded into the table, where they fit its budget: ranks refine from
+        memory from the first query on, as the built-in index's do (read as ranks go, they cost a fresh
+        process's first ranks of 10,000 videos several milliseconds each; read here, about a second)."""
+        _, seqs = self._listing
+        table, top = self._sketch_table, int(self.meta["next_seq"])
+        at, part = 0, 1  # (one video first: its row's size says whether they all fit)
+        while at < len(seqs) and table.put(self.fetch(seqs[at:at + part], "sketch")) is not None \
+                and table.fits(top):
+            at, part = at + part, 1024
 
     def _start(self, meta: dict) -> None:
         """Ready for reads and writes with this metadata."""
@@ -428,7 +444,8 @@ class QdrantStore:
                     cfg = self.cfg
                     self.stores.arrays.create(arrays_spec(cfg.shards, cfg.replicas))
                     self.videos.create(collection_spec(int(fixed["units"].shape[-1]), cfg.hnsw_m,
-                                                       shards=cfg.shards, replicas=cfg.replicas))
+                                                       segments=cfg.segments, shards=cfg.shards,
+                                                       replicas=cfg.replicas))
                     self.videos.upsert([PointData(META_ID, {}, {META: self.meta})])
             part, size = [], 0
             for video, arrays in self.points(records, fixed, ragged, seq0):
@@ -536,6 +553,17 @@ class QdrantStore:
         return {int(s): unpack(got[array_id(s, group)]) for s in seqs}
 
 
+def covering(names: Sequence[str]) -> list[str]:
+    """The fewest groups of arrays (``GROUPS``) that hold these names: a name two groups hold (``pidx``) is
+    read with the group that another name needs (exact scores read no sketch)."""
+    needed = [g for g, held in GROUPS.items()
+              if any(n in held and sum(n in other for other in GROUPS.values()) == 1 for n in names)]
+    for n in names:
+        if not any(n in GROUPS[g] for g in needed):
+            needed += [g for g, held in GROUPS.items() if n in held][:1]
+    return [g for g in GROUPS if g in needed]
+
+
 class QdrantView:
     """The list of videos as one rank sees it (``prvr.index.storage.StoreView``): ids are insertion numbers;
     the arrays a rank reads are fetched once for it."""
@@ -594,8 +622,8 @@ class QdrantView:
             limit *= PAGE_GROWTH
 
     def arrays(self, ids: np.ndarray, names: Sequence[str]) -> tuple[Fetched, np.ndarray]:
-        """These videos with every group of arrays that holds one of ``names`` (fetched once a rank)."""
-        groups = [g for g, held in GROUPS.items() if any(n in held for n in names)]
+        """These videos with the groups of arrays that hold ``names`` (fetched once a rank)."""
+        groups = covering(names)
         if groups == ["sketch"] and len(ids) and np.all(np.diff(ids) > 0):  # refining: the table's rows
             rows = self.source.sketches(np.asarray(ids, np.int64))
             if rows is not None:

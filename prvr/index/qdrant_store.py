@@ -87,16 +87,18 @@ class QdrantConnectionError(IndexStoreError):
 
 
 # ---------------------------------------------------------------------------------------------- the layout
-def collection_spec(width: int, hnsw_m: int = 16, ef_construct: int = 100, shards: int = 1,
-                    replicas: int = 1) -> dict:
+def collection_spec(width: int, hnsw_m: int = 16, ef_construct: int = 100, segments: int = 4,
+                    shards: int = 1, replicas: int = 1) -> dict:
     """The videos' collection both stores make, declared once: per named vector its row width, storage type,
-    comparison, HNSW graph (m = 0: none) and quantization; on a server, its shards and their replicas (the
-    engine in-process is one shard)."""
+    comparison, HNSW graph (m = 0: none) and quantization; the segments the engine keeps per shard (a query
+    searches them at once, a thread each; the one being written counts); on a server, its shards and their
+    replicas (the engine in-process is one shard)."""
     return {BOUNDS: {"size": width + 3, "datatype": "float16", "distance": "dot", "multivector": "max_sim",
                      "hnsw_m": 0, "quantization": None},
             SCENES: {"size": width, "datatype": "float16", "distance": "dot", "multivector": "max_sim",
                      "hnsw_m": hnsw_m, "quantization": "int8"},
             "hnsw": {"m": hnsw_m, "ef_construct": ef_construct, "full_scan_threshold": 10000},
+            "optimizers": {"default_segment_number": segments},
             "cluster": {"shard_number": shards, "replication_factor": replicas}}
 
 
@@ -382,7 +384,7 @@ class Stores(NamedTuple):
 
 def _spec_vectors(spec: dict) -> dict:
     """The named vectors of a ``collection_spec``."""
-    return {k: v for k, v in spec.items() if k not in ("hnsw", "cluster")}
+    return {k: v for k, v in spec.items() if k not in ("hnsw", "optimizers", "cluster")}
 
 
 class EdgeDirectory:
@@ -610,9 +612,10 @@ def edge_config(spec: dict):
     # copy of every payload until then
     if not vectors:  # a payload-only collection: the engine wants a vector, which no point has
         vectors = {"none": qe.EdgeVectorParams(size=1, distance=qe.Distance.Dot)}
+    optimizers = qe.EdgeOptimizersConfig(**spec["optimizers"]) if "optimizers" in spec else None
     return qe.EdgeConfig(vectors=vectors, hnsw_config=qe.HnswIndexConfig(
         m=hnsw["m"], ef_construct=hnsw["ef_construct"], full_scan_threshold=hnsw["full_scan_threshold"]),
-        wal_enabled=False)
+        optimizers=optimizers, wal_enabled=False)
 
 
 def client_vectors(spec: dict) -> dict:
@@ -662,8 +665,11 @@ class ClientStore:
         return bool(self._call("check the collection", "collection_exists"))
 
     def create(self, spec: dict) -> None:
+        from qdrant_client import models
+
+        optimizers = models.OptimizersConfigDiff(**spec["optimizers"]) if "optimizers" in spec else None
         self._call("create the collection", "create_collection", vectors_config=client_vectors(spec),
-                   **spec["cluster"])
+                   optimizers_config=optimizers, **spec["cluster"])
 
     def upsert(self, points: Sequence[PointData]) -> None:
         from qdrant_client import models
