@@ -554,8 +554,9 @@ class QdrantStore:
 
 
 def covering(names: Sequence[str]) -> list[str]:
-    """The fewest groups of arrays (``GROUPS``) that hold these names: a name two groups hold (``pidx``) is
-    read with the group that another name needs (exact scores read no sketch)."""
+    """The groups of arrays (``GROUPS``) to read for these names: each group that alone holds one of them,
+    and for a name two groups hold (``pidx``) the first of them only if no group chosen holds it (exact
+    scores read no sketch)."""
     needed = [g for g, held in GROUPS.items()
               if any(n in held and sum(n in other for other in GROUPS.values()) == 1 for n in names)]
     for n in names:
