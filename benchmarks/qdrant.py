@@ -25,6 +25,7 @@ import numpy as np
 import torch
 
 import prvr  # noqa: F401  - applies the torchvision CPU fix before anything else
+from benchmarks.scale import disk_bytes
 from benchmarks.search_speed import (
     SceneModel,
     build_index,
@@ -36,11 +37,6 @@ from benchmarks.search_speed import (
 from prvr.index import QdrantIndex, QdrantTarget
 from prvr.index import move_gallery as move
 from prvr.results.search import encode_query, search
-
-
-def disk_bytes(root: Path) -> int:
-    """Bytes of every file under root."""
-    return sum(f.stat().st_size for f in root.rglob("*") if f.is_file())
 
 
 def main() -> None:
