@@ -21,7 +21,7 @@ from prvr.results.response import SearchResponse
 from prvr.serve.page import CARD_HELP
 from tests.clips import write_clip
 from tests.servers import PATIENCE_MS, choose_file
-from tests.test_browser import CHROMIUM, chromium_or_skip
+from tests.test_browser import CHROMIUM, CHROMIUM_ARGS, chromium_or_skip
 
 
 def response_for(query: str | bytes, confidence: str = "low") -> SearchResponse:
@@ -202,7 +202,7 @@ def test_closing_the_tab_deletes_its_uploads_within_seconds(served: tuple, tmp_p
     clip = write_clip(tmp_path / "tab clip.mp4", frames=26, size=(96, 48))
     before = {g.root for g in sessions.galleries()}  # other tests' sessions
     with sync_api.sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=CHROMIUM, args=["--headless", "--no-sandbox"])
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
         page = browser.new_page()
         page.set_default_timeout(PATIENCE_MS)  # every action and wait: a busy machine is slow, not broken
         page.goto(url)
@@ -243,7 +243,7 @@ def test_the_page_shows_the_last_search_asked_for(served: tuple, monkeypatch: py
 
     monkeypatch.setattr(predictor, "search", slow_at_seven)
     with sync_api.sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=CHROMIUM, args=["--headless", "--no-sandbox"])
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
         page = browser.new_page()
         page.set_default_timeout(PATIENCE_MS)
         page.goto(url)

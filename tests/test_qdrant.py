@@ -60,16 +60,16 @@ def copies(base: list[GalleryVideo], originals: int, times: int) -> list[Gallery
             for v in base[:originals] for c in range(times)]
 
 
-def both(model, videos: list[GalleryVideo], root: Path,
-         mode: str = "exact") -> tuple[VideoIndex, QdrantIndex]:
-    """A built-in index and an in-memory Qdrant index of the same videos, encoded once (with the scores of
-    a small reference bank, so that confidence and every stored array take part)."""
+def both(model, videos: list[GalleryVideo], root: Path, mode: str = "exact", spec: str = MEMORY,
+         cfg: QdrantConfig | None = None) -> tuple[VideoIndex, QdrantIndex]:
+    """A built-in index and a Qdrant index (in memory unless ``spec``) of the same videos, encoded once (with
+    the scores of a small reference bank, so that confidence and every stored array take part)."""
     refs = bank(model)
     fixed, ragged = encode_for_index(model, videos, mode, 64, refs)
     records = [v.record() for v in videos]
     builtin = VideoIndex.create(root, model, IndexConfig(mode=mode), refs)
     builtin.add_encoded(records, fixed, ragged)
-    qdrant = QdrantIndex.create(MEMORY, model, QdrantConfig(mode=mode), refs)
+    qdrant = QdrantIndex.create(spec, model, cfg or QdrantConfig(mode=mode), refs)
     qdrant.add_encoded(records, fixed, ragged)
     return builtin, qdrant
 
@@ -132,13 +132,8 @@ def test_sketches_fetched_per_query_where_the_table_does_not_fit(tmp_path: Path)
     """With no room for the decoded sketches (``sketch_cache_bytes`` 0) refining fetches them for each query:
     the same evidence as the built-in index, and nothing kept."""
     model = small_model(**TINY)
-    videos = gallery(80, max_rows=24)
-    refs = bank(model)
-    fixed, ragged = encode_for_index(model, videos, "exact", 64, refs)
-    builtin = VideoIndex.create(tmp_path / "builtin", model, IndexConfig(), refs)
-    builtin.add_encoded([v.record() for v in videos], fixed, ragged)
-    qdrant = QdrantIndex.create(MEMORY, model, QdrantConfig(sketch_cache_bytes=0), refs)
-    qdrant.add_encoded([v.record() for v in videos], fixed, ragged)
+    builtin, qdrant = both(model, gallery(80, max_rows=24), tmp_path / "builtin",
+                           cfg=QdrantConfig(sketch_cache_bytes=0))
     for tokens in queries(3):
         q = encode_query(model, tokens)
         assert_same_evidence(builtin.rank(q, 5), qdrant.rank(q, 5))
@@ -153,14 +148,8 @@ def test_an_opened_gallery_reads_its_sketches_once(tmp_path: Path, monkeypatch: 
     from prvr.index import qdrant_store
 
     model = small_model(**TINY)
-    videos = gallery(60, max_rows=24)
-    refs = bank(model)
-    fixed, ragged = encode_for_index(model, videos, "exact", 64, refs)
-    builtin = VideoIndex.create(tmp_path / "builtin", model, IndexConfig(), refs)
-    builtin.add_encoded([v.record() for v in videos], fixed, ragged)
-    spec = f"qdrant+local://{tmp_path / 'q'}"
-    made = QdrantIndex.create(spec, model, QdrantConfig(), refs)
-    made.add_encoded([v.record() for v in videos], fixed, ragged)
+    videos, spec, refs = gallery(60, max_rows=24), f"qdrant+local://{tmp_path / 'q'}", bank(model)
+    builtin, made = both(model, videos, tmp_path / "builtin", spec=spec)
     for index in (made, builtin):
         index.remove([videos[2].id])
     made.close()
