@@ -145,6 +145,30 @@ def test_exact_on_random_gallery_of_1000(tmp_path: Path) -> None:
         assert [x.tolist() for x in approx[:2]] == [x.tolist() for x in exact[:2]]
 
 
+def test_a_gallery_in_memory_and_read_from_its_files_share_one_compiled_kernel(tmp_path: Path) -> None:
+    """numba compiles a kernel once per argument type, an array's layout and writeable flag included: the
+    arrays of a gallery just written (in memory), of one opened from its files (mapped, read-only) and a
+    bare segment's (as the tests above build them) reach the kernels as one type, so a search after an open
+    compiles nothing again (seconds a kernel on a first start; a clean checkout's tests compiled each scan
+    up to five times)."""
+    from prvr.index import kernels
+
+    model = small_model()
+    index = VideoIndex.create(tmp_path / "ix", model, IndexConfig())
+    index.add(gallery(40, seed=3, max_rows=24))
+    q = model.encode_queries(queries(2)).numpy()[0]
+    for ix in (index, VideoIndex.open(tmp_path / "ix", model)):
+        for approximate in (False, True):
+            ranked(ix, q, 5, approximate=approximate)
+    units, pnorm, windows, zhat, qs = _scan_data(30, 8, seed=4)
+    arrays, rows, bq = stored_arrays(units, pnorm, windows, zhat, n_balls=4), np.arange(30), BoundQuery.of(
+        qs[0].astype(np.float32))
+    frame_upper(arrays, rows, clip_upper(arrays, rows, bq)[1], bq)
+    exact_scores(arrays, rows, qs[0].astype(np.float32), (0.5, 0.5))
+    scans = ("_head_scan", "_clip_scan", "_frame_scan", "_exact_scan")
+    assert {name: len(getattr(kernels, name).signatures) for name in scans} == dict.fromkeys(scans, 1)
+
+
 def test_concurrent_searches_return_what_each_returns_alone(tmp_path: Path) -> None:
     """The app serves several users at once: ranks from 4 threads together (each scan itself spread over
     numba's threads, over two segments) equal the same ranks run one at a time."""

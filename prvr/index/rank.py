@@ -74,11 +74,23 @@ def _append(out, array):  # pragma: no cover - compiled
     out.append(array)
 
 
+def kernel_input(array: np.ndarray) -> np.ndarray:
+    """``array`` as the kernels read it: C-ordered and read-only (a view; a copy only of another layout).
+    numba compiles a kernel once per argument type, and an array's layout and writeable flag are part of
+    it: mapped files (read-only), arrays built in memory (writeable) and transposes would each compile and
+    cache every kernel again, seconds each on a first search."""
+    array = np.ascontiguousarray(array)
+    if array.flags.writeable:
+        array = array.view()
+        array.flags.writeable = False
+    return array
+
+
 def typed_list(arrays: Sequence[np.ndarray]) -> List:
-    """A typed List of arrays of one type."""
-    out = _list_of(arrays[0])
+    """A typed List of arrays of one type, each as ``kernel_input`` gives it."""
+    out = _list_of(kernel_input(arrays[0]))
     for array in arrays[1:]:
-        _append(out, array)
+        _append(out, kernel_input(array))
     return out
 
 
