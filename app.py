@@ -20,6 +20,7 @@ is ``prvr.serve.page`` (HTML, CSS, script), the app's own HTTP routes and the AP
 from __future__ import annotations
 
 import html
+import importlib.util
 import logging
 import os
 import sys
@@ -31,8 +32,6 @@ from pathlib import Path
 if __name__ == "__main__":  # before gradio and torch load (seconds): a busy port exits here with one line,
     # then every step is logged with its time. prvr/__init__ imports torch: the stdlib-only start-up module
     # is loaded by its path (and registered, so later imports of it get this very module).
-    import importlib.util
-
     _spec = importlib.util.spec_from_file_location(
         "prvr.serve.startup", Path(__file__).resolve().parent / "prvr" / "serve" / "startup.py")
     _startup = sys.modules[_spec.name] = importlib.util.module_from_spec(_spec)
@@ -42,6 +41,13 @@ if __name__ == "__main__":  # before gradio and torch load (seconds): a busy por
 import extract  # noqa: F401  - before gradio/torch: applies the torchvision CPU fix
 
 os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
+# Gradio redoes a pandas summary of its last 10,000 events after every event, for /monitoring, which this app
+# turns off (launch below): 1.4 ms of CPU a search after 100 searches, 11 ms after 10,000 (issue #45)
+os.environ.setdefault("GRADIO_ANALYTICS_CACHE_FREQUENCY", str(2**62))
+if importlib.util.find_spec("matplotlib") is None:
+    # Gradio tries ``import matplotlib`` twice an event, on its event loop; uninstalled, each try searches
+    # sys.path again (Python does not remember a failed import). None in sys.modules fails it at once.
+    sys.modules["matplotlib"] = None
 
 import gradio as gr
 from gradio import route_utils
@@ -579,6 +585,7 @@ def launch(demo: gr.Blocks, predictor: Predictor, sessions: ClosedSessions, host
     demo.launch(server_name=host, server_port=port, css=CSS, theme=gr.themes.Soft(primary_hue="indigo"),
                 max_file_size=settings.max_upload_mb * gr.FileSize.MB, footer_links=["api", "gradio"],
                 mcp_server=settings.mcp, prevent_thread_lock=True, i18n=gr.I18n(en=LIVE_WORDS), quiet=quiet,
+                enable_monitoring=False,  # no /monitoring: its summary is not kept up (above)
                 app_kwargs={"routes": routes(predictor, sessions)},
                 # Gradio then probes the page with a HEAD that it gives up on after one 3 s timeout, and
                 # fails the launch as "localhost is not accessible" (seen on a busy 2-core machine, where the

@@ -369,6 +369,38 @@ def test_search_reports_the_servers_own_time(served: tuple) -> None:
     assert stats["videos"] >= 1
 
 
+def test_a_search_pays_for_no_event_summary_nor_a_failed_import(served: tuple,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue #45 item 1, serving's own cost: Gradio redid a pandas summary of its last 10,000 events after
+    every event, for /monitoring (11 ms of CPU a search after 10,000 searches), and tried ``import
+    matplotlib`` twice an event on its event loop, where each failed try searched sys.path again. Searches
+    through gradio_client now make no summary and search no path for matplotlib, and /monitoring is off."""
+    import importlib.machinery
+
+    import httpx
+    from gradio.queueing import Queue
+    from gradio_client import Client
+
+    summaries, searched = [], []
+    get_df, find_spec = Queue._get_df, importlib.machinery.PathFinder.find_spec
+
+    def counted_df(records: list) -> object:
+        summaries.append(len(records))
+        return get_df(records)
+
+    def counted_spec(name: str, *args: object, **kwargs: object) -> object:
+        searched.append(name)
+        return find_spec(name, *args, **kwargs)
+
+    monkeypatch.setattr(Queue, "_get_df", staticmethod(counted_df))
+    monkeypatch.setattr(importlib.machinery.PathFinder, "find_spec", staticmethod(counted_spec))
+    client = Client(served[0], verbose=False)
+    for query in ("a colourful gradient", "a red square", "colours change"):
+        assert client.predict(query, 3, 0.7, 0, api_name="/search")["results"]
+    assert summaries == [] and "matplotlib" not in searched
+    assert httpx.get(served[0] + "monitoring/summary", timeout=30).status_code == 403
+
+
 def test_search_answers_one_plain_http_request(served: tuple) -> None:
     """/search also answers a plain HTTP POST (``/gradio_api/run/search``: the event runs outside the queue,
     one request, no event stream), the same answer gradio_client gets; a refusal is its one-line message."""
