@@ -401,17 +401,33 @@ def test_a_search_pays_for_no_event_summary_nor_a_failed_import(served: tuple,
     assert httpx.get(served[0] + "monitoring/summary", timeout=30).status_code == 403
 
 
-def test_search_answers_one_plain_http_request(served: tuple) -> None:
+def test_search_answers_one_plain_http_request(served: tuple, monkeypatch: pytest.MonkeyPatch) -> None:
     """/search also answers a plain HTTP POST (``/gradio_api/run/search``: the event runs outside the queue,
-    one request, no event stream), the same answer gradio_client gets; a refusal is its one-line message."""
+    one request, no event stream), the same answer gradio_client gets; a refusal is its one-line message.
+    The README's request names its session: Gradio builds that session once, where a request without a name
+    gets a throwaway one each time (a copy of every component's configuration: ~10 ms of the server's CPU)."""
     import httpx
+    from gradio.state_holder import SessionState
     from gradio_client import Client
 
     url = served[0]
     args = ["a colourful gradient", 3, 0.7, 0]
-    reply = httpx.post(url + "gradio_api/run/search", json={"data": [*args, None]}, timeout=120)
-    assert reply.status_code == 200
-    direct = reply.json()["data"][0]
+    built: list[int] = []
+    original = SessionState.__init__
+
+    def counted(self: SessionState, blocks: object) -> None:
+        built.append(1)
+        original(self, blocks)
+
+    monkeypatch.setattr(SessionState, "__init__", counted)
+    named = {"data": [*args, None], "session_hash": "readme-plain-http"}  # as the README's example
+    replies = [httpx.post(url + "gradio_api/run/search", json=named, timeout=120) for _ in range(3)]
+    assert [r.status_code for r in replies] == [200] * 3 and len(built) == 1, built
+    unnamed = [httpx.post(url + "gradio_api/run/search", json={"data": [*args, None]}, timeout=120)
+               for _ in range(2)]
+    assert [r.status_code for r in unnamed] == [200] * 2 and len(built) == 3, built
+    direct = replies[0].json()["data"][0]
+    assert all(r.json()["data"][0]["results"] == direct["results"] for r in replies + unnamed)
     queued = Client(url, verbose=False).predict(*args, api_name="/search")
     direct.pop("stats"), queued.pop("stats")  # timings differ from call to call
     assert direct == queued
