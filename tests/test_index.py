@@ -150,8 +150,9 @@ def test_a_gallery_in_memory_and_read_from_its_files_share_one_compiled_kernel(t
     arrays of a gallery just written (in memory), of one opened from its files (mapped, read-only) and a
     bare segment's (as the tests above build them) reach the kernels as one type, so a search after an open
     compiles nothing again (seconds a kernel on a first start; a clean checkout's tests compiled each scan
-    up to five times)."""
-    from prvr.index import kernels
+    up to five times). The clip pass that the head's scan and the full codes' scan share, and the query's
+    levels (one query's, the head's rows), are compiled once too."""
+    from prvr.index import kernels, sketch
 
     model = small_model()
     index = VideoIndex.create(tmp_path / "ix", model, IndexConfig())
@@ -167,6 +168,9 @@ def test_a_gallery_in_memory_and_read_from_its_files_share_one_compiled_kernel(t
     exact_scores(arrays, rows, qs[0].astype(np.float32), (0.5, 0.5))
     scans = ("_head_scan", "_clip_scan", "_frame_scan", "_exact_scan")
     assert {name: len(getattr(kernels, name).signatures) for name in scans} == dict.fromkeys(scans, 1)
+    # the pass both clip scans call: compiled with them when they compile (0 when they come from the cache)
+    assert len(kernels._clip_pass.signatures) <= 1
+    assert len(sketch.query_levels.signatures) == 1  # one query's and the head's rows alike
 
 
 def test_concurrent_searches_return_what_each_returns_alone(tmp_path: Path) -> None:

@@ -427,10 +427,10 @@ def _head_scan(codes, scale, err, norm, tail, pinv, pinv_scale, pidx, table, seg
 
 @numba.njit(**KERNEL)
 def _clip_runs(codes, scale, err, norm, pinv, pinv_scale, pidx, table, seg_start, positions, levels, step, qn,
-               spread, out, hi):  # pragma: no cover - compiled
+               spread, no_tail, out, hi):  # pragma: no cover - compiled
     """The full codes' ``_clip_pass`` of sorted global positions, the arrays typed Lists over segments (as
-    ``Stored``): one call per segment."""
-    no_tail = np.zeros((1, 1), np.float32)
+    ``Stored``): one call per segment. ``no_tail`` (1, 1) float32, read-only as the head's tails are (one
+    compiled ``_clip_pass`` for both): the full codes have no tail."""
     a = 0
     while a < positions.shape[0]:
         s, b = _segment_run(seg_start, positions, a)
@@ -441,13 +441,13 @@ def _clip_runs(codes, scale, err, norm, pinv, pinv_scale, pidx, table, seg_start
 
 @numba.njit(**PARALLEL)
 def _clip_scan(codes, scale, err, norm, pinv, pinv_scale, pidx, table, seg_start, positions, levels, step, qn,
-               spread, out, hi, tasks):  # pragma: no cover - compiled
+               spread, no_tail, out, hi, tasks):  # pragma: no cover - compiled
     """``_clip_runs`` in parts."""
     n = positions.shape[0]
     for c in numba.prange(tasks):
         a, b = c * n // tasks, (c + 1) * n // tasks
         _clip_runs(codes, scale, err, norm, pinv, pinv_scale, pidx, table, seg_start, positions[a:b], levels,
-                   step, qn, spread, out[a:b], hi[a:b])
+                   step, qn, spread, no_tail, out[a:b], hi[a:b])
 
 
 @numba.njit(**KERNEL)

@@ -86,6 +86,9 @@ def kernel_input(array: np.ndarray) -> np.ndarray:
     return array
 
 
+NO_TAIL = kernel_input(np.zeros((1, 1), np.float32))  # the full codes' tail: none (read-only, as stored)
+
+
 def typed_list(arrays: Sequence[np.ndarray]) -> List:
     """A typed List of arrays of one type, each as ``kernel_input`` gives it."""
     out = _list_of(kernel_input(arrays[0]))
@@ -207,8 +210,8 @@ def clip_bounds(stored: Stored, seg_start: np.ndarray, positions: np.ndarray, q:
     codes = stored.lists(("codes",))[0]
     out, hi = np.empty(len(rows)), np.empty((len(rows), codes[0].shape[1] + 1))
     launch(_clip_scan, threads, *stored.lists(CLIP_LISTS), _table(table),
-           np.ascontiguousarray(seg_start, dtype=np.int64), rows, q.levels, q.step, q.norm, q.spread, out, hi,
-           tasks_for(len(rows), threads))
+           np.ascontiguousarray(seg_start, dtype=np.int64), rows, q.levels, q.step, q.norm, q.spread, NO_TAIL,
+           out, hi, tasks_for(len(rows), threads))
     return out, hi
 
 

@@ -195,13 +195,15 @@ class BoundQuery:
         """The kernels' view of query vector q (H,)."""
         vector = np.ascontiguousarray(q, dtype=np.float32)
         top = min(2**15 - 1, (2**31 - 1) // (UNIT_LEVELS * len(vector)))  # int32 sums cannot overflow
-        levels, step, spread, norm = query_levels(vector, top)
+        # as float64, the type query_levels_rows hands it (exact: it reads each element as float64 anyway),
+        # so one compiled version serves both
+        levels, step, spread, norm = query_levels(vector.astype(np.float64), top)
         return cls(vector, norm, levels, step, spread)
 
 
 @numba.njit(nogil=True, cache=True)
 def query_levels(q, top):  # pragma: no cover - compiled
-    """(levels, step, spread, |q|) of ``BoundQuery`` for q (H,) float32: levels in -top..top, the largest
+    """(levels, step, spread, |q|) of ``BoundQuery`` for q (H,) float64: levels in -top..top, the largest
     |q_h| at top. Compiled: a dozen numpy calls on a short vector cost more than the first pass saves."""
     peak, square = 0.0, 0.0
     for h in range(q.shape[0]):

@@ -110,7 +110,7 @@ def _choose(sim: np.ndarray, context_sim: np.ndarray, spans: np.ndarray, level: 
     (n,) bool, rows already given to a moment, overlapped by none of these)."""
     n = len(sim)
     t = np.empty(len(spans))
-    _contrast(context_sim, 0, n, spans, t)
+    _contrast(context_sim, np.int64(0), n, spans, t)  # int64, not Literal[int](0): one compiled version
     chosen = np.zeros((n_moments, 2), np.int64)
     which = np.zeros(n_moments, np.int64)
     m = 0
