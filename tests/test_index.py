@@ -18,7 +18,15 @@ import pytest
 import torch
 
 import prvr  # noqa: F401
-from prvr.index import GalleryError, GalleryVideo, IndexConfig, IndexMismatchError, VideoIndex, store
+from prvr.index import (
+    GalleryError,
+    GalleryVideo,
+    IndexConfig,
+    IndexMismatchError,
+    VideoIndex,
+    store,
+    video_index,
+)
 from prvr.index.encoding import frame_factors, unfactor
 from prvr.index.rank import HeadQuery, Page, Stored, clip_bounds, exact_rows, frame_bounds, head_bounds, top_k
 from prvr.index.sketch import BoundQuery, head_basis, quantize, sketch, window_factors
@@ -123,7 +131,12 @@ def test_exact_on_official_reference(tmp_path: Path, name: str) -> None:
     np.testing.assert_allclose(np.stack([e.frame for e in ex]), ref["frame_scores"].numpy(), atol=1e-4)
 
 
-def test_exact_on_random_gallery_of_1000(tmp_path: Path) -> None:
+@pytest.mark.parametrize("head_from", [0, 10**9], ids=["head-first", "full-codes-first"])
+def test_exact_on_random_gallery_of_1000(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                         head_from: int) -> None:
+    """Exact and approximate ranks equal the model's, whichever pass bounds the candidates first (the
+    head's from ``video_index.HEAD_FROM`` candidates on; below it the full codes', which refine reuses)."""
+    monkeypatch.setattr(video_index, "HEAD_FROM", head_from)
     model = small_model()
     videos = gallery(1000, max_rows=24)
     index = VideoIndex.create(tmp_path / "ix", model, IndexConfig())
@@ -145,7 +158,8 @@ def test_exact_on_random_gallery_of_1000(tmp_path: Path) -> None:
         assert [x.tolist() for x in approx[:2]] == [x.tolist() for x in exact[:2]]
 
 
-def test_a_gallery_in_memory_and_read_from_its_files_share_one_compiled_kernel(tmp_path: Path) -> None:
+def test_a_gallery_in_memory_and_read_from_its_files_share_one_compiled_kernel(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """numba compiles a kernel once per argument type, an array's layout and writeable flag included: the
     arrays of a gallery just written (in memory), of one opened from its files (mapped, read-only) and a
     bare segment's (as the tests above build them) reach the kernels as one type, so a search after an open
@@ -159,7 +173,8 @@ def test_a_gallery_in_memory_and_read_from_its_files_share_one_compiled_kernel(t
     index.add(gallery(40, seed=3, max_rows=24))
     q = model.encode_queries(queries(2)).numpy()[0]
     for ix in (index, VideoIndex.open(tmp_path / "ix", model)):
-        for approximate in (False, True):
+        for approximate, head_from in ((False, 0), (False, video_index.HEAD_FROM), (True, 0)):
+            monkeypatch.setattr(video_index, "HEAD_FROM", head_from)  # the head's pass and the full codes'
             ranked(ix, q, 5, approximate=approximate)
     units, pnorm, windows, zhat, qs = _scan_data(30, 8, seed=4)
     arrays, rows, bq = stored_arrays(units, pnorm, windows, zhat, n_balls=4), np.arange(30), BoundQuery.of(

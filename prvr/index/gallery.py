@@ -337,7 +337,7 @@ class Gallery:
 
         def refine(ids: np.ndarray, tau: float) -> np.ndarray:
             arrays, rows = view.arrays(ids, SKETCH)
-            return refined_bounds(self.model, arrays, rows, bq, w, tau, threads)
+            return refined_bounds(self.model, arrays, rows, bq, w, tau, threads, view.clip_known())
 
         reads = SCORED + (("frames",) if self._csa else ())
         scored: list[tuple[np.ndarray, Exact]] = []  # what top_k scored: evidence reuses the winners' rows

@@ -582,6 +582,10 @@ class QdrantView:
             return SHORTLIST
         return 4 * max(FIRST_CHUNK, 2 * k)
 
+    def clip_known(self) -> None:
+        """The engine's pages bound totals, not the full codes' clip scores: refine computes those."""
+        return None
+
     def pages(self, bq: BoundQuery, k: int, w: Weights, approximate: bool, refine: Refine,
               frame_bounded: bool) -> Iterable[Page]:
         """The candidates of a rank, by the engine (see the module docstring)."""

@@ -230,6 +230,23 @@ def frame_bounds(stored: Stored, seg_start: np.ndarray, positions: np.ndarray, h
     return np.minimum(_slack(out), 1.0)
 
 
+class ClipBounds(NamedTuple):
+    """The full codes' clip bounds of sorted positions with their prefix sums (``clip_bounds``), where a
+    first pass computed them: a refine of any of these positions takes them from here, not again."""
+
+    positions: np.ndarray  # (V,) sorted
+    clip: np.ndarray  # (V,)
+    hi: np.ndarray  # (V, M + 1)
+
+    def of(self, positions: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
+        """(clip, hi) of these sorted positions, or None when any is not among them."""
+        at = np.searchsorted(self.positions, positions)
+        if not len(positions) or at[-1] >= len(self.positions) or not np.array_equal(self.positions[at],
+                                                                                      positions):
+            return None
+        return self.clip[at], self.hi[at]
+
+
 @dataclass(frozen=True)
 class Exact:
     """Exact scores of some videos (float64), as the model computes them."""

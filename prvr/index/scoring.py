@@ -13,7 +13,7 @@ import torch
 
 from prvr.index.evidence import VideoEvidence
 from prvr.index.query import QueryError
-from prvr.index.rank import BOUND_EPS, Exact, Stored, clip_bounds, exact_rows, frame_bounds
+from prvr.index.rank import BOUND_EPS, ClipBounds, Exact, Stored, clip_bounds, exact_rows, frame_bounds
 from prvr.index.schema import FINE
 from prvr.index.sketch import BoundQuery
 from prvr.models import ral
@@ -80,12 +80,14 @@ def exact_of(model, snap: VideoArrays, positions: np.ndarray, q: np.ndarray | En
 
 
 def refined_bounds(model, snap: VideoArrays, positions: np.ndarray, bq: BoundQuery, w: tuple[float, float],
-                   tau: float, threads: int) -> np.ndarray:
+                   tau: float, threads: int, known: ClipBounds | None = None) -> np.ndarray:
     """Upper bounds of the totals of sorted positions from the sketch (``rank.top_k``'s ``refine``): the full
-    8-bit codes' clip bound, then, for those it leaves at or above tau, the frame balls' bound (not for a CSA
-    model, whose frame score the stored features do not bound; not before a tau exists: it only helps to get
-    below one)."""
-    clip, hi = clip_bounds(snap.stored, snap.seg_start, positions, bq, snap.windows, threads)
+    8-bit codes' clip bound (from ``known`` where the first pass computed it), then, for those it leaves at or
+    above tau, the frame balls' bound (not for a CSA model, whose frame score the stored features do not
+    bound; not before a tau exists: it only helps to get below one)."""
+    got = None if known is None else known.of(positions)
+    clip, hi = got if got is not None else clip_bounds(snap.stored, snap.seg_start, positions, bq,
+                                                       snap.windows, threads)
     total = w[0] * clip + w[1]
     if w[1] <= 0 or is_csa(model) or tau == -np.inf:
         return total

@@ -17,7 +17,7 @@ from typing import NamedTuple, Protocol
 import numpy as np
 
 from prvr.index.query import Weights
-from prvr.index.rank import Page
+from prvr.index.rank import ClipBounds, Page
 from prvr.index.scoring import VideoArrays
 from prvr.index.sketch import BoundQuery
 from prvr.index.words import Words
@@ -66,6 +66,10 @@ class StoreView(Protocol):
         """Candidates with upper bounds of their totals (``rank.Page``); ``refine`` is the gallery's tighter
         bound (over ``arrays(ids, sketch.SKETCH)``); ``frame_bounded``: whether the stored frame-scale
         features bound the frame score (not for a CSA model)."""
+
+    def clip_known(self) -> ClipBounds | None:
+        """The full codes' clip bounds its pages computed (``rank.ClipBounds``, keyed by ids), which
+        ``refine`` then takes rather than computing them again; None where the pages did not."""
 
     def arrays(self, ids: np.ndarray, names: Sequence[str]) -> tuple[VideoArrays, np.ndarray]:
         """These videos' arrays ``names`` (at least) as ``VideoArrays``, with the rows that hold them, in the

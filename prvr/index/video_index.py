@@ -39,7 +39,7 @@ from prvr.index import approximate, store
 from prvr.index.encoding import ReferenceQueries, segment_arrays
 from prvr.index.gallery import Gallery
 from prvr.index.query import Weights
-from prvr.index.rank import SHORTLIST, Exact, HeadQuery, Page, head_bounds
+from prvr.index.rank import SHORTLIST, ClipBounds, Exact, HeadQuery, Page, clip_bounds, head_bounds
 from prvr.index.schema import FIXED, RAGGED, SCHEMA_VERSION, WORDS
 from prvr.index.scoring import VideoArrays, exact_of
 from prvr.index.sketch import BoundQuery, head_basis, sketch
@@ -51,6 +51,12 @@ from prvr.models.preprocess import window_table
 
 STORED_CONFIG = ("mode", "frame_balls")  # what the stored data depends on: the manifest's, always
 MODES = ("exact", "compact")
+# Fewer candidates than this are bounded by the full codes at once, not by the head first: the head pass costs
+# about half a full pass a video (the window grid is the same), and in a small gallery the k-th best total
+# is low, so most videos pass the head's looser bound and are read again by the full codes (2,179 synthetic
+# videos: 92 % did; 10,000: 15 %): exact rank p50 at 2,179 videos 5.5 -> 4.2 ms, at 5,000 7.1 -> 6.3, at
+# 10,000 7.6 with the head first, 8.7 without (benchmarks/RESULTS.md, session 27).
+HEAD_FROM = 6000
 UNIT_KEY_VIDEOS = 512  # approximate candidates where a segment holds units' keys (recall@10 0.992 at 100,000)
 
 
@@ -275,6 +281,7 @@ class BuiltinView:
 
     def __init__(self, snap: Snapshot, cfg: IndexConfig) -> None:
         self.snap, self.cfg, self.live = snap, cfg, len(snap.live)
+        self.known: ClipBounds | None = None  # the full codes' bounds, where the pages computed them
 
     def shortlist(self, k: int) -> int:
         """Refining reads memory: the default shortlist."""
@@ -282,8 +289,8 @@ class BuiltinView:
 
     def pages(self, bq: BoundQuery, k: int, w: Weights, approx: bool, refine: Refine,
               frame_bounded: bool) -> Iterable[Page]:
-        """One page: every live video (or the approximate candidates) bounded by the head pass (the
-        candidates: by the full codes, at once)."""
+        """One page: every live video (or the approximate candidates) bounded by the head pass, or where
+        they are fewer than ``HEAD_FROM``, by the full codes (which ``refine`` then reuses)."""
         snap, cfg = self.snap, self.cfg
         candidates = snap.live
         # units' keys (a segment written before window keys) need more candidates for the same recall
@@ -291,12 +298,18 @@ class BuiltinView:
         if approx and len(snap.live) > videos:
             candidates = approximate.candidates(snap.ivf(cfg.nlist), bq.vector, snap.alive, cfg.nprobe,
                                                 cfg.candidate_units, videos)
-        # the head pass bounds them (rank.top_k refines the best-bounded shortlist, a second refine of the
-        # same candidates here would cost as much again)
-        head = HeadQuery.of(bq, snap.bases, snap.grams)
-        clip = head_bounds(snap.stored, snap.seg_start, candidates, head, snap.windows,
-                           torch.get_num_threads())
+        threads = torch.get_num_threads()
+        if len(candidates) < HEAD_FROM:
+            clip, hi = clip_bounds(snap.stored, snap.seg_start, candidates, bq, snap.windows, threads)
+            self.known = ClipBounds(candidates, clip, hi)
+        else:  # the head pass (rank.top_k refines the best-bounded shortlist and the survivors of tau)
+            head = HeadQuery.of(bq, snap.bases, snap.grams)
+            clip = head_bounds(snap.stored, snap.seg_start, candidates, head, snap.windows, threads)
         return [Page(candidates, w.clip * clip + w.frame, -np.inf)]
+
+    def clip_known(self) -> ClipBounds | None:
+        """The full codes' bounds the pages computed (None: the head pass bounded them)."""
+        return self.known
 
     def arrays(self, ids: np.ndarray, names: Sequence[str]) -> tuple[VideoArrays, np.ndarray]:
         """The snapshot itself (mapped: rows are read where used)."""
