@@ -14,9 +14,10 @@ and searched with queries that describe one scene of one video. One JSON line pe
 - ``recall_at_10``: exact mode, the share of its top 10 that a full exact scan (every video scored by the
   same kernels in chunks, no bounds) also ranks top 10, on ``--check`` queries; approximate mode, the share
   of exact mode's top 10 it finds;
-- ``resident_bytes_per_video``: what opening the gallery adds to this process's resident memory, per video
+- ``resident_bytes_per_video``: what opening the gallery adds to this process's anonymous resident memory
+  (before session 27: all resident memory; the built-in index's mapped files are page cache), per video
   (the built-in index: the first pass's arrays and the records; Qdrant: the engine's shard opened), and
-  ``resident_after_queries_bytes_per_video`` once the queries ran (pages of mapped files they touched);
+  ``resident_after_queries_bytes_per_video`` once the queries ran;
 - ``disk_bytes_per_video``: the disk space of every file of the gallery (allocated blocks), per video;
 - ``peak_rss_bytes``: the largest resident size of this process (which opens and searches the gallery) and
   of the build's (children: the exact check's full scans are not counted, they map every file).
@@ -62,9 +63,10 @@ SEED = 0
 
 
 def rss_bytes() -> int:
-    """This process's resident memory now."""
-    with open("/proc/self/statm") as f:
-        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    """This process's anonymous resident memory now (``RssAnon``: the mapped index files' pages, which an
+    open maps into the process where they fit in memory, are page cache, not counted)."""
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) * 1024 for line in f if line.startswith("RssAnon:"))
 
 
 def peak_rss(build: int) -> int:

@@ -158,6 +158,43 @@ def test_exact_on_random_gallery_of_1000(tmp_path: Path, monkeypatch: pytest.Mon
         assert [x.tolist() for x in approx[:2]] == [x.tolist() for x in exact[:2]]
 
 
+def mapped_kb(directory: Path) -> tuple[int, int]:
+    """(size, resident) in KB of this process's mappings of files under ``directory`` (/proc/self/smaps)."""
+    size = rss = 0
+    inside = False
+    for line in Path("/proc/self/smaps").read_text().splitlines():
+        fields = line.split()
+        if "-" in fields[0] and len(fields) >= 5 and not fields[0].endswith(":"):  # a mapping's header
+            inside = len(fields) >= 6 and fields[5].startswith(str(directory))
+        elif inside and fields[0] in ("Size:", "Rss:"):
+            size, rss = (size + int(fields[1]), rss) if fields[0] == "Size:" else (size, rss + int(fields[1]))
+    return size, rss
+
+
+@pytest.mark.skipif(not Path("/proc/self/smaps").exists(), reason="reads /proc/self/smaps (Linux)")
+def test_an_open_maps_the_pages_of_a_gallery_that_fits_in_memory(tmp_path: Path,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """A fresh process's first queries took a page fault for every page of the mapped arrays they touched: an
+    open maps them all at once in a thread (``snapshot.populate``) where they fit in a quarter of memory, and
+    leaves them to each query's read-ahead past that (a gallery bigger than the page cache)."""
+    from prvr.index import snapshot
+
+    model = small_model()
+    VideoIndex.create(tmp_path / "ix", model, IndexConfig()).add(gallery(60, seed=3, max_rows=24))
+    index = VideoIndex.open(tmp_path / "ix", model)
+    deadline = time.monotonic() + 10
+    while mapped_kb(tmp_path / "ix")[1] < mapped_kb(tmp_path / "ix")[0] and time.monotonic() < deadline:
+        time.sleep(0.05)
+    size, rss = mapped_kb(tmp_path / "ix")
+    assert size > 1000 and rss > 0.9 * size, (size, rss)  # every mapped array (not quite: a few headers)
+    del index
+    monkeypatch.setattr(snapshot, "ADVISE_ABOVE", 0.0)  # as if the gallery outgrew the page cache
+    other = VideoIndex.open(tmp_path / "ix", model)
+    time.sleep(0.5)
+    size, rss = mapped_kb(tmp_path / "ix")
+    assert other.snapshot.advising and size > 1000 and rss < size / 4, (size, rss)
+
+
 def test_a_gallery_in_memory_and_read_from_its_files_share_one_compiled_kernel(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """numba compiles a kernel once per argument type, an array's layout and writeable flag included: the

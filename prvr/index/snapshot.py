@@ -6,7 +6,9 @@ pass leaves (the full 8-bit codes, 12.7 KB, and the frame balls, 9 KB; in memory
 big for the page cache would read them from disk, at random, in every query), and in compact mode each
 video's window numbers, all segments in one array each, with the segments' head bases. Every other stored
 array (the exact-score and evidence arrays: 250 KB a video) stays memory-mapped and is read only for the
-videos a query scores or returns. It implements ``scoring.VideoArrays``.
+videos a query scores or returns; where they fit in a quarter of memory, a thread maps their pages into the
+process at open (``populate``: no page fault on a first query's path), and past that each query reads its
+rows ahead and releases them (``prefetch``, ``release``). It implements ``scoring.VideoArrays``.
 """
 
 from __future__ import annotations
@@ -29,9 +31,22 @@ from prvr.index.storage import Catalog
 from prvr.index.words import Words, WordsTable
 
 ADVISE_ABOVE = 0.25  # share of physical memory the mapped arrays must exceed for prefetch/release
+POPULATE_READ = getattr(mmap, "MADV_POPULATE_READ", 22)  # Linux 5.14+: map a range's pages into the process
+POPULATE_CHUNK = 4 << 20  # bytes a call: the call holds the GIL (a cold chunk: a disk read of 4 MB)
 BASIS = "head_basis"  # a segment's (d, H) head basis (one per segment, not per video)
 KEYS_ARRAY = "keys"  # (n, approximate.KEYS, H) float16 each video's window keys (approximate search)
 SCENES_ARRAY = "scenes"  # (n, approximate.SCENES, H) float16 its unit keys, in a segment written before them
+
+
+def populate(segments: list[dict[str, store.Mapped]]) -> None:
+    """Map every page of these segments' mapped arrays into this process (``MADV_POPULATE_READ``, a chunk at
+    a time), so that a fresh process's first queries take no page fault on them: a minor fault for each page
+    a query first touches cost a fresh process's exact rank at 10,000 videos 8.1 against 6.0 ms p50
+    (benchmarks/RESULTS.md, session 27). Advice only: where the kernel refuses it, nothing changes."""
+    for maps in segments:
+        for mapping in maps.values():
+            for start in range(0, len(mapping.map) - mapping.offset, POPULATE_CHUNK):
+                store.advise(mapping, start, start + POPULATE_CHUNK, POPULATE_READ)
 
 
 class Snapshot:
@@ -76,6 +91,9 @@ class Snapshot:
         # (4 ms of a 9 ms query at 2,179 videos).
         mapped = sum(len(m.map) for maps in self.maps for m in maps.values())
         self.advising = mapped > ADVISE_ABOVE * os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+        fresh = [self.opened[e["name"]][2] for e in manifest["segments"] if e["name"] not in known]
+        if not self.advising and fresh:  # they fit: their pages are mapped now, off the queries' path
+            threading.Thread(target=populate, args=(fresh,), name="prvr-populate", daemon=True).start()
 
     @staticmethod
     def _open(root: Path, entry: dict, verify: bool, table: np.ndarray

@@ -213,6 +213,7 @@ def find_moments(q: np.ndarray, vectors: np.ndarray, start: np.ndarray, end: np.
     """
     cfg = cfg or MomentConfig()
     unit = _unit_query(q, vectors, start, end)
+    vectors = np.asarray(vectors, np.float32)  # stored as float16: converted once, for each use below
     cos = _cosines(vectors, unit)
     sim = _normalised(cos, row_bank, cfg)
     start, end = np.asarray(start, np.float64), np.asarray(end, np.float64)
