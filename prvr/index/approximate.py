@@ -78,6 +78,9 @@ def build_ivf(keys: np.ndarray, videos: np.ndarray, nlist: int = 0):
                                         faiss.ScalarQuantizer.QT_8bit, faiss.METRIC_INNER_PRODUCT)
     ivf.train(vectors[np.random.default_rng(0).permutation(len(vectors))[: 40 * nlist]])
     ivf.add_with_ids(vectors, np.ascontiguousarray(videos, dtype=np.int64))
+    # a query searches alone: its probed lists split over the threads, not the queries (100,000 videos,
+    # 64 of 894 lists: 4.7 -> 3.5 ms, the same candidates)
+    ivf.parallel_mode = 1
     log.info("built the approximate-search index: %s in %s", counted(len(vectors), "key"),
              counted(nlist, "list"))
     return ivf

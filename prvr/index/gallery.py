@@ -318,7 +318,6 @@ class Gallery:
             view.prefetch(reads, np.sort(extra))
             arrays, rows = view.arrays(extra, reads)
             hits = hits + list(evidence_of(self.model, arrays, rows, q, w))
-            view.release(reads, np.sort(extra))
             ids = np.concatenate([np.asarray(ids, np.int64), extra])
         hits = [dataclasses.replace(h, words=found[int(i)].lines, words_score=found[int(i)].score)
                 if int(i) in found else h for h, i in zip(hits, ids, strict=True)]
@@ -359,8 +358,4 @@ class Gallery:
         view.prefetch(EVIDENCE, winners)
         arrays, rows = view.arrays(ids, (*EXACT, *EVIDENCE))
         hits = evidence_of(self.model, arrays, rows, q, w, exact)
-        # done with what this query read from disk: its pages leave the process's resident memory (the
-        # page cache keeps them; the hits' arrays read them again if used)
-        view.release(EVIDENCE, winners)
-        view.release(SCORED, every[order])
         return list(hits), np.asarray(ids, np.int64), n

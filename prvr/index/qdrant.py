@@ -146,9 +146,6 @@ class Fetched:
     def prefetch(self, keys: Sequence[str], positions: np.ndarray) -> None:
         """Fetched points are in memory: nothing to read ahead."""
 
-    def release(self, keys: Sequence[str], positions: np.ndarray) -> None:
-        """Fetched points go with the query."""
-
 
 class SketchRows:
     """Rows of the table of decoded sketches (``SketchTable``) as ``scoring.VideoArrays``: positions are
@@ -175,9 +172,6 @@ class SketchRows:
 
     def prefetch(self, keys: Sequence[str], positions: np.ndarray) -> None:
         """The table is in memory: nothing to read ahead."""
-
-    def release(self, keys: Sequence[str], positions: np.ndarray) -> None:
-        """The table stays."""
 
 
 class SketchTable:
@@ -644,9 +638,6 @@ class QdrantView:
 
     def prefetch(self, names: Sequence[str], ids: np.ndarray) -> None:
         """Fetched points are in memory: nothing to read ahead."""
-
-    def release(self, names: Sequence[str], ids: np.ndarray) -> None:
-        """Fetched points go with the view."""
 
     def words(self) -> Words | None:
         """The gallery's word segments (``QdrantStore.words``) of this view's videos (an add since may have

@@ -46,9 +46,6 @@ class VideoArrays(Protocol):
     def prefetch(self, keys: Sequence[str], positions: np.ndarray) -> None:
         """Start reading these arrays' rows of these videos, all at once (where reading costs a disk read)."""
 
-    def release(self, keys: Sequence[str], positions: np.ndarray) -> None:
-        """Done with these arrays' rows of these videos (their pages may leave resident memory)."""
-
 
 def query_vector(q: np.ndarray | torch.Tensor | EncodedQueries) -> np.ndarray:
     """The (H,) float32 query vector of the model's encoding of one query."""
@@ -102,7 +99,6 @@ def refined_bounds(model, snap: VideoArrays, positions: np.ndarray, bq: BoundQue
             snap.prefetch(("zbasis", "zcoef"), positions[at[more]])
             frame[more] = frame_bounds(snap.stored, snap.seg_start, positions[at[more]], hi, at[more], bq,
                                        snap.windows, enough[more], threads)
-            snap.release(("zbasis", "zcoef"), positions[at[more]])
         total[at] = w[0] * clip[at] + w[1] * frame
     return total
 

@@ -8,7 +8,7 @@ video's window numbers, all segments in one array each, with the segments' head 
 array (the exact-score and evidence arrays: 250 KB a video) stays memory-mapped and is read only for the
 videos a query scores or returns; where they fit in a quarter of memory, a thread maps their pages into the
 process at open (``populate``: no page fault on a first query's path), and past that each query reads its
-rows ahead and releases them (``prefetch``, ``release``). It implements ``scoring.VideoArrays``.
+rows ahead (``prefetch``). It implements ``scoring.VideoArrays``.
 """
 
 from __future__ import annotations
@@ -30,7 +30,8 @@ from prvr.index.sketch import FIRST_PASS, SKETCH
 from prvr.index.storage import Catalog
 from prvr.index.words import Words, WordsTable
 
-ADVISE_ABOVE = 0.25  # share of physical memory the mapped arrays must exceed for prefetch/release
+ADVISE_ABOVE = 0.25  # share of physical memory the mapped arrays must exceed for prefetch
+WILLNEED = mmap.MADV_WILLNEED
 POPULATE_READ = getattr(mmap, "MADV_POPULATE_READ", 22)  # Linux 5.14+: map a range's pages into the process
 POPULATE_CHUNK = 4 << 20  # bytes a call: the call holds the GIL (a cold chunk: a disk read of 4 MB)
 BASIS = "head_basis"  # a segment's (d, H) head basis (one per segment, not per video)
@@ -86,8 +87,8 @@ class Snapshot:
             name: table for name, table in (previous._tables if previous is not None else {}).items()
             if name in self.opened}
         self.worded = any(int(seg["n_words_offset"][-1]) for seg in self.segments)
-        # Reading ahead and releasing pages pays only when the mapped arrays outgrow the page cache; below
-        # that, the pages stay cached and mapped, and the advice would be a few hundred syscalls per query
+        # Reading ahead pays only when the mapped arrays outgrow the page cache; below that, the pages stay
+        # cached and mapped, and the advice would be a few hundred syscalls per query
         # (4 ms of a 9 ms query at 2,179 videos).
         mapped = sum(len(m.map) for maps in self.maps for m in maps.values())
         self.advising = mapped > ADVISE_ABOVE * os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
@@ -182,16 +183,11 @@ class Snapshot:
 
     def prefetch(self, keys: Iterable[str], positions: np.ndarray) -> None:
         """Start reading these arrays' rows of the videos at ``positions`` from disk, all at once, before a
-        kernel or the evidence reads them one page at a time (``store.advise``, MADV_WILLNEED)."""
-        self._advise(keys, positions, mmap.MADV_WILLNEED)
-
-    def release(self, keys: Iterable[str], positions: np.ndarray) -> None:
-        """Done with these arrays' rows of these videos: their pages leave this process's resident memory
-        (not the page cache: a query that reads them again maps them again)."""
-        self._advise(keys, positions, mmap.MADV_DONTNEED)
-
-    def _advise(self, keys: Iterable[str], positions: np.ndarray, advice: int) -> None:
-        """``store.advise`` over these arrays' rows of these videos (when the snapshot is ``advising``)."""
+        kernel or the evidence reads them one page at a time (``store.advise``, MADV_WILLNEED; only when the
+        snapshot is ``advising``). The pages stay mapped after the query: they are page cache, which the
+        kernel reclaims as any other; unmapping them after each query (MADV_DONTNEED) cost an approximate
+        rank at 100,000 videos 8 ms of its 22, in the calls and in the faults that mapped them again
+        (benchmarks/RESULTS.md, session 28)."""
         if not self.advising:
             return
         keys = tuple(keys)
@@ -206,9 +202,9 @@ class Snapshot:
                 width = array.itemsize * (array.size // max(len(array), 1))
                 if count:
                     offset = seg[f"{count}_offset"]
-                    store.advise(mapping, int(offset[row]) * width, int(offset[row + 1]) * width, advice)
+                    store.advise(mapping, int(offset[row]) * width, int(offset[row + 1]) * width, WILLNEED)
                 else:
-                    store.advise(mapping, row * width, (row + 1) * width, advice)
+                    store.advise(mapping, row * width, (row + 1) * width, WILLNEED)
 
     def resident_bytes(self) -> int:
         """Bytes this snapshot holds in memory for its arrays (the sketch, bases, offsets, liveness)."""

@@ -78,9 +78,6 @@ class StoreView(Protocol):
     def prefetch(self, names: Sequence[str], ids: np.ndarray) -> None:
         """Start reading these arrays of these videos (sorted ids) at once, where a read costs a disk read."""
 
-    def release(self, names: Sequence[str], ids: np.ndarray) -> None:
-        """Done with these arrays of these videos (sorted ids) for this query."""
-
     def words(self) -> Words | None:
         """The live videos' word segments (``schema.WORDS``) as tables ready to match, keyed by the view's
         ids; None when no live video has words (then a rank costs what it did without the channel)."""

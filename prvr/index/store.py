@@ -180,9 +180,9 @@ PAGE = mmap.PAGESIZE
 def advise(mapping: Mapped, start: int, end: int, advice: int) -> None:
     """Advise the kernel about the byte range [start, end) of a mapped array's data (``mmap.madvise``):
     ``MADV_WILLNEED`` (read it now, in the background: a query that asks for every row it will read first
-    then waits for one round of disk reads, not one read per page) or ``MADV_DONTNEED`` (this process is done
-    with it: its pages leave the process's resident memory, not the page cache; a later read maps them
-    again)."""
+    then waits for one round of disk reads, not one read per page), ``MADV_POPULATE_READ`` (map its pages into
+    the process now) or ``MADV_DONTNEED`` (this process is done with it: its pages leave the process's
+    resident memory, not the page cache)."""
     first = (mapping.offset + start) // PAGE * PAGE
     last = min(len(mapping.map), mapping.offset + end)
     if last > first:

@@ -319,10 +319,6 @@ class BuiltinView:
         """Read ahead (``Snapshot.prefetch``)."""
         self.snap.prefetch(names, ids)
 
-    def release(self, names: Sequence[str], ids: np.ndarray) -> None:
-        """Let the pages go (``Snapshot.release``)."""
-        self.snap.release(names, ids)
-
     def words(self) -> Words | None:
         """The snapshot's word segments (``Snapshot.words``)."""
         return self.snap.words()
