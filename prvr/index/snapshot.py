@@ -82,6 +82,7 @@ class Snapshot:
         self.catalog = Catalog.of(self.videos, self.live)
         self.position = self.catalog.position
         self._lazy = threading.Lock()  # builds the faiss index once, and each segment's words table
+        self._plans: dict[tuple[str, ...], list] = {}  # prefetch's reads of each set of arrays
         # each segment's words table (None: no words), built on first use; a segment's is never built twice
         self._tables: dict[str, WordsTable | None] = {
             name: table for name, table in (previous._tables if previous is not None else {}).items()
@@ -190,21 +191,25 @@ class Snapshot:
         (benchmarks/RESULTS.md, session 28)."""
         if not self.advising:
             return
-        keys = tuple(keys)
+        reads = self._reads(tuple(keys))
         for position in np.asarray(positions, dtype=np.int64).tolist():  # (plain ints: a few hundred calls)
             s = bisect.bisect_right(self._starts, position) - 1
-            seg, maps, row = self.segments[s], self.maps[s], position - self._starts[s]
-            for key in keys:
-                mapping = maps.get(key)
-                if mapping is None:  # kept in memory
-                    continue
-                array, count = seg[key], RAGGED.get(key)
-                width = array.itemsize * (array.size // max(len(array), 1))
-                if count:
-                    offset = seg[f"{count}_offset"]
-                    store.advise(mapping, int(offset[row]) * width, int(offset[row + 1]) * width, WILLNEED)
-                else:
-                    store.advise(mapping, row * width, (row + 1) * width, WILLNEED)
+            row = position - self._starts[s]
+            for mapping, width, offset in reads[s]:
+                lo, hi = (int(offset[row]), int(offset[row + 1])) if offset is not None else (row, row + 1)
+                store.advise(mapping, lo * width, hi * width, WILLNEED)
+
+    def _reads(self, keys: tuple[str, ...]) -> list[list[tuple[store.Mapped, int, np.ndarray | None]]]:
+        """Per segment, what ``prefetch`` reads of ``keys``: each mapped array's mapping, bytes a row, and
+        where each video's rows start (a ragged array) or None (one row a video); worked out once per
+        ``keys`` (a few hundred videos a query)."""
+        if keys not in self._plans:
+            self._plans[keys] = [
+                [(maps[key], seg[key].itemsize * (seg[key].size // max(len(seg[key]), 1)),
+                  seg[f"{RAGGED[key]}_offset"] if key in RAGGED else None)
+                 for key in keys if key in maps]  # (an array kept in memory has no mapping)
+                for seg, maps in zip(self.segments, self.maps, strict=True)]
+        return self._plans[keys]
 
     def resident_bytes(self) -> int:
         """Bytes this snapshot holds in memory for its arrays (the sketch, bases, offsets, liveness)."""

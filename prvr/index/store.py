@@ -186,8 +186,10 @@ def advise(mapping: Mapped, start: int, end: int, advice: int) -> None:
     first = (mapping.offset + start) // PAGE * PAGE
     last = min(len(mapping.map), mapping.offset + end)
     if last > first:
-        with contextlib.suppress(OSError, ValueError):  # advice only: a refusal changes nothing
+        try:
             mapping.map.madvise(advice, first, last - first)
+        except (OSError, ValueError):  # advice only: a refusal changes nothing
+            pass
 
 
 def read_records(directory: Path) -> list[dict]:
