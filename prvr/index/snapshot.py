@@ -187,8 +187,8 @@ class Snapshot:
         kernel or the evidence reads them one page at a time (``store.advise``, MADV_WILLNEED; only when the
         snapshot is ``advising``). The pages stay mapped after the query: they are page cache, which the
         kernel reclaims as any other; unmapping them after each query (MADV_DONTNEED) cost an approximate
-        rank at 100,000 videos 8 ms of its 22, in the calls and in the faults that mapped them again
-        (benchmarks/RESULTS.md, session 28)."""
+        rank at 100,000 videos 8 ms of its 22 (pages cached), in the calls and in the faults that mapped
+        them again (benchmarks/RESULTS.md, session 28)."""
         if not self.advising:
             return
         reads = self._reads(tuple(keys))
