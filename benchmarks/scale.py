@@ -23,10 +23,10 @@ and searched with queries that describe one scene of one video. One JSON line pe
   of the build's (children: the exact check's full scans are not counted, they map every file).
 
 Qdrant runs the engine in-process (``qdrant+local://``); its line also gives ``first_pass_bytes_per_video``
-(the ``bounds`` and ``scenes`` vectors every exact or approximate query reads) and, when a built-in run of the
-same N is kept in the same ``--keep`` directory, ``equal_to_builtin``: the share of queries whose exact top 10
-(ids, in order, and totals to the last bit) equals the built-in index's. Each line carries the machine's load
-average and speed (``machine``): this VM is shared, and its speed drifts.
+(the ``bounds`` vectors and the keys' collection: what exact and approximate queries read) and, when a
+built-in run of the same N is kept in the same ``--keep`` directory, ``equal_to_builtin``: the share of
+queries whose exact top 10 (ids, in order, and totals to the last bit) equals the built-in index's. Each line
+carries the machine's load average and speed (``machine``): this VM is shared, and its speed drifts.
 """
 
 from __future__ import annotations
@@ -166,11 +166,11 @@ def p50(times: list[float]) -> float:
 
 
 def first_pass_bytes(root: Path) -> int:
-    """Bytes of the engine's files of the ``bounds`` and ``scenes`` vectors (their storage, quantized
+    """Bytes of the engine's files of the ``bounds`` vectors and of the keys (their storage, quantized
     copies and graph): what an exact or approximate query reads of every candidate point."""
-    return sum(f.stat().st_blocks * 512 for f in (root / "shard").rglob("*")  # (as ``disk_bytes``)
+    return sum(f.stat().st_blocks * 512 for d in ("shard", "keys") for f in (root / d).rglob("*")
                if f.is_file() and any(part.startswith(("vector_storage", "vector_index", "quantized"))
-                                      for part in f.relative_to(root).parts))
+                                      for part in f.relative_to(root).parts))  # (as ``disk_bytes``)
 
 
 def run(backend: str, n: int, workdir: Path, queries: int, check: int) -> list[dict]:

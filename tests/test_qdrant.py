@@ -40,6 +40,9 @@ from prvr.index.qdrant_store import (
     collection_spec,
     edge_config,
     engine_eps,
+    key_ids,
+    key_points,
+    keys_spec,
     pack,
     unpack,
     video_point,
@@ -318,6 +321,8 @@ def test_a_failed_upload_leaves_the_collection_as_it_was() -> None:
     with pytest.raises(ConnectionError, match="the server went away"):
         qdrant.add(videos[2:])
     assert len(calls) == 3 and qdrant.store.count() == 2 + 1  # and the metadata point
+    stores = qdrant.storage.stores  # nor arrays or keys of the failed videos (the third's were written)
+    assert stores.arrays.count() == 4 * 2 and stores.keys.count() == QdrantConfig.scene_keys * 2
     assert qdrant.ids == [v.id for v in videos[:2]] and qdrant.meta["next_seq"] == 2
     qdrant.store.upsert = upsert
     qdrant.add(videos[2:])
@@ -392,24 +397,30 @@ def test_the_engines_bounds_are_upper_bounds_of_every_total(tmp_path: Path) -> N
 
 
 def test_the_layout_is_declared_once_for_the_engine_and_a_server() -> None:
-    """The engine's shard and a server's collection are made from one ``collection_spec``: the same named
-    vectors, widths, float16 storage, DOT + MAX_SIM, graph (none for ``bounds``) and int8 quantization; a
-    point is the same id, vectors and payload whichever store writes it."""
+    """The engine's shards and a server's collections are made from one ``collection_spec`` and one
+    ``keys_spec``: the same named vectors, widths, float16 storage, DOT (+ MAX_SIM for ``bounds``), graph
+    (none for ``bounds``) and int8 quantization; a point is the same id, vectors and payload whichever store
+    writes it."""
     from qdrant_client import models
 
+    for spec, names in ((collection_spec(384), {"bounds"}), (keys_spec(384), {"key"})):
+        edge, client = edge_config(spec).vectors, client_vectors(spec)
+        assert set(edge) == set(client) == names
+        for name in edge:
+            e, c = edge[name], client[name]
+            assert e.size == c.size == spec[name]["size"]
+            assert "Float16" in str(e.datatype) and c.datatype == models.Datatype.FLOAT16
+            assert "Dot" in str(e.distance) and c.distance == models.Distance.DOT
+            if name == "bounds":
+                assert "MaxSim" in str(e.multivector_config.comparator)
+                assert c.multivector_config.comparator == models.MultiVectorComparator.MAX_SIM
+            else:
+                assert e.multivector_config is None and c.multivector_config is None
+            assert e.hnsw_config.m == c.hnsw_config.m == spec[name]["hnsw_m"]
+            assert (e.quantization_config is None) == (c.quantization_config is None)
     spec = collection_spec(384)
-    edge, client = edge_config(spec).vectors, client_vectors(spec)
-    assert set(edge) == set(client) == {"bounds", "scenes"}
-    for name in edge:
-        e, c = edge[name], client[name]
-        assert e.size == c.size == spec[name]["size"]
-        assert "Float16" in str(e.datatype) and c.datatype == models.Datatype.FLOAT16
-        assert "Dot" in str(e.distance) and c.distance == models.Distance.DOT
-        assert "MaxSim" in str(e.multivector_config.comparator)
-        assert c.multivector_config.comparator == models.MultiVectorComparator.MAX_SIM
-        assert e.hnsw_config.m == c.hnsw_config.m == spec[name]["hnsw_m"]
-        assert (e.quantization_config is None) == (c.quantization_config is None)
-    assert edge["bounds"].hnsw_config.m == 0 and edge["scenes"].quantization_config is not None
+    assert edge_config(spec).vectors["bounds"].hnsw_config.m == 0
+    assert edge_config(keys_spec(384)).vectors["key"].quantization_config is not None
     # the segments a query searches at once: the engine's and a server's optimizer are asked the same
     assert edge_config(spec).optimizers.default_segment_number == spec["optimizers"]["default_segment_number"]
     assert collection_spec(384, segments=7)["optimizers"] == {"default_segment_number": 7}
@@ -424,10 +435,13 @@ def test_the_layout_is_declared_once_for_the_engine_and_a_server() -> None:
     import qdrant_edge
 
     video = video_point({"id": "v1", "title": "t", "path": "p.mp4", "duration": 2.0, "sha256": "ab"}, 5,
-                        rng.random((3, 6)).astype(np.float16), rng.random((2, 3)).astype(np.float16))
-    struct = models.PointStruct(id=video.id, vector=video.vectors, payload=video.payload)  # ClientStore's
-    mine = qdrant_edge.Point(video.id, video.vectors, video.payload)  # what EdgeStore sends
-    assert struct.id == mine.id and struct.vector == mine.vector and struct.payload == mine.payload
+                        rng.random((3, 6)).astype(np.float16))
+    keys = key_points(5, rng.random((2, 3)).astype(np.float16))
+    assert [k.id for k in keys] == [10, 11] == key_ids([5], 2)  # K seq + j
+    for point in (video, *keys):
+        struct = models.PointStruct(id=point.id, vector=point.vectors, payload=point.payload)  # ClientStore's
+        mine = qdrant_edge.Point(point.id, point.vectors, point.payload)  # what EdgeStore sends
+        assert struct.id == mine.id and struct.vector == mine.vector and struct.payload == mine.payload
     for p in array_points(5, arrays):  # the arrays' bytes: base64 to a server (the engine: ``ArrayFile``)
         assert isinstance(p.payload["data"], bytes) and not p.vectors
         sent = client_payload(p.payload)
@@ -456,7 +470,7 @@ def test_the_server_path_requests_through_qdrant_client(tmp_path: Path) -> None:
     target = QdrantTarget.parse("qdrant://localhost:6333/videos")
     client = QdrantClient(location=":memory:")
     stores = Stores(ClientStore(target, client, "videos"), ClientStore(target, client, "videos-arrays"),
-                    client.close)
+                    ClientStore(target, client, "videos-keys"), client.close)
     server = QdrantIndex.create(target, model, QdrantConfig(first_page=16, shards=2), bank(model),
                                 stores=stores)
     fixed, ragged = encode_for_index(model, videos, "exact", 64, bank(model))
@@ -465,6 +479,7 @@ def test_the_server_path_requests_through_qdrant_client(tmp_path: Path) -> None:
     builtin.remove([videos[3].id])
     assert server.ids == builtin.ids and stores.videos.count() == len(videos)  # 79 and the metadata point
     assert stores.arrays.count() == 4 * (len(videos) - 1)  # four points of arrays per video
+    assert stores.keys.count() == QdrantConfig.scene_keys * (len(videos) - 1)  # and of keys
     for tokens in queries(3, seed=6):
         q = encode_query(model, tokens)
         for w in (None, (0.2, 0.8)):
@@ -569,3 +584,37 @@ def test_a_gallery_moves_to_qdrant_as_it_is(tmp_path: Path, capsys: pytest.Captu
             moved.close()
     assert main(["move", str(tmp_path / "builtin"), first]) == 1
     assert "already exists" in capsys.readouterr().err
+
+
+def test_a_gallery_without_the_keys_collection_is_refused_and_moves_into_one(
+        tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    """A gallery of the layout before the keys' collection (its keys were a vector of the videos' points;
+    here, a gallery whose ``keys`` shard is gone) is refused at open with the move command to run; the move
+    copies it into the current layout, where approximate search finds its candidates in the keys' graph (a
+    point a key) and exact search answers as before."""
+    import shutil
+
+    from prvr.index.__main__ import main
+
+    model = small_model(**TINY)
+    refs = bank(model)
+    old, new = tmp_path / "old", tmp_path / "new"
+    index = QdrantIndex.create(f"qdrant+local://{old}", model, QdrantConfig(key_scan_videos=0), refs)
+    index.add(gallery(30, seed=3, max_rows=12))
+    q = encode_query(model, queries(1, seed=4)[0])
+    exact = index.rank(q, 5)
+    index.close()
+    shutil.rmtree(old / "keys")
+    command = f"python -m prvr.index move qdrant\\+local://{old} NEW_TARGET"
+    with pytest.raises(IndexStoreError, match=f"earlier layout.*{command}"):
+        QdrantIndex.open(f"qdrant+local://{old}", model, references=refs)
+    assert main(["move", f"qdrant+local://{old}", f"qdrant+local://{new}"]) == 0
+    assert "moved 30 videos" in capsys.readouterr().out
+    moved = QdrantIndex.open(f"qdrant+local://{new}", model, QdrantConfig(key_scan_videos=0), refs)
+    try:
+        assert moved.storage.stores.keys.count() == QdrantConfig.scene_keys * 30
+        assert_same_evidence(exact, moved.rank(q, 5))
+        approx = moved.rank(q, 5, approximate=True)
+        assert approx.approximate and [h.id for h in approx.hits] == [h.id for h in exact.hits]
+    finally:
+        moved.close()

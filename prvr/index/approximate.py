@@ -99,7 +99,12 @@ def candidates(ivf, q: np.ndarray, alive: np.ndarray, nprobe: int, units: int, v
     found = labels[0] >= 0
     ids, sims = labels[0][found], sims[0][found]  # the keys' video positions
     keep = alive[ids]
-    ids, sims = ids[keep], sims[keep]
-    first = np.unique(ids, return_index=True)[1]  # results come best first: a video's best key
-    best = first[np.argsort(-sims[first], kind="stable")][:videos]
-    return np.sort(ids[best])
+    return best_videos(ids[keep], sims[keep], videos)
+
+
+def best_videos(videos: np.ndarray, sims: np.ndarray, count: int) -> np.ndarray:
+    """Sorted ids of the ``count`` videos whose best key scores highest, of found keys given best first as
+    the ids of their videos and their scores (the built-in index's faiss lists and the engine's key graph)."""
+    first = np.unique(videos, return_index=True)[1]  # found keys come best first: a video's best key
+    best = first[np.argsort(-sims[first], kind="stable")][:count]
+    return np.sort(videos[best])

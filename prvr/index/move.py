@@ -100,7 +100,7 @@ def move(source: str, target: str, batch: int = 256, report: Callable[[str], Non
                            replicas=replicas)
         dest = QdrantTarget.parse(target)
         out = dest.connect(cfg.timeout)
-        if out.videos.exists() or out.arrays.exists():
+        if out.exist():
             out.close()
             raise store.IndexStoreError(f"{dest.where} already exists: move into a new collection (delete a "
                                         "partial one left by an interrupted move first)")

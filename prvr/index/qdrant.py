@@ -9,11 +9,12 @@ evidence = index.rank(q, k=10, weights=None)     # the same Evidence as VideoInd
 
 ``qdrant+local://DIR`` runs the Qdrant engine itself in this process (``qdrant-edge-py``), ``qdrant://`` a
 server through qdrant-client; both hold the layout of ``prvr.index.qdrant_store``: a point per video (its id
-its insertion number) with a float16 ``bounds`` multivector (an upper bound of its total, no graph) and a
-float16 ``scenes`` multivector (HNSW, int8-quantized), and beside them, in a second collection, its arrays in
-three points by what reads them (sketch, exact scores, evidence). The gallery's metadata (the model's
-identity, the mode, the insertion counter) is one more point; opening it for another model, profile,
-reference bank or schema is refused.
+its insertion number) with a float16 ``bounds`` multivector (an upper bound of its total, no graph); beside
+them, in a second collection, its arrays in four points by what reads them (sketch, exact scores, evidence,
+words), and in a third its approximate-search keys, a point each (float16, an HNSW graph over int8 copies).
+The gallery's metadata (the model's identity, the mode, the insertion counter) is one more point; opening it
+for another model, profile, reference bank or schema is refused, and so is a gallery of the layout before
+the keys' collection (``python -m prvr.index move`` copies it into this one).
 
 Exact ranking is the gallery's rank tail (``Gallery.rank``: ``rank.top_k``) fed by the engine
 (``QdrantView``): pages of the points with the best ``bounds`` scores (exhaustive scans: the score of a
@@ -22,13 +23,13 @@ it does not hold), refined by the sketch of the candidates that can still reach 
 per process into ``SketchTable``, then read in place), exact scores of those the sketch leaves (their
 exact-score arrays fetched by id: the same kernels and the same bits as the built-in store), the next page
 (``PAGE_GROWTH`` times as many) only while its bound can. Equal totals are broken by insertion order, as
-the built-in index breaks them by position. ``approximate=True`` takes the ``candidate_videos`` best videos
-of the engine's HNSW graph over ``scenes`` (``scene_keys`` centres of each video's window directions per
-point: MAX_SIM groups a video's keys, so the graph's hits are videos) as the one page, bounded by the same
-balls, refined and scored exactly: how many points it reads does not grow with the gallery (below
-``key_scan_videos`` the engine scans the keys instead of walking the graph: it finds every video the graph
-misses, in milliseconds). CSA models are supported: their frame score comes from the stored frames and the
-query's tokens, so the frame balls do not bound it and the bound takes frame <= 1.
+the built-in index breaks them by position. ``approximate=True`` asks the engine's HNSW graph over the keys
+(``scene_keys`` centres of each video's window directions, a point each) for the ``candidate_keys`` nearest
+and takes the ``candidate_videos`` videos whose best key is among them (``approximate.best_videos``, as the
+built-in index does with its faiss lists) as the one page, bounded by the same balls, refined and scored
+exactly: how many points it reads does not grow with the gallery (below ``key_scan_videos`` the engine scans
+the keys instead of walking the graph). CSA models are supported: their frame score comes from the stored
+frames and the query's tokens, so the frame balls do not bound it and the bound takes frame <= 1.
 """
 
 from __future__ import annotations
@@ -38,18 +39,19 @@ import threading
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 
-from prvr.index import approximate as scenes_of
+from prvr.index.approximate import best_videos, window_keys
 from prvr.index.encoding import ReferenceQueries
 from prvr.index.gallery import Gallery, IndexMismatchError
 from prvr.index.qdrant_store import (
     ARRAYS,
     BOUNDS,
     GROUPS,
+    KEY,
     META_ID,
-    SCENES,
     SKETCH,
     PointData,
     PointStore,
@@ -62,6 +64,9 @@ from prvr.index.qdrant_store import (
     bound_rows,
     collection_spec,
     engine_eps,
+    key_ids,
+    key_points,
+    keys_spec,
     pack,
     payload_bytes,
     unpack,
@@ -78,7 +83,7 @@ from prvr.models.preprocess import window_table
 
 FORMAT = "prvr-qdrant"
 PAGE_GROWTH = 8  # each page of an exact rank asks for this many times the points of the one before
-KEYS = "windows"  # what the ``scenes`` keys are centres of (``approximate.window_keys``; before: "units")
+KEYS = "windows"  # what the keys are centres of (``approximate.window_keys``), in the metadata
 META = "prvr"  # the metadata point's payload key
 
 
@@ -88,16 +93,19 @@ class QdrantConfig:
     encode_batch: int = 64  # videos encoded at once
     upsert_bytes: int = 8 << 20  # bytes per upsert request (a server takes 32 MB per request)
     timeout: float = 10.0  # seconds a server request may take (connecting included)
-    candidate_videos: int = 128  # approximate search: HNSW candidates bounded, refined, scored exactly
-    hnsw_ef: int = 2048  # approximate search: HNSW beam width (2,000 videos, 128 candidates: 256 found 0.98
-    # of the exact top 10, 1024 0.998, 2048 1.0; 10,000: 1024 0.976, 2048 0.988: a multivector graph (MAX_SIM)
-    # needs a wide beam and still misses some)
-    key_scan_videos: int = 20_000  # approximate search below this many videos: the engine scans every key
-    # (10,000 videos: 1.0 of the exact top 10 in 128 candidates, 3.2 ms); from it, the HNSW graph
-    hnsw_m: int = 16  # edges per node of the scenes' graph
+    candidate_videos: int = 128  # approximate search: videos (by their best key) bounded, refined, scored
+    candidate_keys: int = 1024  # approximate search: nearest keys the engine finds (>= scene_keys x videos;
+    # 100,000 videos, 40 queries: 1024, 1536 and 2048 keys (ef the same) all found 0.9775 of the exact top 10,
+    # in 21.9, 24.2 and 27.0-29.1 ms: the 128 videos bind, not the keys)
+    hnsw_ef: int = 1024  # approximate search: HNSW beam width (at least candidate_keys)
+    key_scan_videos: int = 20_000  # approximate search below this many videos: the engine scans every key;
+    # from it, the HNSW graph
+    hnsw_m: int = 16  # edges per node of the keys' graph
     frame_balls: int = 16  # balls over each video's frame-scale features in the bounds multivector
-    scene_keys: int = 8  # keys a video in the HNSW-indexed ``scenes``: centres of its windows' directions
-    sketch_cache_bytes: int = 256 << 20  # decoded sketches kept for refining (the built-in keeps all)
+    scene_keys: int = 8  # keys a video in the keys' collection: centres of its windows' directions
+    sketch_cache_bytes: int = 3 << 30  # decoded sketches kept for refining, read at open (the built-in
+    # keeps all, mapped): 22 KB a video at H = 384, so 140,000 videos; beyond, each rank fetches its
+    # candidates' (20,000 videos: approximate rank() 22 -> 13.5 ms in memory; benchmarks/RESULTS.md)
     first_page: int = 512  # points of the first page of an exact rank (then PAGE_GROWTH times more, and the
     # whole gallery at once where that is next; 10,000 videos: a third of the queries needed more than 64)
     segments: int = 4  # segments of the videos' collection the engine keeps (a shard of a server: each);
@@ -106,6 +114,14 @@ class QdrantConfig:
     # 25-26 ms in one segment on one (benchmarks/RESULTS.md, session 23)
     shards: int = 1  # a server's shards per collection (docs/scale.md); the engine in-process has one
     replicas: int = 1  # a server's copies of each shard
+
+
+class VideoPoints(NamedTuple):
+    """The points one video is written as, in each collection."""
+
+    video: PointData
+    arrays: list[PointData]
+    keys: list[PointData]
 
 
 class Fetched:
@@ -242,8 +258,8 @@ class QdrantStore:
         self._reading = threading.Lock()  # one engine call at a time (its shard is not shared across threads)
         self._read: dict | None = None
         self.meta: dict = {}
-        self.keys = KEYS
         self._listing: tuple[Catalog, list[int]] = (Catalog.of([]), [])  # the catalogue, insertion numbers
+        self._by_seq: tuple[tuple, dict[int, dict]] | None = None  # a listing, its records by number
         self._worded: set[int] = set()  # insertion numbers of the videos with words
         self._word_arrays: dict[int, dict[str, np.ndarray]] = {}  # their words arrays, read on first use
         self._words: Words | None = None  # the table of them all (rebuilt after a change)
@@ -278,7 +294,7 @@ class QdrantStore:
         if self.cfg.mode not in ("exact", "compact"):
             self.stores.close()
             raise ValueError(f"index mode must be 'exact' or 'compact', got {self.cfg.mode!r}")
-        if self.videos.exists() or self.stores.arrays.exists():
+        if self.stores.exist():
             self.stores.close()
             raise IndexStoreError(f"{self.where} already exists; open it instead")
         meta = {"format": FORMAT, "schema_version": SCHEMA_VERSION, "frame_balls": self.cfg.frame_balls,
@@ -295,9 +311,13 @@ class QdrantStore:
     def load(self) -> None:
         """Read the list of videos (the config takes the stored mode and frame balls)."""
         meta = self._read if self._read is not None else read_meta(self.videos)
+        if not self.stores.keys.exists():  # (the three are made together, with the first videos)
+            raise IndexStoreError(f"{self.where} holds its approximate-search keys in its videos' points (an "
+                                  "earlier layout), this release in a collection of their own: move it into "
+                                  f"a new one (python -m prvr.index move {self.target.spec} NEW_TARGET) or "
+                                  "rebuild the index")
         self.cfg = dataclasses.replace(self.cfg, mode=meta["mode"], frame_balls=meta["frame_balls"],
-                                       scene_keys=int(meta.get("scene_keys", scenes_of.SCENES)))
-        self.keys = str(meta.get("keys", "units"))  # a gallery made before window keys keeps its kind
+                                       scene_keys=int(meta["scene_keys"]))
         self._start(meta)
         self._read_sketches()
 
@@ -376,6 +396,14 @@ class QdrantStore:
         """The live videos in insertion order, as this process last saw them (``refresh`` re-reads)."""
         return self._listing[0]
 
+    def records(self) -> dict[int, dict]:
+        """The live videos' records by insertion number (made once per listing: at 100,000 videos making it
+        took 5 ms, which every rank paid)."""
+        listing, made = self._listing, self._by_seq
+        if made is None or made[0] is not listing:  # (a listing is replaced on change, never changed)
+            made = self._by_seq = listing, dict(zip(listing[1], listing[0].videos, strict=True))
+        return made[1]
+
     def describe(self) -> dict:
         """The Qdrant collection: its mode, and where (a server's address or "embedded")."""
         where = "embedded" if self.target.path is not None else self.target.url
@@ -405,8 +433,9 @@ class QdrantStore:
             self._upload(records, fixed, ragged)
 
     def points(self, records: list[dict], fixed: Fixed, ragged: Ragged,
-               seq0: int) -> Iterator[tuple[PointData, list[PointData]]]:
-        """The points of these videos (insertion numbers from seq0) and of their arrays, made 64 at a time."""
+               seq0: int) -> Iterator[VideoPoints]:
+        """The points of these videos (insertion numbers from seq0), of their arrays and of their keys, made
+        64 at a time."""
         for a in range(0, len(records), 64):
             part = slice(a, a + 64)
             units, pnorm = fixed["units"][part], fixed["pnorm"][part]
@@ -417,14 +446,13 @@ class QdrantStore:
             sketch = {"codes": codes, "scale": scale, "err": err, "norm": norm, "pinv": pinv,
                       "pinv_scale": pinv_scale, **balls}
             bounds = bound_rows(units, pnorm, spans, balls)
-            scenes = (scenes_of.window_keys(units, spans, self.cfg.scene_keys) if self.keys == KEYS
-                      else scenes_of.scene_centres(units, self.cfg.scene_keys))
+            keys = window_keys(units, spans, self.cfg.scene_keys)
             for i in range(len(units)):
                 video = {**{k: fixed[k][a + i] for k in FIXED}, **{k: ragged[k][a + i] for k in RAGGED},
                          **{k: sketch[k][i] for k in SKETCH}}
                 seq = seq0 + a + i
-                yield (video_point(records[a + i], seq, bounds[i], scenes[i], len(video["words_start"])),
-                       array_points(seq, video))
+                yield VideoPoints(video_point(records[a + i], seq, bounds[i], len(video["words_start"])),
+                                  array_points(seq, video), key_points(seq, keys[i]))
 
     def _upload(self, records: list[dict], fixed: Fixed, ragged: Ragged) -> None:
         """Upsert points in requests of at most ``upsert_bytes``, then advance the insertion counter; on any
@@ -435,16 +463,17 @@ class QdrantStore:
         try:
             with self._reading:
                 if not self.videos.exists():
-                    cfg = self.cfg
+                    cfg, width = self.cfg, int(fixed["units"].shape[-1])
                     self.stores.arrays.create(arrays_spec(cfg.shards, cfg.replicas))
-                    self.videos.create(collection_spec(int(fixed["units"].shape[-1]), cfg.hnsw_m,
-                                                       segments=cfg.segments, shards=cfg.shards,
-                                                       replicas=cfg.replicas))
+                    self.stores.keys.create(keys_spec(width, cfg.hnsw_m, segments=cfg.segments,
+                                                      shards=cfg.shards, replicas=cfg.replicas))
+                    self.videos.create(collection_spec(width, cfg.hnsw_m, segments=cfg.segments,
+                                                       shards=cfg.shards, replicas=cfg.replicas))
                     self.videos.upsert([PointData(META_ID, {}, {META: self.meta})])
             part, size = [], 0
-            for video, arrays in self.points(records, fixed, ragged, seq0):
-                part.append((video, arrays))
-                size += sum(payload_bytes(p) for p in (video, *arrays))
+            for points in self.points(records, fixed, ragged, seq0):
+                part.append(points)
+                size += sum(payload_bytes(p) for p in (points.video, *points.arrays, *points.keys))
                 if size >= self.cfg.upsert_bytes:
                     self._write(part, written)
                     part, size = [], 0
@@ -452,8 +481,7 @@ class QdrantStore:
                 self._write(part, written)
             self._set_meta(next_seq=seq0 + len(records))
             with self._reading:
-                self.stores.arrays.settle()
-                self.videos.settle()
+                self._settle()
         except BaseException:
             if written:
                 with self._reading:
@@ -468,18 +496,26 @@ class QdrantStore:
         self._set_worded(self._worded | set(worded))
         self._listing = Catalog.of(catalog.videos + added), seqs + list(range(seq0, seq0 + len(records)))
 
-    def _write(self, part: list[tuple[PointData, list[PointData]]], written: list[int]) -> None:
-        """Upsert one request's videos (their arrays first, so that a video point always has them), noting
-        them as written."""
+    def _write(self, part: list[VideoPoints], written: list[int]) -> None:
+        """Upsert one request's videos (their arrays and keys first, so that a video point always has them),
+        noting them as written first (a failure part-way deletes what it wrote of them too)."""
+        written.extend(points.video.id for points in part)
         with self._reading:
-            self.stores.arrays.upsert([a for _, arrays in part for a in arrays])
-            self.videos.upsert([video for video, _ in part])
-        written.extend(video.id for video, _ in part)
+            self.stores.arrays.upsert([a for points in part for a in points.arrays])
+            self.stores.keys.upsert([k for points in part for k in points.keys])
+            self.videos.upsert([points.video for points in part])
 
     def _delete(self, seqs: Sequence[int]) -> None:
-        """Delete videos' points and their arrays' points (under ``_reading``)."""
+        """Delete videos' points and their arrays' and keys' points (under ``_reading``)."""
         self.videos.delete(list(seqs))
         self.stores.arrays.delete([array_id(s, g) for s in seqs for g in GROUPS])
+        self.stores.keys.delete(key_ids(seqs, self.cfg.scene_keys))
+
+    def _settle(self) -> None:
+        """After a write (under ``_reading``): every collection durable and optimized, the videos' last."""
+        self.stores.arrays.settle()
+        self.stores.keys.settle()
+        self.videos.settle()
 
     def _set_meta(self, **change: object) -> None:
         """Update the gallery's metadata point."""
@@ -497,8 +533,7 @@ class QdrantStore:
                 seq = dict(zip((v["id"] for v in catalog.videos), seqs, strict=True))
                 with self._reading:
                     self._delete([seq[i] for i in ids])
-                    self.stores.arrays.settle()
-                    self.videos.settle()
+                    self._settle()
             gone = set(ids)
             keep = [i for i, v in enumerate(catalog.videos) if v["id"] not in gone]
             self._listing = Catalog.of([catalog.videos[i] for i in keep]), [seqs[i] for i in keep]
@@ -531,8 +566,7 @@ class QdrantStore:
                 self.stores.arrays.upsert([point])
                 if n:
                     self.videos.set_payload(seq, {"words": n})
-                self.stores.arrays.settle()
-                self.videos.settle()
+                self._settle()
             with self._wording:
                 self._word_arrays.pop(seq, None)
                 if n:
@@ -564,9 +598,9 @@ class QdrantView:
     the arrays a rank reads are fetched once for it."""
 
     def __init__(self, source: QdrantStore) -> None:
-        catalog, seqs = source._listing
+        catalog, _ = source._listing
         self.source, self.live = source, len(catalog.position)
-        self.record = dict(zip(seqs, catalog.videos, strict=True))
+        self.record = source.records()
         self.cache: dict[str, dict[int, dict[str, np.ndarray]]] = {g: {} for g in GROUPS}
 
     def shortlist(self, k: int) -> int:
@@ -583,7 +617,7 @@ class QdrantView:
     def pages(self, bq: BoundQuery, k: int, w: Weights, approximate: bool, refine: Refine,
               frame_bounded: bool) -> Iterable[Page]:
         """The candidates of a rank, by the engine (see the module docstring)."""
-        v, cfg, videos, reading = bq.vector, self.source.cfg, self.source.videos, self.source._reading
+        v, cfg, stores, reading = bq.vector, self.source.cfg, self.source.stores, self.source._reading
         unit = (v / max(float(np.linalg.norm(v.astype(np.float64))), 1e-12)).astype(np.float32)
         frame = w.frame > 0 and frame_bounded
         rows, extra = bound_query(unit, w, frame), (0.0 if frame else w.frame)
@@ -594,11 +628,13 @@ class QdrantView:
                         np.array([h.score for h in hits]) + extra + eps, rest)
 
         if approximate:
-            with reading:
-                near = videos.query(SCENES, [unit.tolist()], cfg.candidate_videos,
-                                    exact=self.live < cfg.key_scan_videos,
-                                    hnsw_ef=max(cfg.hnsw_ef, cfg.candidate_videos))
-                hits = videos.query(BOUNDS, rows, len(near), ids=[h.id for h in near]) if near else []
+            limit = max(cfg.candidate_keys, cfg.scene_keys * cfg.candidate_videos)
+            with reading:  # the keys' int8 scores pick candidates only: they are bounded and scored again
+                near = stores.keys.query(KEY, unit.tolist(), limit, exact=self.live < cfg.key_scan_videos,
+                                         hnsw_ef=max(cfg.hnsw_ef, limit), rescore=False)
+                ids = best_videos(np.array([h.id // cfg.scene_keys for h in near], np.int64),
+                                            np.array([h.score for h in near]), cfg.candidate_videos)
+                hits = stores.videos.query(BOUNDS, rows, len(ids), ids=ids.tolist()) if len(ids) else []
             yield page(hits, -np.inf)
             return
         # each page asks for the best ``limit`` again, not for the next ones (an offset): the engine may order
@@ -609,7 +645,7 @@ class QdrantView:
             if limit * PAGE_GROWTH >= self.live:  # the next page would be the whole gallery: this one is (one
                 limit = self.live + 1  # more than there are: a page of them all is not full)
             with reading:
-                hits = videos.query(BOUNDS, rows, limit)
+                hits = stores.videos.query(BOUNDS, rows, limit)
             full = len(hits) == limit
             rest = hits[-1].score + extra + eps if full else -np.inf
             yield page([h for h in hits if h.id not in seen], rest)

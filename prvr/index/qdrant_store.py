@@ -8,11 +8,12 @@ target = QdrantTarget.parse("qdrant+local://runs/qdrant")     # the engine in th
 stores = target.connect(timeout=5.0)                          # QdrantConnectionError names URL and cause
 ```
 
-The layout, the same on both (``collection_spec``, ``video_point``, ``array_points``), in two collections:
+The layout, the same on both (``collection_spec``, ``keys_spec``, ``video_point``, ``key_points``,
+``array_points``), in three collections:
 
 ``NAME`` (the engine: ``DIR/shard``): a point per video, its id the video's insertion number ``seq`` (which
 breaks equal totals, as the built-in index's position does), its payload the record (``schema.RECORD``),
-``seq`` and ``words`` (how many word segments it has), and two named multivectors, neither in full precision:
+``seq`` and ``words`` (how many word segments it has), and one named multivector, not in full precision:
 
 - ``bounds`` (float16, DOT + MAX_SIM, no HNSW graph: read by exhaustive scans): ``WINDOW_BALLS`` rows
   [c, r, 1, 0] of balls covering the directions of the video's proposals and ``frame_balls`` rows
@@ -20,12 +21,17 @@ breaks equal totals, as the built-in index's position does), its payload the rec
   rows, each row's best dot product, so the two query rows [w_clip q^, w_clip, 0, -BIG] and [w_frame q^,
   w_frame, -BIG, 0] (``bound_query``) score a video at w_clip max(q^.c + r) + w_frame max(q^.c' + r'), an
   upper bound of its total (Cauchy-Schwarz: q^.x <= q^.c + |x - c| for every row x of a ball); the radii are
-  measured from the float16 centres, and ``engine_eps`` covers the float16 query and the sums' rounding;
-- ``scenes`` (float16, DOT + MAX_SIM, HNSW with int8 scalar quantization kept in RAM): ``scene_keys`` unit
-  centres of the directions of the video's windows (``approximate.window_keys``; a gallery made before them:
-  of its clip units, ``approximate.scene_centres``): what approximate search asks the engine for.
+  measured from the float16 centres, and ``engine_eps`` covers the float16 query and the sums' rounding.
 
 One more point of ``NAME``, with no vectors, holds the gallery's metadata (``META_ID``).
+
+``NAME-keys`` (the engine: ``DIR/keys``): what approximate search asks the engine for, a point per key of a
+video: ``scene_keys`` unit centres of the directions of its windows (``approximate.window_keys``), each one
+vector ``key`` (float16, DOT, an HNSW graph over int8 scalar-quantized copies kept in RAM), id ``scene_keys
+seq + j``, no payload. A query asks the graph for its nearest keys and groups them per video by id (a video
+ranks by its best key, as in the built-in index's faiss lists). Until session 29 the keys were one MAX_SIM
+multivector of the video's point, and a graph over multivectors missed a twentieth of the exact top 10 at
+100,000 videos with a beam of 2,048 (``benchmarks/RESULTS.md``).
 
 ``NAME-arrays`` (the engine: ``DIR/arrays``): the per-video arrays, no vectors, four points per video by
 what reads them (``GROUPS``; id ``4 seq + group``): the sketch (the full 8-bit codes, window factors and
@@ -66,7 +72,7 @@ from prvr.index.sketch import BALLS, CLIP, NORM_EPS, frame_balls
 from prvr.index.store import IndexStoreError
 
 BOUNDS = "bounds"  # the named multivector of clip and frame balls (an upper bound of the total: MAX_SIM)
-SCENES = "scenes"  # the named multivector of scene centres (approximate candidates: HNSW)
+KEY = "key"  # the named vector of a key point (approximate candidates: HNSW)
 WINDOW_BALLS = 16  # balls over each video's proposal directions
 BIG = 16.0  # a query row's weight against the other kind of ball rows: never their max (exact in float16)
 ARRAYS = ("data",)  # the field of a point of arrays (``pack``; the engine: its bytes in ``ArrayFile``)
@@ -78,6 +84,7 @@ DEFAULT_COLLECTION = "prvr"  # the collection of an embedded store (a directory 
 _NAME = re.compile(r"^[A-Za-z0-9_-]{1,255}$")
 META_ID = 2**53 - 1  # the metadata point's id (no seq reaches it; ids stay exact in JSON numbers)
 ARRAYS_SUFFIX = "-arrays"  # the arrays' collection is NAME-arrays (the engine: DIR/arrays)
+KEYS_SUFFIX = "-keys"  # the keys' collection is NAME-keys (the engine: DIR/keys)
 
 T = TypeVar("T")
 
@@ -90,16 +97,24 @@ class QdrantConnectionError(IndexStoreError):
 def collection_spec(width: int, hnsw_m: int = 16, ef_construct: int = 100, segments: int = 4,
                     shards: int = 1, replicas: int = 1) -> dict:
     """The videos' collection both stores make, declared once: per named vector its row width, storage type,
-    comparison, HNSW graph (m = 0: none) and quantization; the segments the engine keeps per shard (a query
-    searches them at once, a thread each; the one being written counts); on a server, its shards and their
-    replicas (the engine in-process is one shard)."""
+    comparison (a multivector's: MAX_SIM), HNSW graph (m = 0: none) and quantization; the segments the engine
+    keeps per shard (a query searches them at once, a thread each; the one being written counts); on a
+    server, its shards and their replicas (the engine in-process is one shard)."""
     return {BOUNDS: {"size": width + 3, "datatype": "float16", "distance": "dot", "multivector": "max_sim",
                      "hnsw_m": 0, "quantization": None},
-            SCENES: {"size": width, "datatype": "float16", "distance": "dot", "multivector": "max_sim",
-                     "hnsw_m": hnsw_m, "quantization": "int8"},
             "hnsw": {"m": hnsw_m, "ef_construct": ef_construct, "full_scan_threshold": 10000},
             "optimizers": {"default_segment_number": segments},
             "cluster": {"shard_number": shards, "replication_factor": replicas}}
+
+
+def keys_spec(width: int, hnsw_m: int = 16, ef_construct: int = 100, segments: int = 4,
+              shards: int = 1, replicas: int = 1) -> dict:
+    """The keys' collection (``collection_spec``'s form): one float16 vector a point, an HNSW graph over its
+    int8 copies."""
+    spec = collection_spec(width, hnsw_m, ef_construct, segments, shards, replicas)
+    del spec[BOUNDS]
+    return {KEY: {"size": width, "datatype": "float16", "distance": "dot", "multivector": None,
+                  "hnsw_m": hnsw_m, "quantization": "int8"}, **spec}
 
 
 def arrays_spec(shards: int = 1, replicas: int = 1) -> dict:
@@ -222,14 +237,23 @@ class PointData(NamedTuple):
     payload: dict
 
 
-def video_point(record: Mapping, seq: int, bounds: np.ndarray, scenes: np.ndarray,
-                words: int = 0) -> PointData:
+def video_point(record: Mapping, seq: int, bounds: np.ndarray, words: int = 0) -> PointData:
     """The point of one video in ``NAME`` (see the module docstring); ``words``: how many word segments its
     arrays hold (the videos whose words group is read)."""
-    vectors = {BOUNDS: np.asarray(bounds, np.float32).tolist(),
-               SCENES: np.asarray(scenes, np.float32).tolist()}
     payload = {**{k: record[k] for k in RECORD}, "seq": int(seq), "words": int(words)}
-    return PointData(int(seq), vectors, payload)
+    return PointData(int(seq), {BOUNDS: np.asarray(bounds, np.float32).tolist()}, payload)
+
+
+def key_points(seq: int, keys: np.ndarray) -> list[PointData]:
+    """The points of one video's keys (K, H) in ``NAME-keys``: ids K seq + j."""
+    per = len(keys)
+    return [PointData(per * int(seq) + j, {KEY: row.tolist()}, {})
+            for j, row in enumerate(np.asarray(keys, np.float32))]
+
+
+def key_ids(seqs: Sequence[int], per: int) -> list[int]:
+    """The ids of these videos' key points (``per`` keys a video)."""
+    return [per * int(s) + j for s in seqs for j in range(per)]
 
 
 def array_id(seq: int, group: str) -> int:
@@ -246,7 +270,7 @@ def array_points(seq: int, arrays: Mapping[str, np.ndarray]) -> list[PointData]:
 def payload_bytes(p: PointData) -> int:
     """About how many bytes a point's request carries (its arrays as a server's base64 and its vectors as
     floats)."""
-    floats = sum(len(r) * len(r[0]) for r in p.vectors.values() if r)
+    floats = sum(len(r) * (len(r[0]) if isinstance(r[0], list) else 1) for r in p.vectors.values() if r)
     return len(p.payload.get("data", b"")) * 4 // 3 + 12 * floats + 200
 
 
@@ -283,6 +307,14 @@ class QdrantTarget:
         return cls(collection, url=f"{SCHEMES[scheme]}://{host}:{int(port) if port else DEFAULT_PORT}")
 
     @property
+    def spec(self) -> str:
+        """The target as ``parse`` reads it."""
+        if self.path is not None:
+            return LOCAL + self.path
+        scheme = next(s for s, http in SCHEMES.items() if self.url.startswith(http + "://"))
+        return f"{scheme}://{self.url.split('://', 1)[1]}/{self.collection}"
+
+    @property
     def where(self) -> str:
         """The store in words, for messages: the server URL with the collection, or the directory."""
         return f"{self.url}/collections/{self.collection}" if self.url else f"qdrant+local://{self.path}"
@@ -293,18 +325,19 @@ class QdrantTarget:
         ``timeout`` seconds) with its URL and the cause."""
         if self.path is not None:
             directory = EdgeDirectory(self)
-            videos = None
+            opened: list[EdgeStore] = []
             try:
-                videos = EdgeStore(directory, "shard")
-                return Stores(videos, EdgeStore(directory, "arrays", ARRAY_FILE), directory.close)
+                for name, file in (("shard", None), ("arrays", ARRAY_FILE), ("keys", None)):
+                    opened.append(EdgeStore(directory, name, file))
+                return Stores(*opened, directory.close)
             except BaseException:  # (an older layout refused: the directory is released again)
-                if videos is not None:
-                    videos.close()
+                for store in opened:
+                    store.close()
                 directory.close()
                 raise
         client = connect_client(self, timeout)
-        return Stores(ClientStore(self, client, self.collection),
-                      ClientStore(self, client, self.collection + ARRAYS_SUFFIX), client.close)
+        return Stores(*(ClientStore(self, client, self.collection + suffix)
+                        for suffix in ("", ARRAYS_SUFFIX, KEYS_SUFFIX)), client.close)
 
 
 def guarded(target: QdrantTarget, what: str, call: Callable[..., T], *args: object, **kw: object) -> T:
@@ -347,10 +380,11 @@ class PointStore(Protocol):
     def delete(self, ids: Sequence[int]) -> None:
         """Delete points (waits until applied)."""
 
-    def query(self, using: str, rows: list[list[float]], limit: int, exact: bool = True,
-              hnsw_ef: int | None = None, ids: Sequence[int] | None = None) -> list[Hit]:
-        """The best points (ids and scores) by MAX_SIM of ``rows`` over the named multivector (exhaustive, or
-        the HNSW graph), among ``ids`` if given."""
+    def query(self, using: str, query: list, limit: int, exact: bool = True, hnsw_ef: int | None = None,
+              ids: Sequence[int] | None = None, rescore: bool = True) -> list[Hit]:
+        """The best points (ids and scores) of the named vector by DOT with ``query`` (a multivector: MAX_SIM
+        of its rows; exhaustive, or the HNSW graph), among ``ids`` if given; ``rescore`` False: a quantized
+        vector's scores are its int8 copies', its float16 values are not read."""
 
     def retrieve(self, ids: Sequence[int], fields: Sequence[str] | None) -> dict[int, dict]:
         """Payloads (these fields; None: all) of points by id."""
@@ -369,16 +403,22 @@ class PointStore(Protocol):
 
 
 class Stores(NamedTuple):
-    """A gallery's two collections (``NAME``, ``NAME-arrays``) and what releases them both."""
+    """A gallery's three collections (``NAME``, ``NAME-arrays``, ``NAME-keys``) and what releases them."""
 
     videos: PointStore
     arrays: PointStore
+    keys: PointStore
     release: Callable[[], None]
 
+    def exist(self) -> list[str]:
+        """Which of the collections exist (their names in the layout: videos, arrays, keys)."""
+        return [name for name in ("videos", "arrays", "keys") if getattr(self, name).exists()]
+
     def close(self) -> None:
-        """Release both collections, then the engine's directory or the client."""
+        """Release the collections, then the engine's directory or the client."""
         self.videos.close()
         self.arrays.close()
+        self.keys.close()
         self.release()
 
 
@@ -442,6 +482,13 @@ class ArrayFile:
         while view:
             view = view[os.write(self.fd, view):]
         return at
+
+    def will_read(self, spans: Sequence[tuple[int, int]]) -> None:
+        """Ask the kernel to read these (offset, size) runs now, all at once: the reads that follow wait on
+        the device once, not once per run (100,000 videos, files not in the page cache: an approximate
+        query's ~100 runs of exact-score arrays, one by one, were 38 ms of its 76)."""
+        for at, size in spans:
+            os.posix_fadvise(self.fd, at, size, os.POSIX_FADV_WILLNEED)
 
     def read(self, at: int, size: int) -> bytes:
         """``size`` bytes from offset ``at`` (an error if the file is shorter: cut or replaced)."""
@@ -523,13 +570,15 @@ class EdgeStore:
 
         self._call("delete videos", self.shard.update, qe.UpdateOperation.delete_points(list(ids)))
 
-    def query(self, using: str, rows: list[list[float]], limit: int, exact: bool = True,
-              hnsw_ef: int | None = None, ids: Sequence[int] | None = None) -> list[Hit]:
+    def query(self, using: str, query: list, limit: int, exact: bool = True, hnsw_ef: int | None = None,
+              ids: Sequence[int] | None = None, rescore: bool = True) -> list[Hit]:
         import qdrant_edge as qe
 
         flt = qe.Filter(must=[qe.HasIdCondition(set(ids))]) if ids is not None else None
-        request = qe.QueryRequest(limit=limit, query=qe.Query.Nearest(rows, using=using), filter=flt,
-                                  with_payload=False, params=qe.SearchParams(hnsw_ef=hnsw_ef, exact=exact))
+        params = qe.SearchParams(hnsw_ef=hnsw_ef, exact=exact,
+                                 quantization=None if rescore else qe.QuantizationSearchParams(rescore=False))
+        request = qe.QueryRequest(limit=limit, query=qe.Query.Nearest(query, using=using), filter=flt,
+                                  with_payload=False, params=params)
         return [Hit(int(p.id), float(p.score), {}) for p in self._call("search", self.shard.query, request)]
 
     def retrieve(self, ids: Sequence[int], fields: Sequence[str] | None) -> dict[int, dict]:
@@ -542,6 +591,7 @@ class EdgeStore:
         got = self._call("read videos", self.shard.retrieve, list(ids), selector, False)
         out = {int(r.id): dict(r.payload or {}) for r in got}
         if filed:
+            self.file.will_read([(int(p["at"]), int(p["size"])) for p in out.values() if "at" in p])
             for payload in out.values():
                 if "at" in payload:
                     payload["data"] = self.file.read(int(payload.pop("at")), int(payload.pop("size")))
@@ -604,7 +654,8 @@ def edge_config(spec: dict):
                         if v["quantization"] == "int8" else None)
         vectors[name] = qe.EdgeVectorParams(
             size=v["size"], distance=qe.Distance.Dot,
-            multivector_config=qe.MultiVectorConfig(qe.MultiVectorComparator.MaxSim),
+            multivector_config=(qe.MultiVectorConfig(qe.MultiVectorComparator.MaxSim) if v["multivector"]
+                                else None),
             datatype=qe.VectorStorageDatatype.Float16, quantization_config=quantization,
             hnsw_config=qe.HnswIndexConfig(m=v["hnsw_m"], ef_construct=hnsw["ef_construct"],
                                            full_scan_threshold=hnsw["full_scan_threshold"]))
@@ -629,7 +680,8 @@ def client_vectors(spec: dict) -> dict:
             type=models.ScalarType.INT8, always_ram=True)) if v["quantization"] == "int8" else None)
         vectors[name] = models.VectorParams(
             size=v["size"], distance=models.Distance.DOT, datatype=models.Datatype.FLOAT16,
-            multivector_config=models.MultiVectorConfig(comparator=models.MultiVectorComparator.MAX_SIM),
+            multivector_config=(models.MultiVectorConfig(comparator=models.MultiVectorComparator.MAX_SIM)
+                                if v["multivector"] else None),
             hnsw_config=models.HnswConfigDiff(m=v["hnsw_m"], ef_construct=hnsw["ef_construct"],
                                               full_scan_threshold=hnsw["full_scan_threshold"]),
             quantization_config=quantization)
@@ -687,13 +739,14 @@ class ClientStore:
         selector = models.PointIdsList(points=list(ids))
         self._call("delete videos", "delete", points_selector=selector, wait=True)
 
-    def query(self, using: str, rows: list[list[float]], limit: int, exact: bool = True,
-              hnsw_ef: int | None = None, ids: Sequence[int] | None = None) -> list[Hit]:
+    def query(self, using: str, query: list, limit: int, exact: bool = True, hnsw_ef: int | None = None,
+              ids: Sequence[int] | None = None, rescore: bool = True) -> list[Hit]:
         from qdrant_client import models
 
         flt = models.Filter(must=[models.HasIdCondition(has_id=list(ids))]) if ids is not None else None
-        params = models.SearchParams(exact=exact, hnsw_ef=hnsw_ef)
-        found = self._call("search", "query_points", query=rows, using=using, limit=limit, query_filter=flt,
+        params = models.SearchParams(exact=exact, hnsw_ef=hnsw_ef, quantization=None if rescore else
+                                     models.QuantizationSearchParams(rescore=False))
+        found = self._call("search", "query_points", query=query, using=using, limit=limit, query_filter=flt,
                            search_params=params, with_payload=False, with_vectors=False).points
         return [Hit(int(p.id), float(p.score), {}) for p in found]
 
