@@ -215,27 +215,29 @@ class Counted:
 
 
 def test_approximate_candidates_come_from_the_engines_index(tmp_path: Path) -> None:
-    """Approximate search takes its candidates from the HNSW graph over ``scenes`` (``candidate_videos`` of
-    them), so the points a query reads of the engine (hits of its queries, points fetched) do not grow with
-    the gallery: 10x the videos, not 10x the points (here: at most 1.5x); exact search of the same gallery
-    reads more, and its totals equal the approximate ones on the videos both found."""
+    """Approximate search takes its candidates from the HNSW graph over the keys (``candidate_keys`` of them,
+    grouped into ``candidate_videos``), so the points a query reads of the engine (hits of its queries on the
+    videos and the keys, points fetched) do not grow with the gallery: 10x the videos, not 10x the points
+    (here: at most 1.5x); exact search of the same gallery reads more, and its totals equal the approximate
+    ones on the videos both found."""
     model = small_model(**TINY)
-    cfg = QdrantConfig(candidate_videos=24, hnsw_ef=64, key_scan_videos=0)  # the graph, at any size
+    cfg = QdrantConfig(candidate_videos=24, candidate_keys=8 * 24, hnsw_ef=64, key_scan_videos=0)  # the graph
     read = {}
     for n in (60, 600):
         videos = gallery(n, seed=11, max_rows=12)
         index = QdrantIndex.create(MEMORY, model, cfg, bank(model))
         index.add(videos)
         stores = index.storage.stores
-        counted = Counted(stores.videos), Counted(stores.arrays)
-        index.storage.stores = stores._replace(videos=counted[0], arrays=counted[1])
+        counted = Counted(stores.videos), Counted(stores.arrays), Counted(stores.keys)
+        index.storage.stores = stores._replace(videos=counted[0], arrays=counted[1], keys=counted[2])
         per_query = {}
         for approx in (True, False):
-            counted[0].read = counted[1].read = 0
+            for c in counted:
+                c.read = 0
             for tokens in queries(5, seed=12):
                 got = index.rank(encode_query(model, tokens), 5, approximate=approx)
                 assert got.approximate == approx and len(got.hits) == 5
-            per_query[approx] = (counted[0].read + counted[1].read) / 5
+            per_query[approx] = sum(c.read for c in counted) / 5
         read[n] = per_query
         index.storage.stores = stores
         index.close()
