@@ -633,7 +633,7 @@ class QdrantView:
                 near = stores.keys.query(KEY, unit.tolist(), limit, exact=self.live < cfg.key_scan_videos,
                                          hnsw_ef=max(cfg.hnsw_ef, limit), rescore=False)
                 ids = best_videos(np.array([h.id // cfg.scene_keys for h in near], np.int64),
-                                            np.array([h.score for h in near]), cfg.candidate_videos)
+                                  np.array([h.score for h in near]), cfg.candidate_videos)
                 hits = stores.videos.query(BOUNDS, rows, len(ids), ids=ids.tolist()) if len(ids) else []
             yield page(hits, -np.inf)
             return
