@@ -245,10 +245,10 @@ def video_point(record: Mapping, seq: int, bounds: np.ndarray, words: int = 0) -
 
 
 def key_points(seq: int, keys: np.ndarray) -> list[PointData]:
-    """The points of one video's keys (K, H) in ``NAME-keys``: ids K seq + j."""
-    per = len(keys)
-    return [PointData(per * int(seq) + j, {KEY: row.tolist()}, {})
-            for j, row in enumerate(np.asarray(keys, np.float32))]
+    """The points of one video's keys (K, H) in ``NAME-keys``: ids K seq + j (``key_ids``)."""
+    rows = np.asarray(keys, np.float32)
+    ids = key_ids([seq], len(rows))
+    return [PointData(i, {KEY: row.tolist()}, {}) for i, row in zip(ids, rows, strict=True)]
 
 
 def key_ids(seqs: Sequence[int], per: int) -> list[int]:
