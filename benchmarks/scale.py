@@ -47,6 +47,7 @@ import torch
 
 import prvr  # noqa: F401  - applies the torchvision CPU fix before anything else
 from benchmarks.search_speed import (
+    GENERATORS,
     SceneModel,
     build_index,
     identity_attention_model,
@@ -83,7 +84,9 @@ def disk_bytes(root: Path) -> int:
 
 def _build(backend: str, root: str, n: int) -> None:
     """Build the gallery (in a child process)."""
-    torch.set_num_threads(2)
+    # the index adds on the cores the generators leave (at least one): on 2 cores, 2 torch threads beside the
+    # 2 generators took 118 s for the engine's 10,000 videos against 83 s on one (benchmarks/RESULTS.md)
+    torch.set_num_threads(max(1, (os.cpu_count() or 1) - GENERATORS))
     model, sm = identity_attention_model(), SceneModel()
     if backend == "builtin":
         build_index(Path(root), n, "exact", model, sm, seed=SEED)

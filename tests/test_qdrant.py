@@ -10,11 +10,13 @@ re-implementation of the API, not the engine: it checks the requests, not Qdrant
 from __future__ import annotations
 
 import base64
+import dataclasses
 import gc
 import socket
 import tempfile
 import time
 from pathlib import Path
+from unittest.mock import patch
 
 import numpy as np
 import pytest
@@ -243,6 +245,29 @@ def test_approximate_candidates_come_from_the_engines_index(tmp_path: Path) -> N
         index.close()
     assert read[600][True] <= 1.5 * read[60][True], read  # not 10x
     assert read[600][True] < read[600][False], read
+
+
+def test_an_exact_ranks_first_page_holds_a_share_of_the_gallery(tmp_path: Path) -> None:
+    """Each page of an exact rank is a scan of every point, so the first page holds ``first_page_share`` of
+    the gallery at least (a tenth of 300 videos: 30 points, not ``first_page``'s 16); the same answers."""
+    model = small_model(**TINY)
+    index = QdrantIndex.create(MEMORY, model, QdrantConfig(first_page=16, first_page_share=0.0), bank(model))
+    try:
+        index.add(gallery(300, seed=11, max_rows=12))
+        videos = index.storage.stores.videos
+        first, answers = {}, {}
+        for share in (0.0, 0.1):
+            index.storage.cfg = dataclasses.replace(index.storage.cfg, first_page_share=share)
+            first[share], answers[share] = set(), []
+            for tokens in queries(8, seed=12):
+                with patch.object(videos, "query", wraps=videos.query) as scan:
+                    got = index.rank(encode_query(model, tokens), 5)
+                first[share].add(scan.call_args_list[0].args[2])  # the first page's limit
+                answers[share].append(([h.id for h in got.hits], got.totals.tolist()))
+        assert first == {0.0: {16}, 0.1: {30}}, first
+        assert answers[0.1] == answers[0.0]
+    finally:
+        index.close()
 
 
 def test_csa_model_frame_scores_from_tokens(tmp_path: Path) -> None:

@@ -35,6 +35,7 @@ frames and the query's tokens, so the frame balls do not bound it and the bound 
 from __future__ import annotations
 
 import dataclasses
+import math
 import threading
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -108,6 +109,9 @@ class QdrantConfig:
     # candidates' (20,000 videos: approximate rank() 22 -> 13.5 ms in memory; benchmarks/RESULTS.md)
     first_page: int = 512  # points of the first page of an exact rank (then PAGE_GROWTH times more, and the
     # whole gallery at once where that is next; 10,000 videos: a third of the queries needed more than 64)
+    first_page_share: float = 0.04  # ... and at least this share of the gallery: the videos whose bounds
+    # reach the k-th best total grow with it, and every page is a scan of every point (100,000 videos, 512:
+    # 12 queries of 30 needed a second scan, 128 ms each; 4,096: none, and the one scan took 8 ms more)
     segments: int = 4  # segments of the videos' collection the engine keeps (a shard of a server: each);
     # a query searches them at once, a thread each, and the one being written counts (the engine's default
     # makes one of a gallery this small): at 10,000 videos the best 512 bounds took 17-23 ms on two cores,
@@ -640,7 +644,7 @@ class QdrantView:
         # each page asks for the best ``limit`` again, not for the next ones (an offset): the engine may order
         # equal scores differently in two scans, and a point tied at a page's edge would be skipped
         seen: set[int] = set()
-        limit = max(FIRST_CHUNK, 2 * k, cfg.first_page)
+        limit = max(FIRST_CHUNK, 2 * k, cfg.first_page, math.ceil(cfg.first_page_share * self.live))
         while True:
             if limit * PAGE_GROWTH >= self.live:  # the next page would be the whole gallery: this one is (one
                 limit = self.live + 1  # more than there are: a page of them all is not full)

@@ -135,22 +135,30 @@ def bound_rows(units: np.ndarray, pnorm: np.ndarray, spans: np.ndarray, frames: 
     norms (n, P), their unit spans (n, P, 2), the frame balls of their frame-scale features
     (``sketch.frame_balls``); see the module docstring.
 
-    A window's direction (the mean of its units over its norm: what a clip cosine dots) lies in the span of
-    the video's M units, so its balls are made as the frame-scale features' are: ``sketch.frame_balls`` over
-    the directions' coefficients in an orthonormal basis of that span, with how far the coefficients miss the
-    directions (the basis's float32 rounding, and the float32 arithmetic: 1e-5 more) added to every radius."""
+    A window's direction d_p (the mean of its units over its norm: what a clip cosine dots) lies in the span
+    of the video's M units, so its balls are made as the frame-scale features' are: ``sketch.frame_balls``
+    over its coefficients in an orthonormal basis B of that span (rows), with how far they may miss it added
+    to every radius. A window's coefficients are its units' (x_t B^T) averaged over |p| (M per window, not
+    H), and d_p - coef_p B = sum_t w_pt (x_t - x_t B^T B) / |p| + (exact - float32 coef_p) B, so its norm
+    is at most sum_t w_pt |x_t - x_t B^T B| / |p| + 1.01 |exact - float32 coef_p| (B's rows orthonormal in
+    float32), each computed in float64 (its rounding, and the float32 arithmetic around it: 1e-5 more)."""
     import torch
 
     n, M, H = units.shape
     x = torch.from_numpy(np.asarray(units, np.float32))
-    _, _, basis = torch.linalg.svd(x, full_matrices=False)  # (n, M, H): orthonormal rows spanning the units
-    table = torch.zeros(n, spans.shape[1], M)  # each window's mean over its units
+    basis = torch.linalg.qr(x.transpose(1, 2)).Q.transpose(1, 2)  # (n, M, H): orthonormal rows spanning units
+    table = torch.zeros(n, spans.shape[1], M, dtype=torch.float64)  # each window's mean over its units
     s, e = torch.from_numpy(spans[..., :1]), torch.from_numpy(spans[..., 1:])
     t = torch.arange(M)
     table += ((t >= s) & (t < e)) / (e - s)
-    directions = table @ x / torch.from_numpy(np.maximum(pnorm.astype(np.float32), NORM_EPS))[..., None]
-    coef = directions @ basis.transpose(1, 2)  # (n, P, M)
-    missed = torch.linalg.vector_norm(coef @ basis - directions, dim=-1).amax(-1).double().numpy() + 1e-5
+    inv = 1.0 / torch.from_numpy(np.maximum(pnorm.astype(np.float32), NORM_EPS)).double()[..., None]
+    x64, b64 = x.double(), basis.double()
+    own = x64 @ b64.transpose(1, 2)  # (n, M, M): each unit's coefficients
+    exact = table @ own * inv  # (n, P, M)
+    coef = exact.float()
+    outside = torch.linalg.vector_norm(x64 - own @ b64, dim=-1)[..., None]  # (n, M, 1): |x_t - x_t B^T B|
+    missed = ((table @ outside * inv).squeeze(-1)
+              + 1.01 * torch.linalg.vector_norm(exact - coef.double(), dim=-1)).amax(-1).numpy() + 1e-5
     windows = frame_balls(list(basis.numpy()), [c.reshape(-1) for c in coef.numpy()], WINDOW_BALLS)
     out = []
     for i in range(n):
