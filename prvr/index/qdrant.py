@@ -109,9 +109,10 @@ class QdrantConfig:
     # candidates' (20,000 videos: approximate rank() 22 -> 13.5 ms in memory; benchmarks/RESULTS.md)
     first_page: int = 512  # points of the first page of an exact rank (then PAGE_GROWTH times more, and the
     # whole gallery at once where that is next; 10,000 videos: a third of the queries needed more than 64)
-    first_page_share: float = 0.04  # ... and at least this share of the gallery: the videos whose bounds
-    # reach the k-th best total grow with it, and every page is a scan of every point (100,000 videos, 512:
-    # 12 queries of 30 needed a second scan, 128 ms each; 4,096: none, and the one scan took 8 ms more)
+    first_page_share: float = 0.02  # ... and at least this share of the gallery: the videos whose bounds
+    # reach the k-th best total grow with it, and every page is a scan of every point (100,000 videos: with
+    # 512, 12 queries of 30 needed a second scan of 128 ms; with 2,000 none of 40; a scan for 4,000 took
+    # 10-19 ms more than for 2,000: the engine's cost grows with the points it returns)
     segments: int = 4  # segments of the videos' collection the engine keeps (a shard of a server: each);
     # a query searches them at once, a thread each, and the one being written counts (the engine's default
     # makes one of a gallery this small): at 10,000 videos the best 512 bounds took 17-23 ms on two cores,
