@@ -86,7 +86,7 @@ def _build(backend: str, root: str, n: int) -> None:
     """Build the gallery (in a child process)."""
     # the index adds on the cores the generators leave (at least one): on 2 cores, 2 torch threads beside the
     # 2 generators took 118 s for the engine's 10,000 videos against 83 s on one (benchmarks/RESULTS.md)
-    torch.set_num_threads(max(1, (os.cpu_count() or 1) - GENERATORS))
+    torch.set_num_threads(max(1, len(os.sched_getaffinity(0)) - GENERATORS))
     model, sm = identity_attention_model(), SceneModel()
     if backend == "builtin":
         build_index(Path(root), n, "exact", model, sm, seed=SEED)
