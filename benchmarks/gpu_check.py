@@ -1,7 +1,8 @@
 """The GPU numbers the ZeroGPU slot rule should come from, in one command; prints JSON.
 
-    python -m benchmarks.gpu_check                       # CUDA: about 2-3 minutes on one H100/H200
+    python -m benchmarks.gpu_check                       # CUDA: 2.5 minutes on one H200
     python -m benchmarks.gpu_check --device cpu --quick  # the same steps, small, on a CPU (the test runs it)
+    python -m benchmarks.gpu_check --speech-weights DIR_OR_HUB_ID ...  # and Whisper as a speech slot runs it
 
 Measured, on ``--device``:
 
@@ -18,9 +19,17 @@ Measured, on ``--device``:
   looped, 640x360, 25 fps, made at run time), extracted in process, and ZeroGPU-shaped: frames written to a
   frame file on the CPU while the model reads them in consecutive slots (``prvr.serve.zerogpu``, the slots
   run in this process, no ``spaces``); and the model alone on the whole frame file, per frame.
-- ``rule``: the constants in use (``prvr.serve.zerogpu.SlotRule``) beside those the measurements imply:
-  per frame, 3x the model's seconds per frame from the frame file (a shared card and a busy host); per slot,
-  2x (CUDA initialisation + the slowest model's load and first batch).
+- ``speech`` (with ``--speech-weights``): each Whisper model folder (or hub id) as a speech slot runs it
+  (``extract.words.speech.Whisper``): loaded onto the device and run once, then ``--speech-seconds`` of a real
+  narration (``--speech-audio``, default the NASA clip, looped) turned into log-mel features on the CPU and
+  ``generate`` on the device; GPU seconds per second of audio, and the decoder steps it took. With random
+  weights Whisper writes to its 448-token limit in every 30-s window: the worst case. Real speech takes as
+  many steps as its transcript has tokens: counted in the audio file's subtitle track (the NASA clip's
+  narration), they give the GPU seconds per second of real speech, which the rule's rate is implied from.
+- ``rule``: the constants in use (``prvr.serve.zerogpu.SlotRule``, ``prvr.serve.zerogpu_speech.SpeechRule``)
+  beside those the measurements imply: per frame and per second of audio, 3x the model's measured seconds (a
+  shared card and a busy host; speech's per whisper-base decoder depth, as the rule scales it); per slot, 2x
+  (CUDA initialisation + the slowest model's load and first batch).
 """
 
 from __future__ import annotations
@@ -41,6 +50,8 @@ from benchmarks.long_clip import make_long_clip, real_clips
 from extract.decode import probe
 from extract.frames import FrameFile
 from extract.pipeline import VideoExtractor
+
+NASA = Path(__file__).resolve().parents[2] / "shared" / "videos_dev" / "torchcodec__nasa_13013.mp4"
 
 # the default CLIP's architecture (laion/CLIP-ViT-B-32-laion2B-s34B-b79K's config.json = OpenAI's B/32)
 VIT_B_32 = {"hidden_size": 768, "num_hidden_layers": 12, "num_attention_heads": 12, "intermediate_size": 3072,
@@ -143,6 +154,70 @@ def extraction(models: VideoExtractor, video: Path, frames: Path, work: Path, de
     return out
 
 
+def speech_speed(weights: str, device: str, audio: np.ndarray, speech_steps_per_s: float | None) -> dict:
+    """One Whisper model as a speech slot runs it: its load and first call, then the CPU's features and the
+    device's ``generate`` on ``audio`` (16 kHz); seconds per second of audio, per decoder step, and per second
+    of real speech that takes ``speech_steps_per_s`` decoder steps a second."""
+    from extract.words.audio import RATE
+    from extract.words.speech import Whisper
+
+    t0 = time.perf_counter()
+    whisper = Whisper(weights, device=device)
+    whisper.generate(whisper.features(audio[:RATE]))
+    sync(device)
+    load_s = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    features = whisper.features(audio)
+    features_s = time.perf_counter() - t0
+    calls: list[int] = []  # one a decoder forward: a decoding step (the prompt's in one)
+    hook = whisper.network.get_decoder().register_forward_hook(lambda *_: calls.append(1))
+    t0 = time.perf_counter()
+    output = whisper.generate(features)
+    sync(device)
+    generate_s = time.perf_counter() - t0
+    hook.remove()
+    steps = len(calls)
+    seconds, step_s = len(audio) / RATE, generate_s / max(steps, 1)
+    return {"decoder_layers": int(whisper.network.config.decoder_layers),
+            "d_model": int(whisper.network.config.d_model), "load_and_first_call_s": round(load_s, 2),
+            "audio_s": round(seconds, 1), "features_cpu_s": round(features_s, 2),
+            "generate_s": round(generate_s, 2), "decoder_steps": steps,
+            "ms_per_step": round(1000 * step_s, 3),
+            "gpu_s_per_audio_s": round(generate_s / seconds, 4), "lines": len(whisper.segments(output)),
+            "real_speech_gpu_s_per_audio_s": None if speech_steps_per_s is None
+            else round(step_s * speech_steps_per_s, 4)}
+
+
+def speech_steps_per_s(path: Path, tokenizer_source: str) -> float | None:
+    """Decoder steps a second of real speech: the tokens of ``path``'s subtitle track (Whisper's tokenizer)
+    plus a timestamp pair a line over the lines' span, plus the 4-token prompt every 30 s window; None
+    without a text subtitle track."""
+    from transformers import WhisperTokenizer
+
+    from benchmarks.speech_speed import mov_text_cues
+
+    try:
+        cues = mov_text_cues(path)
+    except (IndexError, UnicodeDecodeError):
+        return None
+    if not cues:
+        return None
+    tokenizer = WhisperTokenizer.from_pretrained(tokenizer_source)
+    tokens = sum(len(tokenizer.encode(" " + text.strip(), add_special_tokens=False)) + 2
+                 for _, _, text in cues)
+    return tokens / (cues[-1][1] - cues[0][0]) + 4 / 30
+
+
+def looped_audio(path: Path, seconds: float) -> np.ndarray:
+    """``seconds`` of the audio of ``path`` at 16 kHz, looped."""
+    from extract.words.audio import RATE, decode_audio
+
+    audio = decode_audio(path)
+    if not len(audio):
+        raise SystemExit(f"--speech-audio {path}: no audio in it")
+    return np.resize(audio, int(round(seconds * RATE)))
+
+
 def measure(args: argparse.Namespace, profiles: list[str], seconds: float, work: Path) -> dict:
     """Every measurement of one run, its clip and models made in work."""
     from prvr.serve.zerogpu import SlotRule
@@ -176,12 +251,30 @@ def measure(args: argparse.Namespace, profiles: list[str], seconds: float, work:
         else:
             implied[profile] = round(FRAME_MARGIN * result["models"][profile]["ms_per_frame"] / 1000, 4)
         del models
+    if args.speech_weights:
+        from prvr.serve.zerogpu_speech import BASE_DECODER_LAYERS, SpeechRule
+
+        audio = looped_audio(args.speech_audio, args.speech_seconds)
+        steps = speech_steps_per_s(args.speech_audio, args.speech_weights[0])
+        result["speech"] = {"audio": args.speech_audio.name,
+                            "real_speech_steps_per_s": None if steps is None else round(steps, 3)}
+        for weights in args.speech_weights:
+            result["speech"][weights] = speech_speed(weights, args.device, audio, steps)
+        # the rule's rate is whisper-base's, scaled by decoder depth: each model's rate brought back to
+        # base's; real speech's where the audio has subtitles to count its steps, else the worst case's
+        runs, base = [run for run in result["speech"].values() if isinstance(run, dict)], BASE_DECODER_LAYERS
+        key = "gpu_s_per_audio_s" if steps is None else "real_speech_gpu_s_per_audio_s"
+        per_base = [r[key] * base / max(r["decoder_layers"], base) for r in runs]
+        speech_rule = {"in_use": {"per_audio_s": SpeechRule().per_audio_s},
+                       "implied": {"per_audio_s": round(FRAME_MARGIN * max(per_base), 4), "from": key}}
     slowest = max(v for k, v in result["start"].items() if k.endswith("_first_batch_s"))
     start_s = START_MARGIN * (result["start"]["cuda_init_s"] + slowest)
     result["rule"] = {"in_use": {"start_s": rule.start_s, "per_frame_s": dict(rule.per_frame_s),
                                  "default_per_frame_s": rule.default_per_frame_s, "slot_s": rule.slot_s},
                       "implied": {"start_s": round(start_s, 1), "per_frame_s": implied},
                       "margins": {"per_frame": FRAME_MARGIN, "start": START_MARGIN}}
+    if args.speech_weights:
+        result["rule"]["speech"] = speech_rule
     return result
 
 
@@ -192,6 +285,10 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--quick", action="store_true", help="a 20 s clip, lite and clip only (tests)")
     parser.add_argument("--seconds", type=float, help="the clip's length (default 600, quick 20)")
     parser.add_argument("--profiles", nargs="+", help="default: lite clip paper (quick: lite clip)")
+    parser.add_argument("--speech-weights", nargs="+", metavar="DIR_OR_HUB_ID",
+                        help="Whisper models to measure as speech slots run them (default: none)")
+    parser.add_argument("--speech-audio", type=Path, default=NASA, help="a file with real speech (looped)")
+    parser.add_argument("--speech-seconds", type=float, default=120.0, help="seconds of audio (default 120)")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING)
     if args.device == "cuda" and not torch.cuda.is_available():

@@ -12,7 +12,13 @@ import pytest
 import torch
 
 import extract  # noqa: F401  - the torchvision fix, before any backbone
-from extract.backbones import create_backbone, get_backbone_cfg, imagenet_classes, list_backbones
+from extract.backbones import (
+    channels_last,
+    create_backbone,
+    get_backbone_cfg,
+    imagenet_classes,
+    list_backbones,
+)
 from extract.pipeline import TextEncoder
 from extract.profiles import ProfileMismatch, check_identity, get_profile, list_profiles, profile_from_dict
 from extract.weights import WeightsUnavailable, resolve_weights
@@ -45,6 +51,23 @@ def test_visual_backbones_embed_any_frame_size(name: str) -> None:
     assert not np.allclose(features[0], features[1])  # the input matters
     with pytest.raises(ValueError, match="expects uint8 RGB"):
         backbone.embed(pixels[..., :2])
+
+
+@pytest.mark.parametrize("name", ["resnet152_test", "i3d_r50_test"])
+def test_channels_last_takes_2d_and_3d_convolutions_and_keeps_the_embedding(name: str) -> None:
+    """What a CUDA build does to a float32 backbone (I3D's rank-5 weights refuse ``Module.to(channels_last)``:
+    the paper profile failed to load on an H200): every convolution weight channels-last in its rank, the
+    same rows out."""
+    backbone = create_backbone(name, device="cpu")
+    shape = (2, backbone.cfg.clip_len, 40, 40, 3) if backbone.cfg.kind == "clip" else (2, 40, 40, 3)
+    pixels = np.random.default_rng(0).integers(0, 256, shape, dtype=np.uint8)
+    before = backbone.embed(pixels)
+    channels_last(backbone.net)
+    weights = [p for p in backbone.net.parameters() if p.dim() in (4, 5)]
+    assert {p.dim() for p in weights} == ({5} if backbone.cfg.kind == "clip" else {4})
+    assert all(p.is_contiguous(memory_format=torch.channels_last if p.dim() == 4 else torch.channels_last_3d)
+               for p in weights)
+    np.testing.assert_allclose(backbone.embed(pixels), before, rtol=1e-5, atol=1e-5)
 
 
 def test_lite_backbone_classifies_real_photos() -> None:

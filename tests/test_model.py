@@ -418,10 +418,15 @@ def test_check_dims_names_both_sides():
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_cuda_matches_cpu():
-    model = _tiny_model(clusters=4)
+    """The two-branch model scores on CUDA what it scores on the CPU, at torch's defaults (on an H200 the
+    scores moved by 7e-8; with TF32 matrix products allowed, by 1.7e-4). MS-SL++'s medoids are not
+    compared: float32 rounding breaks the exact ties between mirrored windows differently on each device
+    (prvr/models/clustering.py), so its key clips can differ, as the official code's do."""
+    model = _tiny_model()
     videos, queries = _gallery()
     cpu = model.score(model.encode_queries(queries), model.encode_videos(videos))
     model.cuda()
     gpu = model.score(model.encode_queries(queries), model.encode_videos(videos))
     assert gpu.total.device.type == "cuda"
-    torch.testing.assert_close(gpu.total.cpu(), cpu.total, atol=1e-4, rtol=0)
+    torch.testing.assert_close(gpu.total.cpu(), cpu.total, atol=1e-5, rtol=0)
+    assert torch.equal(gpu.key_clip.cpu(), cpu.key_clip)

@@ -34,7 +34,9 @@ from prvr.models.training_free import TrainingFreeModel
 log = logging.getLogger(__name__)
 
 AUTOMATIC = ("clip", "lite")  # with no profile and no checkpoint: the first whose model loads serves
-DEFAULT_SECONDS_PER_FRAME = 0.1  # ZeroGPU slot seconds per decoded frame of a profile with no entry
+# ZeroGPU slot seconds per decoded frame of a profile with no entry (paper's ResNet-152 + I3D: 1.0 ms a frame
+# measured on an H200, 3x that is 0.003; room for a heavier profile of one's own)
+DEFAULT_SECONDS_PER_FRAME = 0.01
 
 
 @dataclass(frozen=True)
@@ -56,8 +58,8 @@ class ModelEntry:
     name: str  # what the page calls it
     about: Callable[[TrainingFreeModel], str]  # the page's description of a loaded one
     kind: str = "model"  # a short noun for log lines and reasons ("the lite profile's bridge")
-    # ZeroGPU slot seconds per decoded frame (prvr.serve.zerogpu.SlotRule): a conservative estimate of the
-    # profile's visual backbones on a shared GPU, frame file read and copy included
+    # ZeroGPU slot seconds per decoded frame (prvr.serve.zerogpu.SlotRule): the profile's visual backbones
+    # on a shared GPU, frame file read and copy included, with a margin (measured: benchmarks/gpu_check.py)
     seconds_per_frame: float = DEFAULT_SECONDS_PER_FRAME
 
 
@@ -248,7 +250,9 @@ def _zero_shot_about(model: TrainingFreeModel) -> str:
 
 
 # the registry: a profile's JSON (extract/profiles/) and one line here make a model (docs/design.md)
-register_model(ModelEntry("lite", bridge.BridgeModel, bridge.NAME, _bridge_about, "bridge", 0.05))
-register_model(ModelEntry("clip", zero_shot.ZeroShotModel, zero_shot.NAME, _zero_shot_about, "model", 0.06))
+# ZeroGPU seconds a frame (benchmarks/gpu_check.py on an H200, RESULTS "session 31"): lite 3x its measured
+# 0.26 ms; clip 4x 3x the default ViT-B/32's 0.77 ms, for a --weights clip= tower up to 4x its cost
+register_model(ModelEntry("lite", bridge.BridgeModel, bridge.NAME, _bridge_about, "bridge", 0.001))
+register_model(ModelEntry("clip", zero_shot.ZeroShotModel, zero_shot.NAME, _zero_shot_about, "model", 0.01))
 register_model(ModelEntry("clip_whole", zero_shot.ZeroShotModel, zero_shot.NAME, _zero_shot_about, "model",
-                          0.06))
+                          0.01))

@@ -88,7 +88,7 @@ class AppSettings:
     max_uploads_per_session: int = option("how many videos one browser session may add (--uploads session)",
                                           10, metavar="N")
     # longer uploads are refused (on this project's 2-core CPU lite extracts 3-6 s of video a second: an
-    # hour in 10-20 minutes; on ZeroGPU an hour of lite asks for 220 GPU seconds, prvr.serve.zerogpu)
+    # hour in 10-20 minutes; on ZeroGPU an hour of lite asks for 14 GPU seconds, prvr.serve.zerogpu)
     max_duration_s: float = option("the longest video an upload may be, in seconds", 60 * 60.0,
                                    metavar="SECONDS", default_words="3600, one hour")
     session_ttl_s: float = option(

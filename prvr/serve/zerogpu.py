@@ -7,13 +7,13 @@ as soon as its windows are on disk; the GPU function (``_slot_rows``) reads its 
 backbones and streams the rows back, never opening the video. A failed or aborted slot is asked for again for
 the windows whose rows did not come back (``SlotRule.retries``); ZeroGPU's own refusals end the upload with
 its message (``GpuUnavailable``). GPU seconds asked per slot: ``START_SECONDS`` plus the model factory's
-seconds per frame (``prvr.models.factory.ModelEntry``) for each frame, told to the visitor first:
-conservative estimates (``benchmarks/gpu_check.py`` measures them on a CUDA machine). ``_slot_in_gpu`` is
+seconds per frame (``prvr.models.factory.ModelEntry``) for each frame, told to the visitor first: 3x or
+more what ``benchmarks/gpu_check.py`` measured on an H200 (RESULTS.md, session 31). ``_slot_in_gpu`` is
 decorated at import (ZeroGPU counts decorated functions before ``launch()``), and start-up work runs on CPU
 models built for it (``at_start``): the ``cuda`` models cannot run in the main process after launch.
 Speech (Whisper) runs in slots of its own: ``prvr.serve.zerogpu_speech``.
-How the estimates were set and how ``spaces`` 0.51.3 runs a slot: benchmarks/RESULTS.md, "Issue #42: history
-moved from module docstrings" (``prvr/serve/zerogpu.py``).
+How ``spaces`` 0.51.3 runs a slot: benchmarks/RESULTS.md, "Issue #42: history moved from module docstrings"
+(``prvr/serve/zerogpu.py``).
 """
 
 from __future__ import annotations
@@ -46,7 +46,7 @@ from prvr.serve.settings import on_zerogpu
 log = logging.getLogger(__name__)
 
 SLOT_SECONDS = 60  # ZeroGPU's default duration (longer is refused for some visitors): a slot's most
-START_SECONDS = 10.0  # per slot: worker fork, CUDA initialisation, weights to the GPU (estimate)
+START_SECONDS = 10.0  # per slot: worker fork, CUDA initialisation (0.1 s on an H200), weights to the GPU
 WORKER_ERROR = "ZeroGPU worker error"  # spaces' title for a slot that ran and failed or was aborted
 
 
@@ -65,7 +65,7 @@ class GpuPlan:
         return sum(self.seconds)
 
     def words(self) -> str:
-        """The plan for a person: "110 GPU seconds (2 slots of at most 55 s)"."""
+        """The plan for a person: "28 GPU seconds (1 slot of at most 28 s)"."""
         n = len(self.slots)
         return (f"{self.total_s} GPU seconds ({n} slot{'s' if n > 1 else ''} of at most "
                 f"{max(self.seconds)} s)")

@@ -16,7 +16,7 @@ through every decoder layer, is most of the time), told to the visitor before th
 bound: the whole video as speech) and said in its outcome (what was asked: ``SlotSpeech.spent``); ``/info``
 names the rule. A slot ZeroGPU refuses or that fails skips the speech with one line (the video is still
 indexed by its pictures and its other words). How the rate was set: benchmarks/RESULTS.md, "Issue #43,
-Session 19".
+Session 19", measured in session 31 (``benchmarks/gpu_check.py --speech-weights``).
 """
 
 from __future__ import annotations
@@ -53,9 +53,10 @@ from prvr.serve.zerogpu import (
     worker_error,
 )
 
-# GPU seconds per second of audio for whisper-base (6 decoder layers), an estimate with a margin: greedy
-# long-form decoding of a 30 s window to Whisper's 448-token limit (random weights run to it: the worst case)
-# is about 3 s on a data-centre GPU in transformers' eager decoding; real speech needs a third of the tokens
+# GPU seconds per second of audio for whisper-base (6 decoder layers), 5x real speech's on an H200
+# (benchmarks/gpu_check.py): 5.6 ms a decoder step, 3.7 steps a second of narration (0.021 s); the worst
+# case, every 30 s window decoded to Whisper's 448-token limit (random weights run to it), took 0.11 s.
+# whisper-small took 1.5x base's time: the 2x the rule gives its 12 layers covers it
 BASE_DECODER_LAYERS = 6
 SECONDS_PER_AUDIO_S = 0.1
 
