@@ -444,7 +444,11 @@ def test_a_subtitle_file_chosen_with_the_video_is_searched_and_its_line_plays(pa
         first = tab.locator(".result-card").first
         line = first.locator(".words .line").first
         line.wait_for(timeout=PATIENCE_MS)
-        assert first.locator(".card-head .title").inner_text() == "Opera at midnight"  # the title given
+        # the title given (read until it holds: once, on a busy machine, the first read of a card drawn with
+        # its line found the title's text empty; the titles of every card are the message if it never holds)
+        title = first.locator(".card-head .title")
+        assert until(lambda: title.inner_text() == "Opera at midnight"), \
+            tab.locator(".card-head .title").all_inner_texts()
         assert "the purple giraffe sings opera at midnight" in line.inner_text()
         assert "subtitles 0:02-0:04" in line.inner_text()
         assert first.locator(".heat rect.word").count() == 1  # its time marked on the strip
