@@ -291,6 +291,8 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--speech-seconds", type=float, default=120.0, help="seconds of audio (default 120)")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING)
+    if args.speech_weights and not args.speech_audio.is_file():
+        parser.error(f"--speech-audio {args.speech_audio}: no such file (a video or audio file with speech)")
     if args.device == "cuda" and not torch.cuda.is_available():
         parser.error("no CUDA device here: run with --device cpu --quick to check the script")
     t_start = time.perf_counter()

@@ -46,7 +46,12 @@ def test_the_speech_step_measures_whisper_as_a_slot_runs_it(capsys: pytest.Captu
 
     if not gpu_check.NASA.exists():
         pytest.skip(f"the NASA clip is not at {gpu_check.NASA}")
+    from transformers import GenerationConfig
+
     whisper = str(make_whisper_base(tmp_path / "whisper", config=TINY_WHISPER))
+    shorter = GenerationConfig.from_pretrained(whisper)  # at most 24 steps a window, not 448: seconds saved
+    shorter.max_new_tokens = 24
+    shorter.save_pretrained(whisper)
     result = gpu_check.main(["--device", "cpu", "--quick", "--seconds", "4", "--profiles", "lite",
                              "--speech-weights", whisper, "--speech-seconds", "5"])
     capsys.readouterr()
