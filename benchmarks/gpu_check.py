@@ -189,23 +189,20 @@ def speech_speed(weights: str, device: str, audio: np.ndarray, speech_steps_per_
 
 
 def speech_steps_per_s(path: Path, tokenizer_source: str) -> float | None:
-    """Decoder steps a second of real speech: the tokens of ``path``'s subtitle track (Whisper's tokenizer)
+    """Decoder steps a second of real speech: the tokens of ``path``'s subtitle tracks (Whisper's tokenizer)
     plus a timestamp pair a line over the lines' span, plus the 4-token prompt every 30 s window; None
-    without a text subtitle track."""
+    without a readable text subtitle track."""
     from transformers import WhisperTokenizer
 
-    from benchmarks.speech_speed import mov_text_cues
+    from extract.words.subtitles import subtitle_tracks
 
-    try:
-        cues = mov_text_cues(path)
-    except (IndexError, UnicodeDecodeError):
-        return None
-    if not cues:
+    lines = subtitle_tracks(path, on_skip=lambda reason: None)  # an unreadable track counts as none
+    if not lines:
         return None
     tokenizer = WhisperTokenizer.from_pretrained(tokenizer_source)
-    tokens = sum(len(tokenizer.encode(" " + text.strip(), add_special_tokens=False)) + 2
-                 for _, _, text in cues)
-    return tokens / (cues[-1][1] - cues[0][0]) + 4 / 30
+    tokens = sum(len(tokenizer.encode(" " + line.text.strip(), add_special_tokens=False)) + 2
+                 for line in lines)
+    return tokens / (lines[-1].end - lines[0].start) + 4 / 30
 
 
 def looped_audio(path: Path, seconds: float) -> np.ndarray:
@@ -216,6 +213,25 @@ def looped_audio(path: Path, seconds: float) -> np.ndarray:
     if not len(audio):
         raise SystemExit(f"--speech-audio {path}: no audio in it")
     return np.resize(audio, int(round(seconds * RATE)))
+
+
+def speech(args: argparse.Namespace) -> tuple[dict, dict]:
+    """Each ``--speech-weights`` model on the looped ``--speech-audio``, and the speech rule in use beside
+    the one they imply: (the runs, the rule)."""
+    from prvr.serve.zerogpu_speech import BASE_DECODER_LAYERS, SpeechRule
+
+    audio = looped_audio(args.speech_audio, args.speech_seconds)
+    steps = speech_steps_per_s(args.speech_audio, args.speech_weights[0])
+    runs = {weights: speech_speed(weights, args.device, audio, steps) for weights in args.speech_weights}
+    # the rule's rate is whisper-base's, scaled by decoder depth: each model's rate brought back to base's;
+    # real speech's where the audio has subtitles to count its steps, else the worst case's
+    key = "gpu_s_per_audio_s" if steps is None else "real_speech_gpu_s_per_audio_s"
+    base = BASE_DECODER_LAYERS
+    per_base = [r[key] * base / max(r["decoder_layers"], base) for r in runs.values()]
+    rule = {"in_use": {"per_audio_s": SpeechRule().per_audio_s},
+            "implied": {"per_audio_s": round(FRAME_MARGIN * max(per_base), 4), "from": key}}
+    return {"audio": args.speech_audio.name,
+            "real_speech_steps_per_s": None if steps is None else round(steps, 3), **runs}, rule
 
 
 def measure(args: argparse.Namespace, profiles: list[str], seconds: float, work: Path) -> dict:
@@ -251,22 +267,6 @@ def measure(args: argparse.Namespace, profiles: list[str], seconds: float, work:
         else:
             implied[profile] = round(FRAME_MARGIN * result["models"][profile]["ms_per_frame"] / 1000, 4)
         del models
-    if args.speech_weights:
-        from prvr.serve.zerogpu_speech import BASE_DECODER_LAYERS, SpeechRule
-
-        audio = looped_audio(args.speech_audio, args.speech_seconds)
-        steps = speech_steps_per_s(args.speech_audio, args.speech_weights[0])
-        result["speech"] = {"audio": args.speech_audio.name,
-                            "real_speech_steps_per_s": None if steps is None else round(steps, 3)}
-        for weights in args.speech_weights:
-            result["speech"][weights] = speech_speed(weights, args.device, audio, steps)
-        # the rule's rate is whisper-base's, scaled by decoder depth: each model's rate brought back to
-        # base's; real speech's where the audio has subtitles to count its steps, else the worst case's
-        runs, base = [run for run in result["speech"].values() if isinstance(run, dict)], BASE_DECODER_LAYERS
-        key = "gpu_s_per_audio_s" if steps is None else "real_speech_gpu_s_per_audio_s"
-        per_base = [r[key] * base / max(r["decoder_layers"], base) for r in runs]
-        speech_rule = {"in_use": {"per_audio_s": SpeechRule().per_audio_s},
-                       "implied": {"per_audio_s": round(FRAME_MARGIN * max(per_base), 4), "from": key}}
     slowest = max(v for k, v in result["start"].items() if k.endswith("_first_batch_s"))
     start_s = START_MARGIN * (result["start"]["cuda_init_s"] + slowest)
     result["rule"] = {"in_use": {"start_s": rule.start_s, "per_frame_s": dict(rule.per_frame_s),
@@ -274,7 +274,7 @@ def measure(args: argparse.Namespace, profiles: list[str], seconds: float, work:
                       "implied": {"start_s": round(start_s, 1), "per_frame_s": implied},
                       "margins": {"per_frame": FRAME_MARGIN, "start": START_MARGIN}}
     if args.speech_weights:
-        result["rule"]["speech"] = speech_rule
+        result["speech"], result["rule"]["speech"] = speech(args)
     return result
 
 

@@ -343,7 +343,7 @@ class VisualBackbone:
         if self.cfg.kind == "clip":
             x = x.view(*lead, 3, size, size).permute(0, 2, 1, 3, 4)  # (n, 3, T, H, W)
         if self.device.type == "cuda":
-            x = x.contiguous(memory_format=torch.channels_last if x.ndim == 4 else torch.channels_last_3d)
+            x = x.contiguous(memory_format=channels_last_format(x.ndim))
         with _autocast(self.device, self.cfg):
             return self.net(x).float().cpu().numpy()
 
@@ -510,14 +510,18 @@ def create_backbone(name: str, weights: str | Weights | None = None, device: str
     return backbone
 
 
+def channels_last_format(rank: int) -> torch.memory_format:
+    """The channels-last layout of a rank-4 (2-D convolution) or rank-5 (3-D) tensor."""
+    return torch.channels_last if rank == 4 else torch.channels_last_3d
+
+
 def channels_last(net: torch.nn.Module) -> torch.nn.Module:
     """``net``'s convolution weights in channels-last layout, 2-D (rank 4) and 3-D (rank 5) alike, in place:
     what cuDNN runs fastest on with channels-last inputs (``Module.to(memory_format=...)`` takes one format,
     and ``channels_last`` refuses I3D's rank-5 weights)."""
     for param in net.parameters():
         if param.dim() in (4, 5):
-            param.data = param.data.contiguous(
-                memory_format=torch.channels_last if param.dim() == 4 else torch.channels_last_3d)
+            param.data = param.data.contiguous(memory_format=channels_last_format(param.dim()))
     return net
 
 

@@ -40,7 +40,7 @@ def test_the_speech_step_measures_whisper_as_a_slot_runs_it(capsys: pytest.Captu
     looped; its decoder steps and seconds, and the rule's rate implied from the steps real speech takes (the
     clip's own subtitle track, counted in Whisper's tokens)."""
     from benchmarks import gpu_check
-    from benchmarks.speech_speed import mov_text_cues
+    from extract.words.subtitles import subtitle_tracks
     from prvr.serve.zerogpu_speech import SpeechRule
     from tests.full_size_whisper import TINY_WHISPER, make_whisper_base
 
@@ -59,7 +59,7 @@ def test_the_speech_step_measures_whisper_as_a_slot_runs_it(capsys: pytest.Captu
     assert run["audio_s"] == 5.0 and run["decoder_layers"] == 1 and run["decoder_steps"] > 0
     per_step = 1000 * run["generate_s"] / run["decoder_steps"]
     assert run["ms_per_step"] == pytest.approx(per_step, rel=0.05, abs=0.01)
-    cues = mov_text_cues(gpu_check.NASA)  # 4 lines of narration over 16.4 s: 2-6 steps a second
+    cues = subtitle_tracks(gpu_check.NASA)  # 4 lines of narration over 16.4 s: 2-6 steps a second
     assert len(cues) == 4 and 2 < speech["real_speech_steps_per_s"] < 6
     assert run["real_speech_gpu_s_per_audio_s"] == pytest.approx(
         run["ms_per_step"] / 1000 * speech["real_speech_steps_per_s"], rel=0.01, abs=1e-4)
