@@ -12,6 +12,7 @@ from __future__ import annotations
 import base64
 import dataclasses
 import gc
+import json
 import socket
 import tempfile
 import time
@@ -645,3 +646,26 @@ def test_a_gallery_without_the_keys_collection_is_refused_and_moves_into_one(
         assert approx.approximate and [h.id for h in approx.hits] == [h.id for h in exact.hits]
     finally:
         moved.close()
+
+
+def test_a_servers_arrays_measured_in_each_form_read_back_to_the_last_bit(
+        capsys: pytest.CaptureFixture, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``benchmarks.server_arrays``: a video's arrays as a server would send them (base64 in the payload as
+    today, one uint8 multivector, or float32 and uint8 multivectors by type), over REST and gRPC, each read
+    back to the last bit (the benchmark asserts it); base64 keeps 4/3 of the raw bytes on the server's disk,
+    the vector forms within 5 %, and only the typed form over gRPC carries about as few bytes as base64."""
+    from benchmarks import server_arrays
+
+    monkeypatch.setattr("sys.argv", ["server_arrays", "--videos", "2", "--repeats", "1"])
+    server_arrays.main()
+    lines = [json.loads(x) for x in capsys.readouterr().out.splitlines() if x.startswith("{")]
+    got = {(x["protocol"], x["form"]): x for x in lines}
+    assert set(got) == {(p, f) for p in ("rest", "grpc") for f in server_arrays.FORMS}
+    raw = lines[0]["raw_bytes_per_video"]
+    assert 150_000 < raw < 400_000  # the exact and evidence groups of a synthetic video (docs/qdrant.md)
+    base64_disk = got["rest", "base64_payload"]["server_disk_bytes_per_video"]
+    assert base64_disk == pytest.approx(4 / 3 * raw, rel=0.01)
+    for form in ("uint8_multivector", "typed_multivectors"):
+        assert raw <= got["grpc", form]["server_disk_bytes_per_video"] <= 1.05 * raw
+    assert got["grpc", "typed_multivectors"]["wire_bytes_per_video"] < 1.1 * got["grpc", "base64_payload"][
+        "wire_bytes_per_video"] < got["grpc", "uint8_multivector"]["wire_bytes_per_video"]
