@@ -181,7 +181,7 @@ def speech_speed(weights: str, device: str, audio: np.ndarray, speech_steps_per_
     return {"decoder_layers": int(whisper.network.config.decoder_layers),
             "d_model": int(whisper.network.config.d_model), "load_and_first_call_s": round(load_s, 2),
             "audio_s": round(seconds, 1), "features_cpu_s": round(features_s, 2),
-            "generate_s": round(generate_s, 2), "decoder_steps": steps,
+            "generate_s": round(generate_s, 4), "decoder_steps": steps,
             "ms_per_step": round(1000 * step_s, 3),
             "gpu_s_per_audio_s": round(generate_s / seconds, 4), "lines": len(whisper.segments(output)),
             "real_speech_gpu_s_per_audio_s": None if speech_steps_per_s is None
