@@ -30,6 +30,7 @@ from prvr.index.qdrant_store import array_id, pack, unpack
 
 ROW = 1024  # bytes a row of the uint8 multivector (a server takes at most 1,048,576 elements a multivector)
 READ = ("exact", "evidence")  # the groups a rank fetches from the server (the sketches are read at open)
+FORMS = ("base64_payload", "uint8_multivector", "typed_multivectors")  # as each reader names them
 
 
 def packed_arrays(videos: int) -> list[bytes]:
@@ -77,8 +78,6 @@ def from_typed(layout: list, values: np.ndarray, rest: bytes) -> dict[str, np.nd
             out[name] = others[name]
     return out
 
-
-FORMS = ("base64_payload", "uint8_multivector", "typed_multivectors")
 
 
 def rest_bodies(datas: list[bytes]) -> dict[str, bytes]:

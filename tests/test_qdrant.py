@@ -652,8 +652,9 @@ def test_a_servers_arrays_measured_in_each_form_read_back_to_the_last_bit(
         capsys: pytest.CaptureFixture, monkeypatch: pytest.MonkeyPatch) -> None:
     """``benchmarks.server_arrays``: a video's arrays as a server would send them (base64 in the payload as
     today, one uint8 multivector, or float32 and uint8 multivectors by type), over REST and gRPC, each read
-    back to the last bit (the benchmark asserts it); base64 keeps 4/3 of the raw bytes on the server's disk,
-    the vector forms within 5 %, and only the typed form over gRPC carries about as few bytes as base64."""
+    back to the last bit (the benchmark stops otherwise); base64 keeps 4/3 of the raw bytes on the server's
+    disk, the vector forms within 5 %, and only the typed form over gRPC carries about as few bytes as
+    base64."""
     from benchmarks import server_arrays
 
     monkeypatch.setattr("sys.argv", ["server_arrays", "--videos", "2", "--repeats", "1"])
