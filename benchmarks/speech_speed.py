@@ -17,10 +17,9 @@ import re
 import time
 from pathlib import Path
 
-import av
-
 from extract.words.audio import RATE, decode_audio
 from extract.words.speech import load_speech
+from extract.words.subtitles import subtitle_tracks
 
 NASA = Path(__file__).resolve().parents[2] / "shared" / "videos_dev" / "torchcodec__nasa_13013.mp4"
 
@@ -41,25 +40,17 @@ def word_error_rate(reference: list[str], heard: list[str]) -> float:
     return row[-1] / max(len(reference), 1)
 
 
-def mov_text_cues(path: Path) -> list[tuple[float, float, str]]:
-    """(start, end, text) of the first mov_text track (each packet: a 2-byte length, then UTF-8 text)."""
-    with av.open(str(path)) as container:
-        stream = container.streams.subtitles[0]
-        return [(float(p.pts * stream.time_base), float((p.pts + p.duration) * stream.time_base),
-                 bytes(p)[2:].decode("utf-8")) for p in container.demux(stream) if p.size > 2]
-
-
 def measure(path: Path, weights: str | None, device: str | None) -> dict:
     """One file: the recogniser's cost and word error rate against its subtitle cues."""
     audio = decode_audio(path)
     seconds = len(audio) / RATE
-    cues = [c for c in mov_text_cues(path) if c[1] <= seconds + 0.5]  # cues the audio holds whole
-    end = cues[-1][1]
+    cues = [c for c in subtitle_tracks(path) if c.end <= seconds + 0.5]  # cues the audio holds whole
+    end = cues[-1].end
     recognizer = load_speech(weights, device)
     cpu, wall = time.process_time(), time.perf_counter()
     lines = recognizer.transcribe(audio)
     cpu, wall = time.process_time() - cpu, time.perf_counter() - wall
-    reference = [w for _, _, text in cues for w in words_of(text)]
+    reference = [w for c in cues for w in words_of(c.text)]
     heard = [w for s in lines if s.start < end for w in words_of(s.text)]
     return {"file": path.name, "model": recognizer.model, "audio_s": round(seconds, 2),
             "cpu_s_per_audio_s": round(cpu / seconds, 3), "wall_s_per_audio_s": round(wall / seconds, 3),

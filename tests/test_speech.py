@@ -14,12 +14,13 @@ import av
 import numpy as np
 import pytest
 
-from benchmarks.speech_speed import mov_text_cues, word_error_rate, words_of
+from benchmarks.speech_speed import word_error_rate, words_of
 from extract.weights import WeightsUnavailable
 from extract.words import speech
 from extract.words.audio import RATE, decode_audio
 from extract.words.segment import WordSegment, WordsUnavailable
 from extract.words.speech import PocketSphinx, Word, at_rate, lines, load_speech, speech_stretches
+from extract.words.subtitles import subtitle_tracks
 
 SHARED = Path(__file__).resolve().parents[2] / "shared"
 NASA = SHARED / "videos_dev" / "torchcodec__nasa_13013.mp4"  # narration + its mov_text track
@@ -167,19 +168,19 @@ def test_lines_split_at_pauses_and_length() -> None:
 @needs_shared
 def test_pocketsphinx_hears_the_narration_with_its_times(nasa_audio: np.ndarray,
                                                          sphinx: PocketSphinx) -> None:
-    cues = mov_text_cues(NASA)[:2]  # 0.21-4.30 and 4.26-8.35 s of the narration
-    end = cues[-1][1]
+    cues = subtitle_tracks(NASA)[:2]  # 0.21-4.26 and 4.26-8.35 s of the narration
+    end = cues[-1].end
     seen: list[float] = []
     got = sphinx.transcribe(nasa_audio[: int(end * RATE)], progress=seen.append)
     assert got and all(isinstance(s, WordSegment) and s.source == "speech" for s in got)
     assert seen and seen[-1] == pytest.approx(1.0) and seen == sorted(seen)
-    reference = [w for _, _, text in cues for w in words_of(text)]
+    reference = [w for c in cues for w in words_of(c.text)]
     heard = [w for s in got for w in words_of(s.text)]
     for word in ("science", "segment", "space", "telescope", "largest", "clean", "rooms"):
         assert word in heard, (word, heard)
     assert word_error_rate(reference, heard) < 0.35, (reference, heard)
     # times: speech starts with the first cue, ends with the second; lines follow the narrator's pauses
-    assert cues[0][0] - 0.3 <= got[0].start <= cues[0][0] + 1.0
+    assert cues[0].start - 0.3 <= got[0].start <= cues[0].start + 1.0
     assert end - 1.5 <= got[-1].end <= end + 0.1
     assert all(b.start >= a.end for a, b in zip(got, got[1:], strict=False))
     assert all(s.end - s.start <= speech.MAX_LINE_S for s in got)
