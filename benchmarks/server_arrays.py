@@ -79,15 +79,13 @@ def from_typed(layout: list, values: np.ndarray, rest: bytes) -> dict[str, np.nd
     return out
 
 
-
-def rest_bodies(datas: list[bytes]) -> dict[str, bytes]:
-    """Each form's REST answer to one retrieve of these points (floats as a server writes them: shortest
-    text that reads back the same float32)."""
+def rest_bodies(datas: list[bytes], parts: list[tuple]) -> dict[str, bytes]:
+    """Each form's REST answer to one retrieve of these points (``parts``: each one's ``typed``; floats as a
+    server writes them: shortest text that reads back the same float32)."""
     b64 = [{"id": i, "payload": {"data": base64.b64encode(d).decode()}} for i, d in enumerate(datas)]
     u8 = [{"id": i, "vector": {"data": rows(d).tolist()}} for i, d in enumerate(datas)]
     ty = []
-    for i, d in enumerate(datas):
-        layout, values, rest = typed(d)
+    for i, (layout, values, rest) in enumerate(parts):
         f32 = ",".join("[" + ",".join(map(str, r)) + "]" for r in values)  # each float32's shortest text
         ty.append(f'{{"id":{i},"payload":{{"layout":{json.dumps(layout)}}},'
                   f'"vector":{{"f32":[{f32}],"bytes":{json.dumps(rows(rest).tolist())}}}}}')
@@ -96,8 +94,9 @@ def rest_bodies(datas: list[bytes]) -> dict[str, bytes]:
             "typed_multivectors": ('{"result":[' + ",".join(ty) + "]}").encode()}
 
 
-def grpc_bodies(datas: list[bytes]) -> dict[str, bytes]:
-    """Each form's gRPC answer to one retrieve of these points (``GetResponse``)."""
+def grpc_bodies(datas: list[bytes], parts: list[tuple]) -> dict[str, bytes]:
+    """Each form's gRPC answer to one retrieve of these points (``GetResponse``; ``parts``: each one's
+    ``typed``)."""
     from qdrant_client import grpc as g
 
     def multi(r: np.ndarray) -> g.VectorOutput:
@@ -108,8 +107,7 @@ def grpc_bodies(datas: list[bytes]) -> dict[str, bytes]:
     u8 = g.GetResponse(result=[g.RetrievedPoint(id=g.PointId(num=i), vectors=g.VectorsOutput(
         vectors=g.NamedVectorsOutput(vectors={"data": multi(rows(d))}))) for i, d in enumerate(datas)])
     ty = []
-    for i, d in enumerate(datas):
-        layout, values, rest = typed(d)
+    for i, (layout, values, rest) in enumerate(parts):
         ty.append(g.RetrievedPoint(id=g.PointId(num=i), payload={"layout": g.Value(string_value=json.dumps(
             layout))}, vectors=g.VectorsOutput(vectors=g.NamedVectorsOutput(vectors={
                 "f32": multi(values), "bytes": multi(rows(rest))}))))
@@ -146,13 +144,14 @@ def read_grpc(form: str, body: bytes) -> list[dict[str, np.ndarray]]:
                        multi(p, "bytes", np.uint8).tobytes()) for p in answer.result]
 
 
-def server_disk(form: str, data: bytes) -> int:
-    """Bytes a server keeps of one point's arrays in this form (the payload's text, or the vectors' rows)."""
+def server_disk(form: str, data: bytes, part: tuple) -> int:
+    """Bytes a server keeps of one point's arrays in this form (the payload's text, or the vectors' rows;
+    ``part``: its ``typed``)."""
     if form == "base64_payload":
         return len(base64.b64encode(data))
     if form == "uint8_multivector":
         return rows(data).nbytes
-    layout, values, rest = typed(data)
+    layout, values, rest = part
     return len(json.dumps(layout)) + values.nbytes + rows(rest).nbytes
 
 
@@ -173,17 +172,17 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=5)
     args = parser.parse_args()
     datas = packed_arrays(args.videos)
-    truth = [unpack({"data": d}) for d in datas]
+    truth, parts = [unpack({"data": d}) for d in datas], [typed(d) for d in datas]
     n, raw = args.videos, sum(len(d) for d in datas)
-    for protocol, bodies, read in (("rest", rest_bodies(datas), read_rest),
-                                   ("grpc", grpc_bodies(datas), read_grpc)):
+    for protocol, bodies, read in (("rest", rest_bodies(datas, parts), read_rest),
+                                   ("grpc", grpc_bodies(datas, parts), read_grpc)):
         for form, body in bodies.items():
             back = read(form, body)
             for got, want in zip(back, truth, strict=True):  # to the last bit
                 if list(got) != list(want) or not all(np.array_equal(got[k], want[k]) and got[k].dtype ==
                                                       want[k].dtype for k in want):
                     raise SystemExit(f"{protocol} {form}: the arrays read back differ from the written ones")
-            disk = sum(server_disk(form, d) for d in datas)
+            disk = sum(server_disk(form, d, t) for d, t in zip(datas, parts, strict=True))
             ms = timed_ms(read, form, body, repeats=args.repeats)
             print(json.dumps({"protocol": protocol, "form": form, "videos": n, "groups": list(READ),
                               "raw_bytes_per_video": round(raw / n),
