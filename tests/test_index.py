@@ -188,14 +188,17 @@ def test_an_open_maps_the_pages_of_a_gallery_that_fits_in_memory(tmp_path: Path,
         time.sleep(0.05)
         size, rss = mapped_kb(tmp_path / "ix")
     assert size > 1000 and rss > 0.9 * size, (size, rss)
+    qs = model.encode_queries(queries(8, seed=5)).numpy()
+    in_memory = [ranked(index, q, 5) for q in qs]  # the frame bound's three tiers in one pass
     del index
     monkeypatch.setattr(snapshot, "ADVISE_ABOVE", 0.0)  # as if the gallery outgrew the page cache
     other = VideoIndex.open(tmp_path / "ix", model)
     time.sleep(0.5)
     size, rss = mapped_kb(tmp_path / "ix")
     assert other.snapshot.advising and size > 1000 and rss < size / 4, (size, rss)
-    for q in model.encode_queries(queries(8, seed=5)).numpy():  # scores a few videos, reads its hits
-        other.rank(q, 5)
+    for q, (want, totals, scored) in zip(qs, in_memory, strict=True):  # scores a few videos, reads its hits
+        got = ranked(other, q, 5)  # the frame factors read ahead between two passes: the same answers
+        assert (got[0].tolist(), got[1].tolist(), got[2]) == (want.tolist(), totals.tolist(), scored)
     after = mapped_kb(tmp_path / "ix")[1]  # (unmapped after each query: 1,000 of 2,428 KB; kept: 2,232)
     assert after > 0.75 * size, (size, rss, after)
 

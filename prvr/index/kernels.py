@@ -238,7 +238,8 @@ def _frame_pass(err, norm, pinv, pinv_scale, ball_codes, ball_scale, ball_norm, 
     3. The stored z rows of the candidates whose own ball bound q^.c~_ball(j) + d_j is not below
        ``enough[i]``: q^.z_j itself (float64 sums of the float32 factors: zcoef_j . (zbasis q^)), until
        one reaches ``enough[i]`` (then the video keeps its tier-2 bound: it must be scored anyway). Not
-       without a threshold, nor unless ``tight`` (the caller reads the rows from disk first, all at once).
+       without a threshold, nor unless ``tight`` (a caller whose rows come from disk passes first without
+       them, then reads them all at once).
     """
     M, B, H = err.shape[1], ball_codes.shape[1], q.shape[0]
     grid, W = table.shape[0] == 0, M + 1
@@ -315,7 +316,7 @@ def _frame_pass(err, norm, pinv, pinv_scale, ball_codes, ball_scale, ball_norm, 
         first, rank, coefs = zoff[v], zoff[v + 1] - zoff[v], zcoff[v]
         if rank == 0 or not tight:  # the factors not to be read (not yet, or not held): tier 2 it is
             continue
-        tight = -np.inf  # the candidates' z rows
+        zbound = -np.inf  # the candidates' z rows (not ``tight``: that flag holds for every video)
         projected = False
         for c in range(n):
             p = cand[c]
@@ -332,11 +333,11 @@ def _frame_pass(err, norm, pinv, pinv_scale, ball_codes, ball_scale, ball_norm, 
                 for r in range(rank):
                     dot += np.float64(zcoef[coefs + p * rank + r]) * y[r]
                 near = dot / qn
-            tight = max(tight, near)
-            if tight >= enough[i]:
+            zbound = max(zbound, near)
+            if zbound >= enough[i]:
                 break
-        if tight < enough[i]:  # every candidate bounded, the exact dot or its ball
-            out[i] = tight
+        if zbound < enough[i]:  # every candidate bounded, the exact dot or its ball
+            out[i] = zbound
 
 
 @numba.njit(**KERNEL)

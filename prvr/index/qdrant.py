@@ -133,6 +133,8 @@ class Fetched:
     """Points fetched for one query, as one segment: ``scoring.VideoArrays`` over them, so that the built-in
     index's exact scores and evidence run on them unchanged. Positions are indices into ``videos``."""
 
+    reads_ahead = False  # (in memory)
+
     def __init__(self, records: list[dict], arrays: list[Mapping[str, np.ndarray]], table: np.ndarray,
                  compact: bool) -> None:
         self.videos, self.table, self.per_video, self.compact = records, table, arrays, compact
@@ -171,6 +173,8 @@ class Fetched:
 class SketchRows:
     """Rows of the table of decoded sketches (``SketchTable``) as ``scoring.VideoArrays``: positions are
     insertion numbers; what refining reads (``sketch.SKETCH``) is there, in place."""
+
+    reads_ahead = False  # (in memory)
 
     def __init__(self, arrays: dict[str, np.ndarray], stored: Stored, table: np.ndarray,
                  compact: bool) -> None:

@@ -46,6 +46,11 @@ class VideoArrays(Protocol):
     def prefetch(self, keys: Sequence[str], positions: np.ndarray) -> None:
         """Start reading these arrays' rows of these videos, all at once (where reading costs a disk read)."""
 
+    @property
+    def reads_ahead(self) -> bool:
+        """True where ``prefetch`` starts disk reads (a gallery larger than memory allows), so that a kernel
+        should wait for what it reads to be asked for all at once; False where every row is in memory."""
+
 
 def query_vector(q: np.ndarray | torch.Tensor | EncodedQueries) -> np.ndarray:
     """The (H,) float32 query vector of the model's encoding of one query."""
@@ -92,10 +97,14 @@ def refined_bounds(model, snap: VideoArrays, positions: np.ndarray, bq: BoundQue
     at = np.flatnonzero(total + eps >= tau)
     if len(at):
         enough = (tau - eps - w[0] * clip[at]) / w[1]
+        # the last tier reads the factors of the videos the first two leave: where they come from disk, those
+        # are asked for all at once between two passes; in memory, all three tiers in one pass (0.2 ms of a
+        # 4 ms rank at 2,179 videos)
+        ahead = snap.reads_ahead
         frame = frame_bounds(snap.stored, snap.seg_start, positions[at], hi, at, bq, snap.windows, enough,
-                             threads, tight=False)
-        more = frame >= enough  # the last tier reads their factors: from disk, all at once, first
-        if more.any():
+                             threads, tight=not ahead)
+        more = frame >= enough
+        if ahead and more.any():
             snap.prefetch(("zbasis", "zcoef"), positions[at[more]])
             frame[more] = frame_bounds(snap.stored, snap.seg_start, positions[at[more]], hi, at[more], bq,
                                        snap.windows, enough[more], threads)

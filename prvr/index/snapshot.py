@@ -182,6 +182,11 @@ class Snapshot:
         offset = seg[f"{RAGGED[key]}_offset"]
         return np.asarray(seg[key][offset[r]:offset[r + 1]])
 
+    @property
+    def reads_ahead(self) -> bool:
+        """True where ``prefetch`` reads ahead (the snapshot is ``advising``)."""
+        return self.advising
+
     def prefetch(self, keys: Iterable[str], positions: np.ndarray) -> None:
         """Start reading these arrays' rows of the videos at ``positions`` from disk, all at once, before a
         kernel or the evidence reads them one page at a time (``store.advise``, MADV_WILLNEED; only when the
