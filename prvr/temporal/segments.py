@@ -22,7 +22,6 @@ import functools
 
 import numpy as np
 import torch
-from scipy.signal import find_peaks
 
 SKETCH_DIM = 64  # rows wider than this are randomly projected to this width first (speed)
 SKETCH_SEED = 0
@@ -76,6 +75,9 @@ def _boundaries(csum: np.ndarray, w: int, finest: np.ndarray) -> np.ndarray:
     if len(response) == 0 or response.max() < MIN_RESPONSE:
         return np.zeros(0, np.int64)
     height = max(response.mean() + response.std(), MIN_RESPONSE)
+    # imported here: scipy.signal costs every start of the app 1.4 s, and only an add computes segments
+    from scipy.signal import find_peaks
+
     padded = np.concatenate([[0.0], response, [0.0]])  # a peak may sit at the first or last gap
     peaks, _ = find_peaks(padded, height=height, distance=max(1, w // stride))
     half = w // 2  # refine: the finest response's maximum within half gaps of each peak (inner gaps only)
