@@ -75,7 +75,7 @@ def _boundaries(csum: np.ndarray, w: int, finest: np.ndarray) -> np.ndarray:
     if len(response) == 0 or response.max() < MIN_RESPONSE:
         return np.zeros(0, np.int64)
     height = max(response.mean() + response.std(), MIN_RESPONSE)
-    # imported here: scipy.signal costs every start of the app 1.4 s, and only an add computes segments
+    # imported here: scipy.signal costs every start of the app about a second; only an add computes segments
     from scipy.signal import find_peaks
 
     padded = np.concatenate([[0.0], response, [0.0]])  # a peak may sit at the first or last gap
