@@ -196,7 +196,7 @@ def test_an_open_maps_the_pages_of_a_gallery_that_fits_in_memory(tmp_path: Path,
     other = VideoIndex.open(tmp_path / "ix", model)
     time.sleep(0.5)
     size, rss = mapped_kb(tmp_path / "ix")
-    assert other.snapshot.advising and size > 1000 and rss < size / 4, (size, rss)
+    assert other.snapshot.reads_ahead and size > 1000 and rss < size / 4, (size, rss)
     for q, (want, totals, scored) in zip(qs, in_memory, strict=True):  # scores a few videos, reads its hits
         got = ranked(other, q, 5)  # the frame factors read ahead between two passes: the same answers
         assert (got[0].tolist(), got[1].tolist(), got[2]) == (want.tolist(), totals.tolist(), scored)

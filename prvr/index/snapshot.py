@@ -92,9 +92,9 @@ class Snapshot:
         # cached and mapped, and the advice would be a few hundred syscalls per query
         # (4 ms of a 9 ms query at 2,179 videos).
         mapped = sum(len(m.map) for maps in self.maps for m in maps.values())
-        self.advising = mapped > ADVISE_ABOVE * os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+        self.reads_ahead = mapped > ADVISE_ABOVE * os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
         fresh = [self.opened[e["name"]][2] for e in manifest["segments"] if e["name"] not in known]
-        if not self.advising and fresh:  # they fit: their pages are mapped now, off the queries' path
+        if not self.reads_ahead and fresh:  # they fit: their pages are mapped now, off the queries' path
             threading.Thread(target=populate, args=(fresh,), name="prvr-populate", daemon=True).start()
 
     @staticmethod
@@ -182,19 +182,14 @@ class Snapshot:
         offset = seg[f"{RAGGED[key]}_offset"]
         return np.asarray(seg[key][offset[r]:offset[r + 1]])
 
-    @property
-    def reads_ahead(self) -> bool:
-        """True where ``prefetch`` reads ahead (the snapshot is ``advising``)."""
-        return self.advising
-
     def prefetch(self, keys: Iterable[str], positions: np.ndarray) -> None:
         """Start reading these arrays' rows of the videos at ``positions`` from disk, all at once, before a
         kernel or the evidence reads them one page at a time (``store.advise``, MADV_WILLNEED; only when the
-        snapshot is ``advising``). The pages stay mapped after the query: they are page cache, which the
+        snapshot ``reads_ahead``). The pages stay mapped after the query: they are page cache, which the
         kernel reclaims as any other; unmapping them after each query (MADV_DONTNEED) cost an approximate
         rank at 100,000 videos 8 ms of its 22 (pages cached), in the calls and in the faults that mapped
         them again (benchmarks/RESULTS.md, session 28)."""
-        if not self.advising:
+        if not self.reads_ahead:
             return
         reads = self._reads(tuple(keys))
         for position in np.asarray(positions, dtype=np.int64).tolist():  # (plain ints: a few hundred calls)
