@@ -209,7 +209,7 @@ class Counted:
 
     def query(self, *args, **kw):
         hits = self.store.query(*args, **kw)
-        self.read += len(hits)
+        self.read += len(hits.ids)
         return hits
 
     def retrieve(self, ids, fields):
@@ -418,8 +418,8 @@ def test_the_engines_bounds_are_upper_bounds_of_every_total(tmp_path: Path) -> N
             exact = builtin.exact(everything, q, w).total
             hits = qdrant.store.query(BOUNDS, bound_query(unit.astype(np.float32), w, True), len(videos))
             bound = np.empty(len(videos))
-            bound[[h.id for h in hits]] = [h.score for h in hits]  # a video point's id: its insertion number
-            assert len(hits) == len(videos) and (bound + engine_eps(w) >= exact).all(), w
+            bound[hits.ids] = hits.scores  # a video point's id: its insertion number
+            assert len(hits.ids) == len(videos) and (bound + engine_eps(w) >= exact).all(), w
             slack.append(np.median(bound - exact))
     assert 0 < np.median(slack) < 0.5  # and they bound something: not everything at the maximum
 

@@ -632,33 +632,31 @@ class QdrantView:
         rows, extra = bound_query(unit, w, frame), (0.0 if frame else w.frame)
         eps = engine_eps(w)
 
-        def page(hits: list, rest: float) -> Page:
-            return Page(np.array([h.id for h in hits], dtype=np.int64),
-                        np.array([h.score for h in hits]) + extra + eps, rest)
-
         if approximate:
             limit = max(cfg.candidate_keys, cfg.scene_keys * cfg.candidate_videos)
             with reading:  # the keys' int8 scores pick candidates only: they are bounded and scored again
                 near = stores.keys.query(KEY, unit.tolist(), limit, exact=self.live < cfg.key_scan_videos,
                                          hnsw_ef=max(cfg.hnsw_ef, limit), rescore=False)
-                ids = best_videos(np.array([h.id // cfg.scene_keys for h in near], np.int64),
-                                  np.array([h.score for h in near]), cfg.candidate_videos)
-                hits = stores.videos.query(BOUNDS, rows, len(ids), ids=ids.tolist()) if len(ids) else []
-            yield page(hits, -np.inf)
+                ids = best_videos(near.ids // cfg.scene_keys, near.scores, cfg.candidate_videos)
+                if not len(ids):
+                    return
+                hits = stores.videos.query(BOUNDS, rows, len(ids), ids=ids.tolist())
+            yield Page(hits.ids, hits.scores + extra + eps, -np.inf)
             return
         # each page asks for the best ``limit`` again, not for the next ones (an offset): the engine may order
         # equal scores differently in two scans, and a point tied at a page's edge would be skipped
-        seen: set[int] = set()
+        seen = np.zeros(0, np.int64)
         limit = max(FIRST_CHUNK, 2 * k, cfg.first_page, math.ceil(cfg.first_page_share * self.live))
         while True:
             if limit * PAGE_GROWTH >= self.live:  # the next page would be the whole gallery: this one is (one
                 limit = self.live + 1  # more than there are: a page of them all is not full)
             with reading:
                 hits = stores.videos.query(BOUNDS, rows, limit)
-            full = len(hits) == limit
-            rest = hits[-1].score + extra + eps if full else -np.inf
-            yield page([h for h in hits if h.id not in seen], rest)
-            seen.update(h.id for h in hits)
+            full = len(hits.ids) == limit
+            rest = hits.scores[-1] + extra + eps if full else -np.inf
+            new = ~np.isin(hits.ids, seen)
+            yield Page(hits.ids[new], hits.scores[new] + extra + eps, rest)
+            seen = np.union1d(seen, hits.ids)
             if not full:
                 return
             # every page is a scan of every point's bounds, whatever its limit: few, large pages (a candidate

@@ -360,12 +360,19 @@ def guarded(target: QdrantTarget, what: str, call: Callable[..., T], *args: obje
         raise QdrantConnectionError(f"Qdrant at {target.where}: could not {what} ({cause})") from err
 
 
-class Hit(NamedTuple):
-    """A point a query found: its id, its score and the payload fields asked for."""
+class Hits(NamedTuple):
+    """The points a query found, best first: their ids (int64) and scores (float64), as arrays (a page of an
+    exact rank holds thousands: one object a point cost 1.1-1.9 ms a page of 2,000, arrays 0.25 ms)."""
 
-    id: int
-    score: float
-    payload: dict
+    ids: np.ndarray
+    scores: np.ndarray
+
+    @classmethod
+    def of(cls, points: Sequence) -> Hits:
+        """The ids and scores of a store's answer (the engine's points or qdrant-client's ``ScoredPoint``)."""
+        n = len(points)
+        return cls(np.fromiter((p.id for p in points), np.int64, n),
+                   np.fromiter((p.score for p in points), np.float64, n))
 
 
 class PointStore(Protocol):
@@ -389,7 +396,7 @@ class PointStore(Protocol):
         """Delete points (waits until applied)."""
 
     def query(self, using: str, query: list, limit: int, exact: bool = True, hnsw_ef: int | None = None,
-              ids: Sequence[int] | None = None, rescore: bool = True) -> list[Hit]:
+              ids: Sequence[int] | None = None, rescore: bool = True) -> Hits:
         """The best points (ids and scores) of the named vector by DOT with ``query`` (a multivector: MAX_SIM
         of its rows; exhaustive, or the HNSW graph), among ``ids`` if given; ``rescore`` False: a quantized
         vector's scores are its int8 copies', its float16 values are not read."""
@@ -579,7 +586,7 @@ class EdgeStore:
         self._call("delete videos", self.shard.update, qe.UpdateOperation.delete_points(list(ids)))
 
     def query(self, using: str, query: list, limit: int, exact: bool = True, hnsw_ef: int | None = None,
-              ids: Sequence[int] | None = None, rescore: bool = True) -> list[Hit]:
+              ids: Sequence[int] | None = None, rescore: bool = True) -> Hits:
         import qdrant_edge as qe
 
         flt = qe.Filter(must=[qe.HasIdCondition(set(ids))]) if ids is not None else None
@@ -587,7 +594,7 @@ class EdgeStore:
                                  quantization=None if rescore else qe.QuantizationSearchParams(rescore=False))
         request = qe.QueryRequest(limit=limit, query=qe.Query.Nearest(query, using=using), filter=flt,
                                   with_payload=False, params=params)
-        return [Hit(int(p.id), float(p.score), {}) for p in self._call("search", self.shard.query, request)]
+        return Hits.of(self._call("search", self.shard.query, request))
 
     def retrieve(self, ids: Sequence[int], fields: Sequence[str] | None) -> dict[int, dict]:
         import qdrant_edge as qe
@@ -748,7 +755,7 @@ class ClientStore:
         self._call("delete videos", "delete", points_selector=selector, wait=True)
 
     def query(self, using: str, query: list, limit: int, exact: bool = True, hnsw_ef: int | None = None,
-              ids: Sequence[int] | None = None, rescore: bool = True) -> list[Hit]:
+              ids: Sequence[int] | None = None, rescore: bool = True) -> Hits:
         from qdrant_client import models
 
         flt = models.Filter(must=[models.HasIdCondition(has_id=list(ids))]) if ids is not None else None
@@ -756,7 +763,7 @@ class ClientStore:
                                      models.QuantizationSearchParams(rescore=False))
         found = self._call("search", "query_points", query=query, using=using, limit=limit, query_filter=flt,
                            search_params=params, with_payload=False, with_vectors=False).points
-        return [Hit(int(p.id), float(p.score), {}) for p in found]
+        return Hits.of(found)
 
     def retrieve(self, ids: Sequence[int], fields: Sequence[str] | None) -> dict[int, dict]:
         got = self._call("read videos", "retrieve", ids=list(ids),
