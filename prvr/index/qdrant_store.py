@@ -360,12 +360,17 @@ def guarded(target: QdrantTarget, what: str, call: Callable[..., T], *args: obje
         raise QdrantConnectionError(f"Qdrant at {target.where}: could not {what} ({cause})") from err
 
 
-class Hits(NamedTuple):
+@dataclass(frozen=True)
+class Hits:
     """The points a query found, best first: their ids (int64) and scores (float64), as arrays (a page of an
     exact rank holds thousands: one object a point cost 1.1-1.9 ms a page of 2,000, arrays 0.25 ms)."""
 
     ids: np.ndarray
     scores: np.ndarray
+
+    def __len__(self) -> int:
+        """How many points (a tuple of the two arrays would say 2)."""
+        return len(self.ids)
 
     @classmethod
     def of(cls, points: Sequence) -> Hits:
