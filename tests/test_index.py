@@ -720,11 +720,12 @@ CHILD = textwrap.dedent("""
     from tests.synthetic import gallery, small_model
     from prvr.index import IndexConfig, VideoIndex, store
     durable = store._write_durable
-    def slow(path, data):  # each add then takes ~1 s of writes, so kills land mid-update
+    def slow(path, data):  # each add then takes ~1 s of writes, so a kill at a random time lands mid-update
         entry = durable(path, data)
         time.sleep(0.05)
         return entry
-    store._write_durable = slow
+    if not {armed!r}:  # a child killed at a pause of its manifest write needs no slow writes to be caught
+        store._write_durable = slow
     # Once armed, every write of a file named manifest.json* (the manifest itself or a temporary one,
     # however it is opened) goes in 8 fsynced chunks, and the process stops at each point (just opened,
     # after each chunk, just after an os.replace onto the manifest) until the parent says go: the parent

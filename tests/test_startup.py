@@ -38,10 +38,9 @@ STOP_LIMIT_S = 5.0  # from a stop signal to the process's end, on a busy machine
 STOPS = [pytest.param(signal.SIGINT, id="SIGINT"), pytest.param(signal.SIGTERM, id="SIGTERM")]
 # Both signals take one code path (prvr.serve.lifecycle), so what a stop leaves in the data dir does not
 # depend on which came. Past the imports each phase is stopped by one signal (an app start costs the suite
-# 10-50 s); both are sent while serving (Ctrl-C: first_start; SIGTERM: its own test) and while starting
-# (importing: both; loading: Ctrl-C here, SIGTERM in the SIGINT-ignored test).
+# 10-50 s); both are sent while serving (Ctrl-C: first_start; SIGTERM: every restart's, in ``restarts``) and
+# while starting (importing: both; loading: Ctrl-C here, SIGTERM in the SIGINT-ignored test).
 CTRL_C = [pytest.param(signal.SIGINT, id="SIGINT")]
-TERM = [pytest.param(signal.SIGTERM, id="SIGTERM")]
 STAMP = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}) ")
 
 
@@ -275,7 +274,7 @@ def test_a_second_app_on_the_same_data_dir_is_refused_naming_the_owner(first_sta
     refusal = [line for line in second.stderr.splitlines() if line.startswith("error:")]
     assert len(refusal) == 1 and str(first_start["data"]) in refusal[0] and f"process {app.process.pid}" in \
         refusal[0], second.stderr[-2000:]
-    assert "loading the model" not in second.stderr  # refused before any loading
+    assert "importing gradio and torch" not in second.stderr  # refused before the imports (seconds)
 
 
 def test_ctrl_c_stops_the_app_cleanly(first_start: dict) -> None:
@@ -376,6 +375,40 @@ def test_the_early_port_check_reads_host_and_port_as_the_settings_do(monkeypatch
             assert early_settings(argv) == (settings.host, settings.port), (argv, variables)
 
 
+def test_the_early_data_dir_check_reads_the_dir_as_the_settings_do(monkeypatch: pytest.MonkeyPatch,
+                                                                    tmp_path: Path) -> None:
+    """The data dir the start looks at before its imports is the one the settings (and so the lock) use:
+    flag, then PRVR_DATA_DIR, then the default, ``~`` expanded."""
+    from prvr.serve.settings import AppSettings
+    from prvr.serve.startup import check_command_line
+
+    monkeypatch.delenv("PRVR_DATA_DIR", raising=False)
+    cases = [([], {}), (["--data-dir", str(tmp_path / "a")], {"PRVR_DATA_DIR": str(tmp_path / "b")}),
+             ([], {"PRVR_DATA_DIR": str(tmp_path / "b")}), ([f"--data-dir={tmp_path / 'c'}", "--mcp"], {}),
+             (["--data-dir", "~/prvr-data"], {})]
+    for argv, variables in cases:
+        with monkeypatch.context() as patch:
+            for key, value in variables.items():
+                patch.setenv(key, value)
+            assert check_command_line(argv) == AppSettings.from_args(argv).data_dir, (argv, variables)
+
+
+def test_a_data_dir_is_only_looked_at_by_the_check(tmp_path: Path) -> None:
+    """``check`` refuses a dir whose lock a live process holds, as ``acquire`` does, and takes nothing: a
+    free dir stays free and unchanged (no lock file made where there was none)."""
+    from prvr.serve.owner import DataDirBusy, DataDirLock
+
+    DataDirLock(tmp_path / "new").check()
+    assert not (tmp_path / "new").exists()
+    held = DataDirLock(tmp_path).acquire()
+    with pytest.raises(DataDirBusy, match=rf"{re.escape(str(tmp_path))} is already in use by process "
+                                          rf"{os.getpid()}"):
+        DataDirLock(tmp_path).check()
+    held.release()
+    DataDirLock(tmp_path).check()
+    DataDirLock(tmp_path).acquire().release()  # the check left it free
+
+
 def stopped_cleanly(app: Running, code: int, took: float, status: int) -> str:
     """Assert the app stopped with ``status`` within ``STOP_LIMIT_S`` of its signal, with no traceback;
     its output."""
@@ -405,8 +438,9 @@ def data_dir_is_free(data: Path) -> None:
 
 
 def restarts(data: Path, *args: str) -> tuple[int, str]:
-    """Start the app again on ``data`` until it serves, then SIGTERM it (0 within the limit): the number of
-    videos it said it was ready with, and its output."""
+    """Start the app again on ``data`` until it serves, then SIGTERM it: an idle app that serves closes its
+    server and exits 0 within the limit, leaving the data dir free. The number of videos it said it was
+    ready with, and its output."""
     app = Running("--port", str(free_port()), "--data-dir", str(data), *args)
     try:
         assert app.wait_for("serving at", 900), app.output()[-4000:]
@@ -414,6 +448,8 @@ def restarts(data: Path, *args: str) -> tuple[int, str]:
     finally:
         app.close()
     text = stopped_cleanly(app, code, took, 0)
+    assert "stopping: closing the server" in text.split("serving at", 1)[1], text[-3000:]
+    data_dir_is_free(data)
     ready = re.search(r"ready in [0-9.]+ s: (\d+) videos?", text)
     assert ready, text[-3000:]
     return int(ready.group(1)), text
@@ -550,22 +586,6 @@ def test_a_folder_is_indexed_while_the_app_serves_and_a_kill_9_loses_only_the_vi
     finally:
         again.close()
     stopped_cleanly(again, code, took, 0)
-    data_dir_is_free(data)
-
-
-@pytest.mark.parametrize("which", TERM)
-def test_a_stop_signal_while_serving_exits_0(served_data: Path, tmp_path: Path,
-                                             which: signal.Signals) -> None:
-    """An idle app that serves: it closes its server and exits 0."""
-    data = copy_of(served_data, tmp_path)
-    app = Running("--port", str(free_port()), "--data-dir", str(data), "--demo-videos", "demo01")
-    try:
-        assert app.wait_for("serving at", 900), app.output()[-4000:]
-        code, took = app.stop(which)
-    finally:
-        app.close()
-    text = stopped_cleanly(app, code, took, 0)
-    assert "stopping: closing the server" in text.split("serving at", 1)[1]
     data_dir_is_free(data)
 
 

@@ -32,6 +32,26 @@ class DataDirLock:
         """Take the lock or raise ``DataDirBusy`` naming the dir and the owner (pid, since when)."""
         self.data_dir.mkdir(parents=True, exist_ok=True)
         fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        self._lock_or_refuse(fd)
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, json.dumps({"pid": os.getpid(), "started": time.time(),
+                                  "command": _command()}).encode(), 0)
+        self._fd = fd
+        return self
+
+    def check(self) -> None:
+        """Raise ``DataDirBusy`` as ``acquire`` would if a live process holds the lock now; take nothing,
+        write nothing (a dir without a lock file is free)."""
+        try:
+            fd = os.open(self.path, os.O_RDONLY)
+        except FileNotFoundError:
+            return
+        self._lock_or_refuse(fd)
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        os.close(fd)
+
+    def _lock_or_refuse(self, fd: int) -> None:
+        """Lock the open lock file ``fd``, or close it and raise ``DataDirBusy`` naming its owner."""
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -43,11 +63,6 @@ class DataDirLock:
             raise DataDirBusy(f"the data dir {self.data_dir} is already in use by {who}{since}"
                               f"{' (' + owner['command'] + ')' if owner.get('command') else ''}. Stop it, or "
                               "give this one another dir with --data-dir DIR (or PRVR_DATA_DIR).") from None
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, json.dumps({"pid": os.getpid(), "started": time.time(),
-                                  "command": _command()}).encode(), 0)
-        self._fd = fd
-        return self
 
     def release(self) -> None:
         """Give the lock up (also happens when the process ends, however it ends)."""

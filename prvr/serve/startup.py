@@ -3,7 +3,8 @@ output a user cannot act on (library progress bars, deprecation warnings, raw FF
 
 Only the standard library is imported here: ``app.py`` loads this file and calls ``early_start`` before it
 imports gradio and torch (seconds; ``prvr/__init__`` imports torch, so app.py loads it by path), so that
-``--help`` answers at once, a malformed flag and a busy port are refused at once, the imports are logged, and
+``--help`` answers at once, a malformed flag, a busy port and a data dir another app owns are refused at
+once, the imports are logged, and
 Ctrl-C or SIGTERM end the start at once from the first import on (``prvr.serve.lifecycle``).
 """
 
@@ -41,9 +42,10 @@ class PortBusy(SystemExit):
                         f"port with --port PORT (or the PRVR_PORT variable).")
 
 
-def check_command_line(argv: Sequence[str]) -> None:
+def check_command_line(argv: Sequence[str]) -> Path:
     """Read the command line with ``AppSettings``' own parser, before anything heavy loads: ``--help``
-    prints the usage and exits 0, a malformed flag exits 2 with argparse's message (``SystemExit``).
+    prints the usage and exits 0, a malformed flag exits 2 with argparse's message (``SystemExit``). Returns
+    the data dir as the settings will read it (flag, then ``PRVR_DATA_DIR``, then the default).
 
     ``prvr.serve.settings`` imports only the standard library and ``prvr.paths``; in a process that has not
     imported ``prvr`` yet (``app.py`` at its start) both are loaded under bare stand-ins of their packages,
@@ -57,7 +59,10 @@ def check_command_line(argv: Sequence[str]) -> None:
         package.__path__ = [str(root.joinpath(*name.split(".")))]
         sys.modules[name] = package
     try:
-        importlib.import_module("prvr.serve.settings").AppSettings.parser().parse_args(list(argv))
+        given = importlib.import_module("prvr.serve.settings").AppSettings.parser().parse_args(list(argv))
+        data_dir = given.data_dir if given.data_dir is not None else \
+            importlib.import_module("prvr.paths").default_data_dir()
+        return Path(data_dir).expanduser()
     finally:
         if stand_ins:  # the modules of this checkout loaded under them (the standard library's stay)
             for name in {n for n in sys.modules if n.startswith("prvr.")} - before | set(stand_ins):
@@ -167,11 +172,11 @@ _HEARTBEAT: Heartbeat | None = None
 
 def early_start(argv: Sequence[str] | None = None) -> Heartbeat:
     """Before gradio and torch load: logging with times, the stop signals' handling, the port check (a busy
-    port exits here with one line), and the heartbeat that speaks during long steps. Returns the heartbeat
-    (``stop`` it once up)."""
+    port exits here with one line), the data dir check (one that another app owns: the same), and the
+    heartbeat that speaks during long steps. Returns the heartbeat (``stop`` it once up)."""
     global _HEARTBEAT
     argv = sys.argv[1:] if argv is None else argv
-    check_command_line(argv)  # --help, or a bad flag: answered here, before any log line
+    data_dir = check_command_line(argv)  # --help, or a bad flag: answered here, before any log line
     logging.basicConfig(level=logging.INFO, format=LOG_FORMAT)
     # Ctrl-C and SIGTERM end the start at once from here on, even inside the imports that follow
     _stdlib_sibling("lifecycle").install()
@@ -182,6 +187,12 @@ def early_start(argv: Sequence[str] | None = None) -> Heartbeat:
         except PortBusy as busy:
             print(f"error: {busy.message}", file=sys.stderr)
             raise
+    owner = _stdlib_sibling("owner")
+    try:  # only a look: the start takes the lock later (prvr.serve.bootstrap), and refuses then as well
+        owner.DataDirLock(data_dir).check()
+    except owner.DataDirBusy as busy:
+        print(f"error: {busy}", file=sys.stderr)
+        raise SystemExit(2) from None
     if _HEARTBEAT is None:
         _HEARTBEAT = Heartbeat().start()
         _HEARTBEAT.step = "importing gradio and torch"
