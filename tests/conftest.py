@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
+import sys
 import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -50,6 +51,24 @@ def make_predictor(lite_model) -> Callable:
         return assemble(AppSettings(data_dir=data_dir, **settings), loaded)
 
     return make
+
+
+@pytest.fixture(scope="session", autouse=True)
+def compiled_kernels(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> None:
+    """On a checkout whose numba cache is empty (a clean clone), the kernels every app of the suite runs
+    (indexing, search, moments) are compiled here once, before any test, into the checkout's cache: else the
+    apps the first tests start each compile them again while the cache is still unwritten."""
+    cache = Path(__file__).resolve().parents[1] / "prvr" / "index" / "__pycache__"
+    if any(cache.glob(f"kernels.*.py{sys.version_info.major}{sys.version_info.minor}.nbi")):
+        return  # compiled before, by this Python: every process loads them from the cache in about a second
+    predictor = request.getfixturevalue("make_predictor")(tmp_path_factory.mktemp("kernels") / "data",
+                                                          words="off")
+    try:
+        assert predictor.add_video(write_clip(tmp_path_factory.mktemp("kernels-clip") / "clip.mp4",
+                                              frames=48))["status"] == "added"
+        assert predictor.search("a gradient", k=1).results
+    finally:
+        predictor.close()
 
 
 @pytest.fixture(scope="session")

@@ -44,7 +44,7 @@ class DataDirLock:
         write nothing (a dir without a lock file is free)."""
         try:
             fd = os.open(self.path, os.O_RDONLY)
-        except FileNotFoundError:
+        except OSError:  # no lock file: free; one that cannot be opened: ``acquire`` reports it, in its place
             return
         self._lock_or_refuse(fd)
         fcntl.flock(fd, fcntl.LOCK_UN)
