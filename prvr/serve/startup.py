@@ -4,8 +4,8 @@ output a user cannot act on (library progress bars, deprecation warnings, raw FF
 Only the standard library is imported here: ``app.py`` loads this file and calls ``early_start`` before it
 imports gradio and torch (seconds; ``prvr/__init__`` imports torch, so app.py loads it by path), so that
 ``--help`` answers at once, a malformed flag, a busy port and a data dir another app owns are refused at
-once, the imports are logged, and
-Ctrl-C or SIGTERM end the start at once from the first import on (``prvr.serve.lifecycle``).
+once, the imports are logged, and Ctrl-C or SIGTERM end the start at once from the first import on
+(``prvr.serve.lifecycle``).
 """
 
 from __future__ import annotations
