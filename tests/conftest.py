@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
+import subprocess
 import sys
 import tempfile
 from collections.abc import Callable, Iterator
@@ -57,18 +58,31 @@ def make_predictor(lite_model) -> Callable:
 def compiled_kernels(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> None:
     """On a checkout whose numba cache is empty (a clean clone), the kernels every app of the suite runs
     (indexing, search, moments) are compiled here once, before any test, into the checkout's cache: else the
-    apps the first tests start each compile them again while the cache is still unwritten."""
-    cache = Path(__file__).resolve().parents[1] / "prvr" / "index" / "__pycache__"
+    apps the first tests start each compile them again while the cache is still unwritten. The kernels of
+    larger galleries (``tests/warm_kernels.py``) compile at the same time in a process of their own: numba
+    compiles on one core."""
+    repo = Path(__file__).resolve().parents[1]
+    cache = repo / "prvr" / "index" / "__pycache__"
     if any(cache.glob(f"kernels.*.py{sys.version_info.major}{sys.version_info.minor}.nbi")):
         return  # compiled before, by this Python: every process loads them from the cache in about a second
-    predictor = request.getfixturevalue("make_predictor")(tmp_path_factory.mktemp("kernels") / "data",
-                                                          words="off")
+    beside = subprocess.Popen([sys.executable, "-m", "tests.warm_kernels"], cwd=repo, text=True,
+                              stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     try:
-        assert predictor.add_video(write_clip(tmp_path_factory.mktemp("kernels-clip") / "clip.mp4",
-                                              frames=48))["status"] == "added"
-        assert predictor.search("a gradient", k=1).results
+        predictor = request.getfixturevalue("make_predictor")(tmp_path_factory.mktemp("kernels") / "data",
+                                                              words="off")
+        try:
+            assert predictor.add_video(write_clip(tmp_path_factory.mktemp("kernels-clip") / "clip.mp4",
+                                                  frames=48))["status"] == "added"
+            assert predictor.search("a gradient", k=1).results
+        finally:
+            predictor.close()
     finally:
-        predictor.close()
+        try:
+            output, _ = beside.communicate(timeout=600)
+        except subprocess.TimeoutExpired:
+            beside.kill()
+            output = beside.communicate()[0] + "\n(still compiling after 600 s: stopped)"
+    assert beside.returncode == 0, output[-3000:]
 
 
 @pytest.fixture(scope="session")
