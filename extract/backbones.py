@@ -16,19 +16,20 @@ from __future__ import annotations
 import contextlib
 import copy
 import dataclasses
-import inspect
 import logging
 import threading
 import time
 import warnings
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from pathlib import Path
 
 import numpy as np
 import torch
 from torch import nn
 
 from extract import clip as clip_models
+from extract.traced import TracedText, cache_path, traces_dir
 from extract.weights import (
     Weights,
     WeightsUnavailable,
@@ -71,7 +72,9 @@ _REGISTRY: dict[str, tuple[Callable, BackboneCfg]] = {}
 
 
 def register_backbone(cfg: BackboneCfg) -> Callable[[Callable], Callable]:
-    """Decorator: register a builder ``fn(cfg, weights) -> nn.Module | (model, tokenizer)`` as fn.__name__."""
+    """Decorator: register a builder as fn.__name__: ``fn(cfg, weights) -> nn.Module`` (visual), or for text
+    ``-> (load_model, tokenizer)``, where ``load_model()`` builds the model (a start that finds the model's
+    trace kept by an earlier one never calls it: ``extract.traced``)."""
 
     def wrap(fn: Callable) -> Callable:
         _REGISTRY[fn.__name__] = (fn, cfg)
@@ -215,16 +218,22 @@ def imagenet_classes() -> list[str]:
 
 
 # ----------------------------------------------------------------------------- text entry points
-def _hf_text(weights: Weights):  # (model, tokenizer)
-    """Model and tokenizer from a Hugging Face hub name or a local folder."""
-    from transformers import AutoModel, AutoTokenizer
+def _hf_text(weights: Weights) -> tuple[Callable[[], nn.Module], object]:
+    """(model loader, tokenizer) from a Hugging Face hub name or a local folder."""
+    from transformers import AutoTokenizer
 
     source = weights.location.removeprefix("hf-hub:")
     if weights.kind not in ("hub", "dir"):
         raise WeightsUnavailable(f"text backbones load from hf-hub:NAME or local-dir:PATH, "
                                  f"not {weights.location}")
-    model = from_hub(weights, lambda: AutoModel.from_pretrained(source))
-    return model, from_hub(weights, lambda: AutoTokenizer.from_pretrained(source))
+    tokenizer = from_hub(weights, lambda: AutoTokenizer.from_pretrained(source))
+
+    def load_model() -> nn.Module:
+        from transformers import AutoModel  # its modelling code alone takes a start about 1.5 s to import
+
+        return from_hub(weights, lambda: AutoModel.from_pretrained(source))
+
+    return load_model, tokenizer
 
 
 @register_backbone(BackboneCfg("text", 768, "hf-hub:FacebookAI/roberta-base"))
@@ -254,9 +263,13 @@ def roberta_test(cfg: BackboneCfg, weights: Weights):
     config = RobertaConfig(vocab_size=tokenizer.vocab_size, hidden_size=cfg.dim, num_hidden_layers=2,
                            num_attention_heads=2, intermediate_size=64, pad_token_id=tokenizer.pad_token_id,
                            max_position_embeddings=cfg.max_tokens + tokenizer.pad_token_id + 2)
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(0)
-        return RobertaModel(config), tokenizer
+
+    def load_model() -> nn.Module:
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(0)
+            return RobertaModel(config)
+
+    return load_model, tokenizer
 
 
 # ----------------------------------------------------------------------------- image-text models
@@ -271,8 +284,8 @@ def clip(cfg: BackboneCfg, weights: Weights) -> clip_models.ImageTower:
                                half=True))
 def clip_text(cfg: BackboneCfg, weights: Weights):
     """The same model's text tower: every kept token's last hidden state (the pooled one last)."""
-    pair = clip_models.load_pair(weights)
-    return clip_models.TextTower(pair), clip_models.text_tokenizer(pair)
+    pair = clip_models.load_pair(weights)  # loaded for its tokenizer too, and shared with the image tower
+    return (lambda: clip_models.TextTower(pair)), clip_models.text_tokenizer(pair)
 
 
 def backbone_dim(name: str, weights: Weights | str | None = None) -> int:
@@ -368,29 +381,67 @@ class VisualBackbone:
 
 @dataclass
 class TextBackbone:
-    """A Hugging Face text model that returns one feature row per kept token."""
+    """A Hugging Face text model that returns one feature row per kept token.
+
+    ``model`` (the eager model) is built by ``loader`` on first use: a backbone whose trace an earlier
+    process kept (``kept``, see ``extract.traced``) encodes with that trace and never needs it."""
 
     name: str
     cfg: BackboneCfg
     weights: Weights
-    model: nn.Module
+    loader: Callable[[], nn.Module]
     tokenizer: object
     device: torch.device
-    traced: TracedText | None = None  # the model as TorchScript, set by ``trace``; ``encode`` runs it if set
+    traced: TracedText | None = None  # the model as TorchScript (traced, or kept); ``encode`` runs it if set
+    kept: Path | None = None  # where a trace of these weights is kept between processes (None: nowhere)
+    _model: nn.Module | None = field(default=None, repr=False)
+    _own: bool = field(default=True, repr=False)  # ``model`` is the weights' own (not one set by a caller)
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    @property
+    def model(self) -> nn.Module:
+        """The eager model (built on first use)."""
+        with self._lock:
+            if self._model is None:
+                self._model = self.loader()
+            return self._model
+
+    @model.setter
+    def model(self, model: nn.Module) -> None:
+        """Run ``model`` instead (eagerly: any trace of the one before is dropped, and none is kept)."""
+        with self._lock:
+            self._model, self._own, self.traced = model, False, None
+
+    def load_kept(self) -> bool:
+        """Use the trace an earlier process kept for these weights, if there is one that loads."""
+        if self.device.type != "cpu" or self.kept is None or not self.kept.is_file():
+            return False
+        try:
+            self.traced = TracedText.load(self.kept)
+        except Exception as err:  # a damaged or foreign file: load and trace the model again
+            log.warning("%s: the kept trace %s did not load (%s); loading the model", self.name, self.kept,
+                        str(err).splitlines()[0] if str(err) else type(err).__name__)
+            return False
+        log.info("%s: text model traced by an earlier start (%s)", self.name, self.kept)
+        return True
 
     def trace(self, example: str = "a person opens the door and walks into the kitchen") -> bool:
         """Trace the model to TorchScript on CPU, for ``encode`` to run from then on; whether it is in use.
 
         A traced forward runs in C++ without holding Python's GIL (one short query: about twice as fast,
         and concurrent queries overlap). It is kept only if it gives the eager model's outputs for texts
-        of other lengths than the example's and for a padded batch; otherwise ``encode`` stays eager."""
+        of other lengths than the example's and for a padded batch; otherwise ``encode`` stays eager. A
+        trace of the weights' own model is saved for the next processes (``kept``)."""
         if self.device.type != "cpu":
             return False
+        if self.traced is not None:  # kept by an earlier process, or traced before
+            return True
         t0 = time.perf_counter()
         checks = [[example], ["a dog"], ["someone laughs", "a man in a red coat runs up the stairs", "x"]]
+        own = self._own
         try:
             with torch.no_grad():
-                traced = TracedText(self.model, self._inputs(checks[0], None))
+                traced = TracedText.of(self.model, self._inputs(checks[0], None))
                 for texts in checks[1:]:
                     inputs = self._inputs(texts, None)
                     if not torch.allclose(_hidden(traced(**inputs)), _hidden(self.model(**inputs)),
@@ -404,6 +455,11 @@ class TextBackbone:
         self.traced = traced
         log.info("%s: text model traced in %.1f s (queries now encode without the GIL)", self.name,
                  time.perf_counter() - t0)
+        if own and self._own and self.kept is not None:
+            try:
+                traced.save(self.kept)
+            except OSError as err:  # a read-only or full disk: the next start traces it again
+                log.warning("%s: cannot keep the traced text model in %s (%s)", self.name, self.kept, err)
         return True
 
     def _inputs(self, texts: list[str], limit: int | None) -> dict[str, torch.Tensor]:
@@ -437,22 +493,6 @@ class TextBackbone:
         return out
 
 
-class TracedText:
-    """A text model traced to TorchScript with the tokenizer's inputs its ``forward`` names (others, which a
-    ``**kwargs`` would swallow, cannot be traced and are left out); called like the model."""
-
-    def __init__(self, model: nn.Module, example: dict[str, torch.Tensor]) -> None:
-        named = inspect.signature(model.forward).parameters
-        self.keys = tuple(k for k in example if k in named and named[k].kind in
-                          (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY))
-        self.module = torch.jit.trace(model, example_kwarg_inputs={k: example[k] for k in self.keys},
-                                      strict=False)
-
-    def __call__(self, **inputs: torch.Tensor) -> object:
-        """The traced model's output (a dict) for the tokenizer's tensors."""
-        return self.module(**{k: inputs[k] for k in self.keys})
-
-
 def _hidden(output: object) -> torch.Tensor:
     """The last hidden states (b, L, dim) of a text model's output (a traced model returns a dict)."""
     return output["last_hidden_state"] if isinstance(output, dict) else output.last_hidden_state
@@ -469,23 +509,27 @@ def _own_copy(module: nn.Module, cfg: BackboneCfg, device: torch.device) -> nn.M
 
 
 _SHARED: dict[tuple, VisualBackbone | TextBackbone] | None = None  # while ``loaded_once`` lasts
+_TRACES: Path | None = None  # where text models' traces are kept, while ``loaded_once`` lasts
 _SHARED_LOCK = threading.Lock()
 
 
 @contextlib.contextmanager
-def loaded_once() -> Iterator[None]:
+def loaded_once(traces: Path | None = None) -> Iterator[None]:
     """Within the block, ``create_backbone`` loads each (backbone, weights, device, fit) once and gives every
     caller that same object (the app's start: the model, the extractor and the text encoder ask for the same
-    backbones); nothing is kept after the block, and outside it every call loads a backbone of its own."""
-    global _SHARED
+    backbones); nothing is kept after the block, and outside it every call loads a backbone of its own.
+    The text models built in the block keep their traces in ``traces`` (``extract.traced``)."""
+    global _SHARED, _TRACES
     with _SHARED_LOCK:
-        outermost, _SHARED = _SHARED is None, _SHARED if _SHARED is not None else {}
+        outermost = _SHARED is None
+        if outermost:
+            _SHARED, _TRACES = {}, traces
     try:
         yield
     finally:
         if outermost:
             with _SHARED_LOCK:
-                _SHARED = None
+                _SHARED = _TRACES = None
 
 
 def create_backbone(name: str, weights: str | Weights | None = None, device: str | torch.device | None = None,
@@ -532,12 +576,23 @@ def _build_backbone(name: str, resolved: Weights, device: torch.device,
     log.info("loading backbone %s (%s) on %s", name, resolved.location, device)
     half = cfg.half and device.type == "cuda"
     if cfg.kind == "text":
-        model, tokenizer = build(cfg, resolved)
-        model = _own_copy(model, cfg, device).eval().to(device)
-        model = model.half() if half else model
+        load_model, tokenizer = build(cfg, resolved)
         if cfg.sized_by_weights:  # the token width of this very model (extract.clip)
             cfg = dataclasses.replace(cfg, dim=backbone_dim(name, resolved))
-        return TextBackbone(name, cfg, resolved, model, tokenizer, device)
+
+        def loader() -> nn.Module:
+            model = _own_copy(load_model(), cfg, device).eval().to(device)
+            return model.half() if half else model
+
+        # an image-text model's text tower is loaded with its image tower anyway: only text models are kept
+        with _SHARED_LOCK:
+            traces = traces_dir(_TRACES)
+        kept = None if cfg.tower_of else cache_path(traces, name, resolved.kind, resolved.location,
+                                                    resolved.identity, cfg.max_tokens, cfg.dim)
+        backbone = TextBackbone(name, cfg, resolved, loader, tokenizer, device, kept=kept)
+        if not backbone.load_kept():
+            backbone.model  # noqa: B018  - built now: a failure surfaces while loading, not at a first query
+        return backbone
     net = _own_copy(build(cfg, resolved), cfg, device).eval().to(device)
     net = net.half() if half else net
     if device.type == "cuda" and not half:

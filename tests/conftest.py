@@ -23,11 +23,15 @@ from tests.servers import free_port, running_app
 # other) that chose the same clip's bytes deleted each other's copy: the page then never showed the chosen
 # file. Each session's apps (in this process and the ones it starts) get a folder of their own.
 GRADIO_UPLOADS = os.environ["GRADIO_TEMP_DIR"] = tempfile.mkdtemp(prefix="prvr-tests-gradio-")
+# The text model's trace is kept between processes (extract.traced): the session's processes share one folder
+# (the first that traces the model keeps it there, the others load it), where each app would keep its own.
+TRACED = os.environ["PRVR_TRACED_DIR"] = tempfile.mkdtemp(prefix="prvr-tests-traced-")
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
-    """The session's Gradio upload folder goes with it."""
+    """The session's Gradio upload folder and traces folder go with it."""
     shutil.rmtree(GRADIO_UPLOADS, ignore_errors=True)
+    shutil.rmtree(TRACED, ignore_errors=True)
 
 
 @pytest.fixture(scope="session")

@@ -3,7 +3,11 @@
 from __future__ import annotations
 
 import hashlib
+import json
 import logging
+import shutil
+import subprocess
+import sys
 import urllib.error
 from pathlib import Path
 
@@ -18,6 +22,7 @@ from extract.backbones import (
     get_backbone_cfg,
     imagenet_classes,
     list_backbones,
+    loaded_once,
 )
 from extract.pipeline import TextEncoder
 from extract.profiles import ProfileMismatch, check_identity, get_profile, list_profiles, profile_from_dict
@@ -137,7 +142,8 @@ def test_text_hub_offline_error(monkeypatch: pytest.MonkeyPatch) -> None:
     def offline(*args: object, **kwargs: object) -> None:
         raise OSError("We couldn't connect to 'https://huggingface.co' to load the files")
 
-    monkeypatch.setattr(transformers.AutoModel, "from_pretrained", offline)
+    for loader in (transformers.AutoModel, transformers.AutoTokenizer):
+        monkeypatch.setattr(loader, "from_pretrained", offline)
     with pytest.raises(WeightsUnavailable, match="hf-hub:FacebookAI/roberta-base.*local-dir:"):
         create_backbone("roberta_base", device="cpu")
 
@@ -221,6 +227,62 @@ def test_text_model_that_traces_wrongly_stays_eager(caplog: pytest.LogCaptureFix
 
 
 # ----------------------------------------------------------------------------- profiles
+KEPT_CHECK = """
+import json, sys
+import extract
+from extract.backbones import create_backbone
+backbone = create_backbone("minilm", device="cpu")
+kept = backbone.traced is not None  # before any trace
+rows = backbone.encode(json.loads(sys.argv[1]))
+print(json.dumps({"kept": kept, "model_imported": "transformers.models.bert.modeling_bert" in sys.modules,
+                  "rows": [r.tolist() for r in rows]}))
+"""
+
+
+def test_a_text_models_trace_is_kept_for_the_next_process(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                           caplog: pytest.LogCaptureFixture) -> None:
+    """The first process traces the model and keeps the trace (``extract.traced``); the next one encodes with
+    it, the eager model's rows within 1e-5, without importing the model's code. A damaged file is reported,
+    the model loaded and the trace written again; other weights are kept apart; set empty, nothing is."""
+    texts = ["a dog", "someone opens the fridge and takes out a bottle of milk", "x y"]
+    monkeypatch.setenv("PRVR_TRACED_DIR", str(tmp_path / "traced"))
+    first = create_backbone("minilm", device="cpu")
+    assert first.traced is None and first.kept is not None and first.kept.parent == tmp_path / "traced"
+    eager = first.encode(texts)
+    assert first.trace() and [p.name for p in (tmp_path / "traced").iterdir()] == [first.kept.name]
+
+    done = subprocess.run([sys.executable, "-c", KEPT_CHECK, json.dumps(texts)], capture_output=True,
+                          text=True, cwd=Path(__file__).resolve().parents[1], timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    second = json.loads(done.stdout.splitlines()[-1])
+    assert second["kept"] and not second["model_imported"]
+    for mine, theirs in zip(second["rows"], eager, strict=True):
+        assert np.allclose(np.array(mine), theirs, atol=1e-5)
+
+    first.kept.write_bytes(b"not a trace")  # damaged: reported, then replaced by the next trace
+    with caplog.at_level(logging.WARNING, logger="extract.backbones"):
+        damaged = create_backbone("minilm", device="cpu")
+    assert damaged.traced is None and "did not load" in caplog.text
+    assert damaged.trace() and create_backbone("minilm", device="cpu").traced is not None
+
+    copy = tmp_path / "weights"  # other weights (a local copy, then one file changed): other files
+    shutil.copytree(first.weights.location, copy)
+    local = create_backbone("minilm", weights=f"local-dir:{copy}", device="cpu")
+    assert local.traced is None and local.kept.parent == first.kept.parent and local.kept != first.kept
+    config = copy / "config.json"
+    config.write_text(config.read_text() + "\n")
+    assert create_backbone("minilm", weights=f"local-dir:{copy}", device="cpu").kept not in (local.kept, None)
+
+    monkeypatch.delenv("PRVR_TRACED_DIR")  # no folder named: the app's data dir, through loaded_once
+    assert create_backbone("minilm", device="cpu").kept is None
+    with loaded_once(traces=tmp_path / "data" / "traced"):
+        in_app = create_backbone("minilm", device="cpu")
+    assert in_app.kept is not None and in_app.kept.parent == tmp_path / "data" / "traced"
+    monkeypatch.setenv("PRVR_TRACED_DIR", "")  # set empty: nothing is kept, not even in the app's
+    with loaded_once(traces=tmp_path / "data" / "traced"):
+        assert create_backbone("minilm", device="cpu").kept is None
+
+
 def test_profiles_dims_and_identity() -> None:
     assert {"lite", "paper", "paper_test"} <= set(list_profiles())
     paper, lite = get_profile("paper"), get_profile("lite")

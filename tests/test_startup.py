@@ -44,19 +44,26 @@ CTRL_C = [pytest.param(signal.SIGINT, id="SIGINT")]
 STAMP = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}) ")
 
 
-def env() -> dict:
-    return dict(os.environ, GRADIO_ANALYTICS_ENABLED="False", HF_HUB_OFFLINE="1", PYTHONUNBUFFERED="1")
+def env(own_traces: bool = False) -> dict:
+    """The apps' environment; ``own_traces``: the app keeps its text model's trace in its data dir, as a
+    user's does (else in the test session's folder, ``tests/conftest.py``)."""
+    out = dict(os.environ, GRADIO_ANALYTICS_ENABLED="False", HF_HUB_OFFLINE="1", PYTHONUNBUFFERED="1")
+    if own_traces:
+        out.pop("PRVR_TRACED_DIR", None)
+    return out
 
 
 class Running:
     """``python app.py`` with every output line and the time it arrived."""
 
-    def __init__(self, *args: str, sigint: Callable[[], None] = ctrl_c_as_in_a_terminal) -> None:
+    def __init__(self, *args: str, sigint: Callable[[], None] = ctrl_c_as_in_a_terminal,
+                 own_traces: bool = False) -> None:
         self.t0 = time.monotonic()
         self.lines: list[tuple[float, str]] = []
         self.wall: list[float] = []  # when each line arrived, wall clock
-        self.process = subprocess.Popen([sys.executable, "app.py", *args], cwd=REPO, env=env(), text=True,
-                                        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, preexec_fn=sigint)
+        self.process = subprocess.Popen([sys.executable, "app.py", *args], cwd=REPO, env=env(own_traces),
+                                        text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                        preexec_fn=sigint)
         self.reader = threading.Thread(target=self._read, daemon=True)
         self.reader.start()
 
@@ -116,7 +123,8 @@ def first_start(tmp_path_factory: pytest.TempPathFactory) -> dict:
 
     data = tmp_path_factory.mktemp("startup") / "data"
     port = free_port()
-    app = Running("--port", str(port), "--data-dir", str(data), "--demo-videos", "demo01", "--mcp")
+    app = Running("--port", str(port), "--data-dir", str(data), "--demo-videos", "demo01", "--mcp",
+                  own_traces=True)
     try:
         serving = app.wait_for("serving at", 900)
         assert serving, f"the app did not start:\n{app.output()[-4000:]}"
@@ -175,6 +183,13 @@ def test_the_log_says_each_thing_once_in_words(first_start: dict) -> None:
     assert len(uploaded) <= 3, words
     assert all(" of demo01.mp4: " in line for line in words if line not in uploaded), words
     assert len(mcp_lines) - len(words) <= 2, mcp_lines  # three calls: the upload's own line (and the trace's)
+
+
+def test_the_first_start_keeps_its_text_models_trace_in_the_data_dir(first_start: dict) -> None:
+    """The text model, traced once the app serves, is kept in ``<data dir>/traced`` for the next starts
+    (loaded there instead of the model: the upload test's restart)."""
+    assert "minilm: text model traced in" in first_start["app"].output()
+    assert len(list((first_start["data"] / "traced").glob("minilm-*.pt"))) == 1
 
 
 def test_a_restore_of_one_video_says_one_video(tmp_path: Path, make_predictor,
@@ -437,11 +452,11 @@ def data_dir_is_free(data: Path) -> None:
     DataDirLock(data).acquire().release()
 
 
-def restarts(data: Path, *args: str) -> tuple[int, str]:
+def restarts(data: Path, *args: str, own_traces: bool = False) -> tuple[int, str]:
     """Start the app again on ``data`` until it serves, then SIGTERM it: an idle app that serves closes its
     server and exits 0 within the limit, leaving the data dir free. The number of videos it said it was
     ready with, and its output."""
-    app = Running("--port", str(free_port()), "--data-dir", str(data), *args)
+    app = Running("--port", str(free_port()), "--data-dir", str(data), *args, own_traces=own_traces)
     try:
         assert app.wait_for("serving at", 900), app.output()[-4000:]
         code, took = app.stop(signal.SIGTERM)
@@ -615,8 +630,10 @@ def test_a_stop_signal_in_the_middle_of_an_upload_exits_0_and_leaves_no_leftover
         app.close()
     stopped_cleanly(app, code, took, 0)
     data_dir_is_free(data)
-    videos, text = restarts(data, "--demo-videos", "demo01")
+    videos, text = restarts(data, "--demo-videos", "demo01", own_traces=True)
     assert videos in (2, 3), text[-3000:]  # the upload is whole in the index or absent
+    # the first start's trace of the text model, kept in the data dir: loaded instead of the model
+    assert "minilm: text model traced by an earlier start" in text and "text model traced in" not in text
     assert not list(media.glob("work-*")) and not list(media.glob("upload-*")), sorted(media.iterdir())
     files_after = {p for p in media.rglob("*") if p.is_file()}
     assert len(files_after - files_before) == videos - 2, (sorted(files_before), sorted(files_after))

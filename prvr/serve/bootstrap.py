@@ -67,8 +67,8 @@ def _start(settings: AppSettings, owner: DataDirLock, t0: float) -> Predictor:
     if on_zerogpu():
         import prvr.serve.zerogpu  # noqa: F401  - imports spaces, which patches torch: before any model
     # the model, the extractor and the text encoder read the same backbones (the bridge: both of the lite
-    # profile's): each is loaded once
-    with loaded_once():
+    # profile's): each is loaded once; the text model's trace is kept for the next start
+    with loaded_once(traces=settings.data_dir / "traced"):
         log.info("loading the model and its feature extractors")
         loaded = load_model(settings)
         kernels = warm_search_kernels(loaded.model)  # compiles while the gallery renders and extracts
