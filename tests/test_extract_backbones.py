@@ -85,6 +85,10 @@ def test_lite_backbone_classifies_real_photos() -> None:
     assert len(classes) == 1000 and logits.shape == (2, 1000)
     assert top[0] in {"tabby", "tiger cat", "Persian cat", "Siamese cat", "Egyptian cat"}, top
     assert top[1] in {"espresso", "cup", "coffee mug"}, top
+    from torchvision.models import ResNet18_Weights
+
+    # the list kept beside extract/backbones.py is torchvision's
+    assert classes == ResNet18_Weights.IMAGENET1K_V1.meta["categories"]
 
 
 def test_local_weights_file_is_loaded_and_identified(tmp_path: Path) -> None:
