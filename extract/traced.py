@@ -16,6 +16,7 @@ and traced again, and the new trace replaces it).
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import inspect
 import json
@@ -54,6 +55,7 @@ class TracedText:
     @classmethod
     def load(cls, path: Path) -> TracedText:
         """A trace ``save`` wrote, on the CPU."""
+        sweep(path.parent)
         extra = {"keys.json": ""}
         module = torch.jit.load(str(path), map_location="cpu", _extra_files=extra)
         return cls(module, tuple(json.loads(extra["keys.json"])))
@@ -61,9 +63,7 @@ class TracedText:
     def save(self, path: Path) -> None:
         """Write the trace to ``path`` atomically (a temporary file, synced, then renamed over it)."""
         path.parent.mkdir(parents=True, exist_ok=True)
-        for old in path.parent.glob(f".{path.name}.*.tmp"):  # a save killed midway
-            if time.time() - old.stat().st_mtime > LEFTOVER_S:
-                old.unlink(missing_ok=True)
+        sweep(path.parent)
         tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
         try:
             torch.jit.save(self.module, str(tmp), _extra_files={"keys.json": json.dumps(self.keys)})
@@ -76,6 +76,27 @@ class TracedText:
     def __call__(self, **inputs: torch.Tensor) -> object:
         """The traced model's output (a dict) for the tokenizer's tensors."""
         return self.module(**{k: inputs[k] for k in self.keys})
+
+
+def sweep(folder: Path) -> None:
+    """Remove the temporary files of saves that were killed midway: their process is gone, or they are older
+    than ``LEFTOVER_S`` (the process id in their name may have been reused)."""
+    for leftover in folder.glob(".*.tmp"):
+        with contextlib.suppress(OSError, ValueError, IndexError):  # another process may be sweeping too
+            pid = int(leftover.name.split(".")[-3])
+            if not _alive(pid) or time.time() - leftover.stat().st_mtime > LEFTOVER_S:
+                leftover.unlink()
+
+
+def _alive(pid: int) -> bool:
+    """Whether a process with this id exists."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's: it exists
+        return True
+    return True
 
 
 def traces_dir(default: Path | None) -> Path | None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import os
 import shutil
 import subprocess
 import sys
@@ -268,6 +269,13 @@ def test_a_text_models_trace_is_kept_for_the_next_process(tmp_path: Path, monkey
         damaged = create_backbone("minilm", device="cpu")
     assert damaged.traced is None and "did not load" in caplog.text
     assert damaged.trace() and create_backbone("minilm", device="cpu").traced is not None
+    # a save killed midway leaves its temporary file: the next load removes it (not a live process's)
+    dead, live = (first.kept.with_name(f".{first.kept.name}.{pid}.1.tmp") for pid in (2**31 - 1, os.getpid()))
+    for leftover in (dead, live):
+        leftover.write_bytes(b"half a trace")
+    assert create_backbone("minilm", device="cpu").traced is not None
+    assert not dead.exists() and live.exists()
+    live.unlink()
 
     copy = tmp_path / "weights"  # other weights (a local copy, then one file changed): other files
     shutil.copytree(first.weights.location, copy)
