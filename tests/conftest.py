@@ -89,6 +89,15 @@ def compiled_kernels(request: pytest.FixtureRequest, tmp_path_factory: pytest.Te
     assert beside.returncode == 0, output[-3000:]
 
 
+@pytest.fixture(scope="session", autouse=True)
+def kept_text_trace() -> None:
+    """The text model traced once, before any test, into the session's traces folder: every process the
+    suite starts then loads the trace instead of the model (``extract.traced``), the first app too."""
+    from extract.backbones import create_backbone
+
+    assert create_backbone("minilm", device="cpu").trace()
+
+
 @pytest.fixture(scope="session")
 def demo_renders(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The demo gallery's videos rendered once per test session (seconds; copied into each app data dir that

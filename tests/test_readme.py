@@ -88,10 +88,11 @@ def test_the_mcp_example_runs_with_the_newest_mcp(app_url: str, my_clip: Path,
                                                   tmp_path_factory: pytest.TempPathFactory) -> None:
     """In a fresh venv holding nothing but ``mcp`` at its newest release (what `pip install mcp` gives)."""
     venv = tmp_path_factory.mktemp("mcp-newest") / "venv"
-    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=120)
+    # no pip inside (3 s of ensurepip): this process's pip installs into it
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=120)
     python = str(venv / "bin" / "python")
-    install = subprocess.run([python, "-m", "pip", "install", "-q", f"mcp=={MCP_NEWEST}"],
-                             capture_output=True, text=True, timeout=600)
+    install = subprocess.run([sys.executable, "-m", "pip", "--python", python, "install", "-q",
+                              f"mcp=={MCP_NEWEST}"], capture_output=True, text=True, timeout=600)
     if install.returncode != 0:
         pytest.skip(f"could not install mcp=={MCP_NEWEST} from the package index: {install.stderr[-500:]}")
     version = subprocess.run([python, "-c", "import importlib.metadata as m; print(m.version('mcp'))"],
