@@ -231,7 +231,6 @@ def test_text_model_that_traces_wrongly_stays_eager(caplog: pytest.LogCaptureFix
     assert all(np.array_equal(a, b) for a, b in zip(before, after, strict=True))
 
 
-# ----------------------------------------------------------------------------- profiles
 KEPT_CHECK = """
 import json, sys
 import extract
@@ -295,6 +294,7 @@ def test_a_text_models_trace_is_kept_for_the_next_process(tmp_path: Path, monkey
         assert create_backbone("minilm", device="cpu").kept is None
 
 
+# ----------------------------------------------------------------------------- profiles
 def test_profiles_dims_and_identity() -> None:
     assert {"lite", "paper", "paper_test"} <= set(list_profiles())
     paper, lite = get_profile("paper"), get_profile("lite")
