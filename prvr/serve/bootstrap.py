@@ -92,8 +92,9 @@ def _start(settings: AppSettings, owner: DataDirLock, t0: float) -> Predictor:
         predictor.search(predictor.examples[0] if predictor.examples else "a video", k=1)
     log.info("ready in %.1f s: %s in %s", time.perf_counter() - t0, counted(len(predictor.index), "video"),
              predictor.gallery_words())
-    # searches run the text model eagerly until its TorchScript trace is ready and checked (seconds); not a
-    # daemon: exit waits for it instead of killing it inside torch
+    # on a first start, searches run the text model eagerly until its TorchScript trace is ready and checked
+    # (seconds; later starts loaded the kept trace, and this returns at once); not a daemon: exit waits for it
+    # instead of killing it inside torch
     predictor.tracing = threading.Thread(target=predictor.text.backbone.trace, name="trace-text-model")
     predictor.tracing.start()
     if settings.gallery is not None:  # indexed while the app serves (prvr.serve.folder)
