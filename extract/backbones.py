@@ -392,7 +392,7 @@ class TextBackbone:
     tokenizer: object
     device: torch.device
     traced: TracedText | None = None  # the model as TorchScript (traced, or kept); ``encode`` runs it if set
-    kept: Path | None = None  # where a trace of these weights is kept between processes (None: nowhere)
+    kept: Path | None = None  # where a trace of these weights is kept between processes (None: not kept)
     _model: nn.Module | None = field(default=None, repr=False)
     _own: bool = field(default=True, repr=False)  # ``model`` is the weights' own (not one set by a caller)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
@@ -413,7 +413,7 @@ class TextBackbone:
 
     def load_kept(self) -> bool:
         """Use the trace an earlier process kept for these weights, if there is one that loads."""
-        if self.device.type != "cpu" or self.kept is None or not self.kept.is_file():
+        if self.kept is None or not self.kept.is_file():
             return False
         try:
             self.traced = TracedText.load(self.kept)
@@ -583,11 +583,10 @@ def _build_backbone(name: str, resolved: Weights, device: torch.device,
             model = _own_copy(load_model(), cfg, device).eval().to(device)
             return model.half() if half else model
 
-        # an image-text model's text tower is loaded with its image tower anyway: only text models are kept
+        # traces run on the CPU; an image-text model's text tower is loaded with its image tower anyway
         with _SHARED_LOCK:
-            traces = traces_dir(_TRACES)
-        kept = None if cfg.tower_of else cache_path(traces, name, resolved.kind, resolved.location,
-                                                    resolved.identity, cfg.max_tokens, cfg.dim)
+            traces = None if cfg.tower_of or device.type != "cpu" else traces_dir(_TRACES)
+        kept = cache_path(traces, name, resolved, cfg.max_tokens, cfg.dim)
         backbone = TextBackbone(name, cfg, resolved, loader, tokenizer, device, kept=kept)
         if not backbone.load_kept():
             backbone.model  # noqa: B018  - built now: a failure surfaces while loading, not at a first query

@@ -30,6 +30,8 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from extract.weights import Weights, files_state
+
 log = logging.getLogger(__name__)
 
 FORMAT = 1  # bumped when what a kept file holds changes
@@ -95,7 +97,7 @@ def _alive(pid: int) -> bool:
     except ProcessLookupError:
         return False
     except PermissionError:  # another user's: it exists
-        return True
+        pass
     return True
 
 
@@ -107,19 +109,17 @@ def traces_dir(default: Path | None) -> Path | None:
     return Path(chosen).expanduser() if chosen.strip() else None
 
 
-def cache_path(root: Path | None, name: str, kind: str, location: str, identity: str, max_tokens: int,
-               dim: int) -> Path | None:
+def cache_path(root: Path | None, name: str, weights: Weights, max_tokens: int, dim: int) -> Path | None:
     """The file in ``root`` a trace of backbone ``name`` with these weights is kept in; None where none is
     kept (no folder, hub or random weights, weights that cannot be read)."""
-    if root is None or kind not in ("file", "dir"):
+    if root is None or weights.kind not in ("file", "dir"):
         return None
-    where = Path(location)
     try:
-        files = [where] if where.is_file() else sorted(p for p in where.rglob("*") if p.is_file())
-        state = [(p.relative_to(where).as_posix(), p.stat().st_size, p.stat().st_mtime_ns) for p in files]
+        state = files_state(Path(weights.location))
     except OSError:
         return None
-    key = [FORMAT, name, identity, state, max_tokens, dim, torch.__version__, _version("transformers")]
+    key = [FORMAT, name, weights.identity, state, max_tokens, dim, torch.__version__,
+           _version("transformers")]
     return root / f"{name}-{hashlib.sha256(json.dumps(key).encode()).hexdigest()[:16]}.pt"
 
 

@@ -118,12 +118,16 @@ def package_path(spec: str) -> tuple[str, str]:
     return ("dir" if path.is_dir() else "file"), str(path)
 
 
+def files_state(path: Path) -> tuple[tuple[str, int, int], ...]:
+    """(path, size, mtime) of a file, or of each file in a folder (sorted): what changes when it does."""
+    files = sorted(p for p in ([path] if path.is_file() else path.rglob("*")) if p.is_file())
+    return tuple((str(f), f.stat().st_size, f.stat().st_mtime_ns) for f in files)
+
+
 def _digest(path: Path, length: int = 16) -> str:
     """sha256 prefix of a file's bytes (as sha256sum prints it), or of a folder's names and bytes."""
-    files = sorted(p for p in ([path] if path.is_file() else path.rglob("*")) if p.is_file())
     # a model folder is hashed by several loaders in one start: hash each unchanged state of it once
-    state = tuple((str(f), f.stat().st_size, f.stat().st_mtime_ns) for f in files)
-    return _digest_files(path, state, length)
+    return _digest_files(path, files_state(path), length)
 
 
 @functools.lru_cache(maxsize=16)
